@@ -1,0 +1,93 @@
+"""The one config tree. Every CLI flag maps onto a field here; nothing else switches behaviour.
+
+Names follow vLLM's flags where one exists (`max_model_len` <- `--max-model-len`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atomc import env
+
+
+@dataclass
+class ModelConfig:
+    model: str | None = None  # checkpoint dir or .gguf file; None = the default model
+    tokenizer: str | None = None  # defaults to the model dir
+    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
+    max_model_len: int | None = None  # None = the checkpoint's max_position_embeddings
+    seed: int = 0
+    served_model_name: str | None = None
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    # KV pool size: explicit block count wins; else a share of free accelerator memory; on CPU a fixed budget
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gib: float = 1.0
+    kv_cache_dtype: str = "auto"  # auto = the model dtype
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+
+
+@dataclass
+class CompileConfig:
+    enforce_eager: bool = False  # True: never compile, run the eager model
+    cache_dir: str = field(default_factory=lambda: str(env.cache_dir()))
+    cudagraph_capture_sizes: list[int] | None = None  # None = the default ladder up to max_num_seqs
+    disabled_passes: list[str] = field(default_factory=list)
+    require_artifacts: bool = False  # fail instead of compiling on a cache miss
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    rank: int = 0
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    chat_template: str | None = None
+    max_request_bytes: int = 8 * 1024 * 1024
+    drain_timeout_s: float = 30.0
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.compile.cache_dir).expanduser()
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name} was asked for, but this torch sees no CUDA device")
+    return name

@@ -1,0 +1,86 @@
+"""`atomc::attention`: write this step's K/V into the paged cache and attend, for a mixed batch.
+
+One opaque op per layer, so Dynamo sees one node and the graph can be cut there. It writes into
+`out` (no allocation inside the op), which is what CUDA-graph pieces around it need.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from atomc.runtime.forward_context import AttentionMetadata, get_forward_context
+
+
+@torch.library.custom_op("atomc::attention", mutates_args=("out",))
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
+) -> None:
+    """q/out: [T, Hq, D]; k/v: [T, Hkv, D]. Reads the KV cache and batch metadata from the forward context."""
+    ctx = get_forward_context()
+    if ctx.attn_metadata is None or not ctx.kv_caches:
+        # no cache (profiling or a plain forward): the batch is one causal sequence
+        out.copy_(causal_attention(q, k, v, scale))
+        return
+    k_cache, v_cache = ctx.kv_caches[layer_idx]
+    write_kv_cache(k, v, k_cache, v_cache, ctx.attn_metadata.slot_mapping)
+    paged_attention_reference(q, k_cache, v_cache, out, ctx.attn_metadata, scale)
+
+
+@attention.register_fake
+def _(q, k, v, out, layer_idx, scale) -> None:
+    return None
+
+
+def write_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Scatter new K/V rows to their slots (slot = block * block_size + offset); slot -1 is padding."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[: slot_mapping.numel()][keep].to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[: slot_mapping.numel()][keep].to(v_cache.dtype)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence's K or V, [length, Hkv, D]."""
+    block_size = cache.shape[1]
+    num_blocks = (length + block_size - 1) // block_size
+    return cache[block_table[:num_blocks].long()].reshape(-1, *cache.shape[2:])[:length]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int) -> torch.Tensor:
+    """q [Lq, Hq, D] at absolute positions q_offset.., k/v [Lk, Hkv, D] at 0..; causal; GQA by repeat."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    lq, lk = q.shape[0], k.shape[0]
+    q_pos = torch.arange(q_offset, q_offset + lq, device=q.device)[:, None]
+    mask = torch.arange(lk, device=q.device)[None, :] <= q_pos
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(), attn_mask=mask, scale=scale
+    )
+    return o.transpose(0, 1).to(q.dtype)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    return attend(q, k, v, scale, q_offset=0)
+
+
+def paged_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> None:
+    """Torch reference for prefill, chunked prefill over a cached prefix, and decode, in one batch."""
+    starts = meta.query_start_loc_host
+    for i, seq_len in enumerate(meta.seq_lens_host):
+        qs, qe = starts[i], starts[i + 1]
+        if qe == qs:
+            continue
+        k = gather_kv(k_cache, meta.block_tables[i], seq_len)
+        v = gather_kv(v_cache, meta.block_tables[i], seq_len)
+        out[qs:qe] = attend(q[qs:qe], k, v, scale, q_offset=seq_len - (qe - qs))

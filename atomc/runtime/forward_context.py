@@ -1,0 +1,56 @@
+"""Per-step state the attention op reads: the batch's attention metadata and the layers' KV caches.
+
+Attention is an opaque custom op, so reading this context at run time is invisible to Dynamo; the
+compiled graph stays valid for every batch, and CUDA graphs replay against the same static buffers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """A flattened batch of `num_seqs` sequences; sequence i owns query rows
+    `query_start_loc[i]:query_start_loc[i+1]` and, after this step, `seq_lens[i]` tokens of KV."""
+
+    slot_mapping: torch.Tensor  # [T] int64, KV slot of each new token (-1 = padding, not written)
+    query_start_loc: torch.Tensor  # [B+1] int32
+    seq_lens: torch.Tensor  # [B] int32, context length including this step's tokens
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    # host copies so the reference path never syncs with the device
+    query_start_loc_host: list[int] = field(default_factory=list)
+    seq_lens_host: list[int] = field(default_factory=list)
+    max_query_len: int = 0
+    max_seq_len: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_host)
+
+
+@dataclass
+class ForwardContext:
+    attn_metadata: AttentionMetadata | None = None
+    # per layer (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim] (NHD pages)
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+_current = ForwardContext()
+
+
+def get_forward_context() -> ForwardContext:
+    return _current
+
+
+@contextlib.contextmanager
+def set_forward_context(ctx: ForwardContext):
+    global _current
+    previous, _current = _current, ctx
+    try:
+        yield ctx
+    finally:
+        _current = previous

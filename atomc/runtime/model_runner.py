@@ -1,0 +1,139 @@
+"""ModelRunner: owns the model, its KV cache and the sampler on one device, and runs one step.
+
+It turns scheduled sequences into a flat token batch plus attention metadata, runs the forward
+(eager, or the compiled artifact: same signature), computes logits only for rows that sample, and
+samples. Tensor parallelism slots in here: one runner per GPU process, each holding its shard of
+the weights and of the KV heads (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from atomc.config import EngineConfig
+from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
+from atomc.runtime.sampler import Sampler, SamplerOutput, SamplingBatch
+from models.arch import ModelArch
+from models.loader import load_model
+
+if TYPE_CHECKING:  # the runner only reads these; the scheduler lives downstream of it
+    from atomc.serve.scheduler import ScheduledSeq
+
+log = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_dir: Path, arch: ModelArch, device: str, dtype: torch.dtype):
+        self.config, self.arch, self.device, self.dtype = config, arch, device, dtype
+        self.block_size = config.cache.block_size
+        t0 = time.perf_counter()
+        self.model = load_model(model_dir, dtype, device)
+        self.timings = {"load_weights_s": time.perf_counter() - t0}
+        self.forward = self.model.forward
+        self.compile_info: dict = {}
+        if not config.compile.enforce_eager:
+            from atomc.graphs.build import load_or_compile
+
+            t0 = time.perf_counter()
+            self.forward, self.compile_info = load_or_compile(self.model, model_dir, config, device, dtype)
+            self.timings["compile_or_load_s"] = time.perf_counter() - t0
+        self.kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else getattr(torch, config.cache.kv_cache_dtype)
+        self.num_blocks = self._num_kv_blocks()
+        self.kv_caches = allocate_kv_cache(
+            arch.num_layers, self.num_blocks, self.block_size, arch.num_kv_heads, arch.head_dim, self.kv_dtype, device
+        )
+        self.sampler = Sampler(seed=config.model.seed)
+
+    def _num_kv_blocks(self) -> int:
+        per_block = bytes_per_block(
+            self.arch.num_layers, self.block_size, self.arch.num_kv_heads, self.arch.head_dim, self.kv_dtype
+        )
+        if self.config.cache.num_kv_blocks is not None:
+            return self.config.cache.num_kv_blocks
+        if str(self.device).startswith("cuda"):
+            return self._profile_cuda_blocks(per_block)
+        return max(1, int(self.config.cache.cpu_kv_cache_gib * 2**30) // per_block)
+
+    @torch.inference_mode()
+    def _profile_cuda_blocks(self, per_block: int) -> int:
+        """Blocks that fit in `gpu_memory_utilization` of the card after a forward at the largest batch."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        tokens = min(self.config.scheduler.max_num_batched_tokens, 2048)  # no-cache attention is O(T^2)
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        pos = torch.arange(tokens, device=self.device)
+        hidden = self.forward(ids, pos)
+        self.model.compute_logits(hidden[-min(tokens, self.config.scheduler.max_num_seqs) :])
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        peak = torch.cuda.max_memory_allocated()
+        in_use = total - free
+        budget = total * self.config.cache.gpu_memory_utilization - in_use - (peak - torch.cuda.memory_allocated())
+        blocks = int(budget // per_block)
+        if blocks < 1:
+            raise RuntimeError(
+                f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} GiB); "
+                "raise --gpu-memory-utilization or lower --max-num-batched-tokens"
+            )
+        return blocks
+
+    # -- one step ------------------------------------------------------------------------------------
+
+    def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        for item in scheduled:
+            seq, begin = item.seq, item.seq.num_computed_tokens
+            end = begin + item.num_new_tokens
+            ids.extend(seq.token_ids[begin:end])
+            positions.extend(range(begin, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(begin, end))
+            starts.append(starts[-1] + item.num_new_tokens)
+            seq_lens.append(end)
+        width = max(len(item.seq.block_table) for item in scheduled)
+        tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in scheduled]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            query_start_loc_host=starts,
+            seq_lens_host=seq_lens,
+            max_query_len=max(item.num_new_tokens for item in scheduled),
+            max_seq_len=max(seq_lens),
+        )
+        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        return input_ids, pos, meta
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledSeq]) -> SamplerOutput | None:
+        """Run the forward for this step; sample one token for each sequence whose chunk ends its tokens."""
+        input_ids, positions, meta = self.prepare(scheduled)
+        with set_forward_context(ForwardContext(meta, self.kv_caches)):
+            hidden = self.forward(input_ids, positions)
+        rows = [i for i, item in enumerate(scheduled) if item.samples]
+        if not rows:
+            return None
+        last = torch.tensor([meta.query_start_loc_host[i + 1] - 1 for i in rows], device=self.device)
+        logits = self.model.compute_logits(hidden[last])
+        seqs = [scheduled[i].seq for i in rows]
+        batch = SamplingBatch(
+            params=[s.params for s in seqs],
+            prompt_token_ids=[s.prompt_token_ids for s in seqs],
+            output_token_ids=[s.output_token_ids for s in seqs],
+            generators=[s.generator for s in seqs],
+        )
+        return self.sampler(logits, batch)

@@ -1,0 +1,246 @@
+"""Token sampling for one engine step, with vLLM's semantics.
+
+Order per row: penalties -> min_tokens mask -> greedy argmax, or temperature -> top-k -> top-p -> min-p ->
+draw. Logprobs come from the raw logits (vLLM's default "raw_logprobs"). Mask work is batched; only the
+random draws loop per row, each on CPU with the row's own generator, so a seeded row reproduces exactly
+whatever else is in the batch and whatever device the logits live on.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from atomc.sampling_params import SamplingParams
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplingBatch:
+    """One row per sequence that needs a token this step; built by the model runner."""
+
+    params: list[SamplingParams]
+    prompt_token_ids: list[list[int]]
+    output_token_ids: list[list[int]]
+    # per-row generator when the request has a seed, else None (the sampler's engine-wide one is used)
+    generators: list[torch.Generator | None]
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    # per row: {sampled token: lp, top-N tokens: lp} when params.logprobs is not None, else None
+    logprobs: list[dict[int, float] | None]
+
+
+def _row_param(values: Sequence[float] | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-row parameter as a [B, 1] column on logits' device and dtype, ready to broadcast."""
+    return torch.as_tensor(values, dtype=like.dtype, device=like.device).reshape(-1, 1)
+
+
+def _token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, like: torch.Tensor) -> torch.Tensor:
+    """[B, V] occurrence counts of each token per row."""
+    counts = torch.zeros(len(token_ids), vocab_size, dtype=like.dtype, device=like.device)
+    lengths = torch.tensor([len(ids) for ids in token_ids])
+    if int(lengths.sum()) == 0:
+        return counts
+    # chain + repeat_interleave keeps the flattening in C; prompts can be thousands of tokens per row
+    cols = torch.tensor(list(itertools.chain.from_iterable(token_ids)), dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(token_ids)), lengths)
+    ones = torch.ones(cols.numel(), dtype=like.dtype, device=like.device)
+    counts.index_put_((rows.to(like.device), cols.to(like.device)), ones, accumulate=True)
+    return counts
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_token_ids: Sequence[Sequence[int]],
+    output_token_ids: Sequence[Sequence[int]],
+    repetition_penalty: Sequence[float] | torch.Tensor,
+    frequency_penalty: Sequence[float] | torch.Tensor,
+    presence_penalty: Sequence[float] | torch.Tensor,
+) -> torch.Tensor:
+    """vLLM penalties; returns a new tensor.
+
+    Repetition: over prompt + output tokens, positive logits divided by p, the rest multiplied by p.
+    Frequency / presence: over output tokens only, subtract freq * count and presence * (count > 0).
+    """
+    vocab = logits.shape[-1]
+    out_counts = _token_counts(output_token_ids, vocab, logits)
+    rep = _row_param(repetition_penalty, logits)
+    if bool((rep != 1).any()):
+        seen = (_token_counts(prompt_token_ids, vocab, logits) + out_counts) > 0
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalised, logits)
+    logits = logits - _row_param(frequency_penalty, logits) * out_counts
+    return logits - _row_param(presence_penalty, logits) * (out_counts > 0).to(logits.dtype)
+
+
+def apply_min_tokens(
+    logits: torch.Tensor, params: Sequence[SamplingParams], output_token_ids: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    """Forbid stop tokens (eos + stop_token_ids) while a row has fewer than min_tokens outputs.
+
+    Like vLLM, eos is left alone under ignore_eos: it does not stop the row, so there is nothing to delay.
+    """
+    vocab = logits.shape[-1]
+    rows: list[int] = []
+    cols: list[int] = []
+    for r, (p, out) in enumerate(zip(params, output_token_ids, strict=True)):
+        if len(out) >= p.min_tokens:
+            continue
+        stops = set(p.stop_token_ids or [])
+        if not p.ignore_eos:
+            stops.update(p.eos_token_ids)
+        ids = [t for t in stops if 0 <= t < vocab]
+        rows.extend([r] * len(ids))
+        cols.extend(ids)
+    if not rows:
+        return logits
+    logits = logits.clone()
+    logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = _NEG_INF
+    return logits
+
+
+def apply_top_k(logits: torch.Tensor, top_k: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """Keep each row's k largest logits (ties with the k-th kept, as in vLLM); k <= 0 or k >= V = off."""
+    vocab = logits.shape[-1]
+    k = torch.as_tensor(top_k, dtype=torch.long, device=logits.device).reshape(-1, 1)
+    k = torch.where((k <= 0) | (k > vocab), torch.full_like(k, vocab), k)
+    if bool((k == vocab).all()):
+        return logits
+    kmax = int(k.max())
+    # topk to the largest k in the batch is cheaper than a full sort when k is small
+    top_vals = logits.topk(kmax, dim=-1).values
+    threshold = top_vals.gather(-1, k - 1)
+    return logits.masked_fill(logits < threshold, _NEG_INF)
+
+
+def apply_top_p(logits: torch.Tensor, top_p: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """Keep the smallest most-probable set whose probability reaches top_p (at least one token); 1 = off."""
+    p = torch.as_tensor(top_p, dtype=logits.dtype, device=logits.device).reshape(-1, 1)
+    # rows with p >= 1 must keep everything even if float cumsum reaches 1 early
+    p = torch.where(p >= 1, torch.full_like(p, 2.0), p)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = mass_before >= p  # the top token has mass_before 0 < p, so it always stays
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, _NEG_INF)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the row's top probability; 0 = off."""
+    probs = logits.softmax(dim=-1)
+    threshold = _row_param(min_p, logits) * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, _NEG_INF)
+
+
+def _draw_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: one uniform per row picks the token where the row's CDF first exceeds it.
+
+    Only B uniforms cross to the device (not B x V noise); float64 keeps the CDF accurate over large vocabs.
+    """
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    total = cdf[:, -1:]
+    target = uniforms.to(device=probs.device, dtype=torch.float64).reshape(-1, 1) * total
+    # u * total can round up to total; stay strictly below so a positive-probability token is hit
+    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).reshape(-1)
+
+
+class Sampler:
+    def __init__(self, seed: int = 0):
+        # engine-wide stream for unseeded rows; CPU so the draws do not depend on the device
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(seed)
+
+    def _uniforms(self, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+        """One float64 uniform per row: seeded rows from their own generator, the rest from the engine one."""
+        u = torch.empty(len(generators), dtype=torch.float64)
+        unseeded = [i for i, g in enumerate(generators) if g is None]
+        if unseeded:
+            u[unseeded] = torch.rand(len(unseeded), generator=self.generator, dtype=torch.float64)
+        for i, g in enumerate(generators):
+            if g is not None:
+                u[i] = torch.rand(1, generator=g, dtype=torch.float64, device=g.device).item()
+        return u
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        params = batch.params
+        n_rows, vocab = logits.shape
+        lens = {len(params), len(batch.prompt_token_ids), len(batch.output_token_ids), len(batch.generators)}
+        if lens != {n_rows}:
+            raise ValueError(f"sampling batch has {len(params)} rows but logits have {n_rows}")
+        if n_rows == 0:
+            return SamplerOutput([], [])
+        device = logits.device
+        x = logits.to(torch.float32, copy=True)  # never modify the caller's logits (logprobs need them raw)
+
+        pen = [
+            i
+            for i, p in enumerate(params)
+            if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+        ]
+        if pen:
+            idx = torch.tensor(pen, device=device)
+            x[idx] = apply_penalties(
+                x[idx],
+                [batch.prompt_token_ids[i] for i in pen],
+                [batch.output_token_ids[i] for i in pen],
+                [params[i].repetition_penalty for i in pen],
+                [params[i].frequency_penalty for i in pen],
+                [params[i].presence_penalty for i in pen],
+            )
+        x = apply_min_tokens(x, params, batch.output_token_ids)
+
+        tokens = torch.empty(n_rows, dtype=torch.long, device=device)
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        rand = [i for i, p in enumerate(params) if not p.greedy]
+        if greedy:
+            idx = torch.tensor(greedy, device=device)
+            tokens[idx] = x[idx].argmax(dim=-1)
+        if rand:
+            idx = torch.tensor(rand, device=device)
+            rp = [params[i] for i in rand]
+            xr = x[idx] / _row_param([p.temperature for p in rp], x)
+            if any(p.top_k > 0 for p in rp):
+                xr = apply_top_k(xr, [p.top_k for p in rp])
+            if any(p.top_p < 1.0 for p in rp):
+                xr = apply_top_p(xr, [p.top_p for p in rp])
+            if any(p.min_p > 0.0 for p in rp):
+                xr = apply_min_p(xr, [p.min_p for p in rp])
+            uniforms = self._uniforms([batch.generators[i] for i in rand])
+            tokens[idx] = _draw_from_probs(xr.softmax(dim=-1), uniforms)
+
+        token_list = tokens.tolist()
+        return SamplerOutput(token_list, self._logprobs(logits, params, tokens, token_list))
+
+    @staticmethod
+    def _logprobs(
+        logits: torch.Tensor, params: Sequence[SamplingParams], tokens: torch.Tensor, token_list: list[int]
+    ) -> list[dict[int, float] | None]:
+        out: list[dict[int, float] | None] = [None] * len(params)
+        rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if not rows:
+            return out
+        idx = torch.tensor(rows, device=logits.device)
+        lp = torch.log_softmax(logits[idx].float(), dim=-1)
+        sampled = lp.gather(-1, tokens[idx].reshape(-1, 1)).reshape(-1).tolist()
+        n_max = max(params[i].logprobs for i in rows)
+        top_vals: list[list[float]] = [[] for _ in rows]
+        top_ids: list[list[int]] = [[] for _ in rows]
+        if n_max > 0:
+            top = lp.topk(min(n_max, lp.shape[-1]), dim=-1)
+            top_vals, top_ids = top.values.tolist(), top.indices.tolist()
+        for j, i in enumerate(rows):
+            d = {token_list[i]: sampled[j]}  # sampled token first, as vLLM lists it
+            n = params[i].logprobs
+            for t, v in zip(top_ids[j][:n], top_vals[j][:n], strict=True):
+                d.setdefault(t, v)
+            out[i] = d
+        return out

@@ -1,0 +1,261 @@
+"""LLMEngine: requests in, RequestOutputs out, one scheduler step at a time.
+
+engine -> scheduler (which sequences, how many tokens) -> model runner (forward + sample) ->
+engine (append tokens, stop checks, detokenize, free finished sequences). Not thread-safe: the
+server drives it from one engine thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from atomc.config import EngineConfig, resolve_device
+from atomc.outputs import CompletionOutput, RequestOutput
+from atomc.runtime.block_manager import BlockManager
+from atomc.runtime.model_runner import ModelRunner
+from atomc.sampling_params import SamplingParams
+from atomc.serve.detokenizer import DetokenizerState, decode_step
+from atomc.serve.scheduler import Scheduler
+from atomc.serve.sequence import Sequence
+from atomc.serve.tokenizer import load_tokenizer
+from models.arch import ModelArch
+from models.default_model import resolve_model_path
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(name: str, arch: ModelArch, device: str) -> torch.dtype:
+    if name == "auto":
+        if not device.startswith("cuda"):
+            return torch.float32  # CPU half-precision matmuls are slow and less exact
+        return _DTYPES.get(arch.torch_dtype, torch.bfloat16) if arch.torch_dtype != "float32" else torch.bfloat16
+    if name not in _DTYPES:
+        raise ValueError(f"--dtype {name!r} is not one of: auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+class _Request:
+    def __init__(self, request_id: str, prompt: str | None, seqs: list[Sequence], arrival: float):
+        self.request_id, self.prompt, self.seqs = request_id, prompt, seqs
+        self.detok = [DetokenizerState.after_prompt(s.num_prompt_tokens) for s in seqs]
+        self.metrics = {"arrival_time": arrival}
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.model_dir = resolve_model_path(config.model.model, config.cache_path)
+        self.arch = ModelArch.from_dir(self.model_dir)
+        self.tokenizer = load_tokenizer(Path(config.model.tokenizer or self.model_dir))
+        self.max_model_len = self._max_model_len()
+        self.model_name = config.model.served_model_name or (config.model.model or self.model_dir.name)
+        self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
+        self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype)
+        self.blocks = BlockManager(
+            self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
+        )
+        if self.blocks.blocks_needed(self.max_model_len) > self.blocks.num_blocks:
+            raise ValueError(
+                f"the KV cache holds {self.blocks.num_blocks * config.cache.block_size} tokens, fewer than "
+                f"max_model_len={self.max_model_len}; lower --max-model-len or give the cache more memory"
+            )
+        self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.eos_token_ids = self._eos_token_ids()
+        self.requests: dict[str, _Request] = {}
+        self._seq_ids = itertools.count()
+
+    def _max_model_len(self) -> int:
+        limit = self.arch.max_position_embeddings
+        if self.arch.sliding_window:
+            limit = min(limit, self.arch.sliding_window)  # atomc has no sliding-window attention yet
+        asked = self.config.model.max_model_len
+        if asked is None:
+            return limit
+        if asked > limit:
+            raise ValueError(f"--max-model-len {asked} exceeds what the model supports ({limit})")
+        return asked
+
+    def _eos_token_ids(self) -> list[int]:
+        ids = set(self.arch.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        gen = self.model_dir / "generation_config.json"
+        if gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            ids.update([eos] if isinstance(eos, int) else (eos or []))
+        return sorted(ids)
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
+
+    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None) -> str:
+        template = chat_template or self.config.serve.chat_template
+        if template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template; pass one with --chat-template")
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=True
+        )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        add_special_tokens: bool = True,
+    ) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text = prompt if isinstance(prompt, str) else None
+        ids = self.tokenize(prompt, add_special_tokens) if isinstance(prompt, str) else list(prompt)
+        self._check_prompt(ids, params)
+        params.eos_token_ids = self.eos_token_ids
+        seqs = []
+        for i in range(params.n):
+            gen = None
+            if params.seed is not None:
+                gen = torch.Generator().manual_seed(params.seed + i)
+            seqs.append(
+                Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params, generator=gen)
+            )
+        req = _Request(request_id, text, seqs, arrival_time or time.perf_counter())
+        self.requests[request_id] = req
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.arch.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len} "
+                "(prompt plus at least one generated token must fit)"
+            )
+        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of "
+                f"{self.max_model_len} tokens"
+            )
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its KV blocks; returns its final output (None if unknown)."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if not seq.finished:
+                self.scheduler.finish(seq, "abort")
+        return self._output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- one step ------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        sampled = self.runner.execute(scheduled)
+        self.scheduler.commit_computed(scheduled)
+        touched: dict[str, _Request] = {}
+        samplers = [item.seq for item in scheduled if item.seq.num_computed_tokens == item.seq.num_tokens]
+        now = time.perf_counter()
+        for k, seq in enumerate(samplers):
+            req = self.requests[seq.request_id]
+            touched[seq.request_id] = req
+            token = sampled.token_ids[k]
+            seq.token_ids.append(token)
+            if sampled.logprobs[k] is not None:
+                seq.logprobs.append(sampled.logprobs[k])
+                seq.cumulative_logprob += sampled.logprobs[k][token]
+            req.metrics.setdefault("first_token_time", now)
+            checked = len(seq.text)
+            self._append_text(req, seq)
+            self._check_stop(seq, token, checked)
+        outputs = []
+        for request_id, req in touched.items():
+            if req.finished:
+                req.metrics["finish_time"] = now
+                del self.requests[request_id]
+            outputs.append(self._output(req))
+        return outputs
+
+    def _append_text(self, req: _Request, seq: Sequence) -> None:
+        state = req.detok[seq.index]
+        seq.text += decode_step(self.tokenizer, seq.token_ids, state, seq.params.skip_special_tokens)
+
+    def _check_stop(self, seq: Sequence, token: int, checked: int) -> None:
+        """Finish `seq` if `token` or the text after position `checked` ends it."""
+        p = seq.params
+        n_out = len(seq.output_token_ids)
+        if n_out >= p.min_tokens:
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return self.scheduler.finish(seq, "stop")
+            if token in p.stop_token_ids:
+                return self.scheduler.finish(seq, "stop", token)
+            for stop in p.stop:
+                # a new match must overlap the new text: search from just before it
+                idx = seq.text.find(stop, max(0, checked - len(stop) + 1))
+                if idx >= 0:
+                    seq.text = seq.text[: idx + len(stop)] if p.include_stop_str_in_output else seq.text[:idx]
+                    return self.scheduler.finish(seq, "stop", stop)
+        if p.max_tokens is not None and n_out >= p.max_tokens:
+            return self.scheduler.finish(seq, "length")
+        if seq.num_tokens >= self.max_model_len:
+            return self.scheduler.finish(seq, "length")
+        return None
+
+    def _output(self, req: _Request) -> RequestOutput:
+        first = req.seqs[0]
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=first.prompt_token_ids,
+            outputs=[
+                CompletionOutput(
+                    index=s.index,
+                    text=s.text,
+                    token_ids=list(s.output_token_ids),
+                    finish_reason=s.finish_reason,
+                    stop_reason=s.stop_reason,
+                    logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
+                    cumulative_logprob=s.cumulative_logprob if s.params.logprobs is not None else None,
+                )
+                for s in req.seqs
+            ],
+            finished=req.finished,
+            num_cached_tokens=first.num_cached_tokens,
+            metrics=dict(req.metrics),
+        )
+
+    def stats(self) -> dict:
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_cache_usage": self.blocks.usage(),
+            "num_free_blocks": self.blocks.num_free_blocks,
+            "num_total_blocks": self.blocks.num_blocks,
+            "prefix_cache_queries": self.blocks.prefix_queries,
+            "prefix_cache_hits": self.blocks.prefix_hits,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }

@@ -1,0 +1,1 @@
+"""Model code and checkpoint sources: HF folders, GGUF files (converted once), the default model."""

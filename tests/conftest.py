@@ -1,0 +1,111 @@
+"""Shared fixtures: tiny random checkpoints for each family, built once per test session.
+
+Each checkpoint is a real Hugging Face directory (config.json, model.safetensors, tokenizer.json
+with a chat template), written by transformers itself, so the loader is tested on the real format.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "Once upon a time there was a small engine that compiled graphs.",
+    "def add(a, b):\n    return a + b\n",
+    "Paged attention keeps keys and values in fixed-size blocks of memory.",
+    "1 2 3 4 5 6 7 8 9 10 hello world, how are you today?",
+] * 20
+VOCAB = 384
+
+FAMILIES = {
+    "llama": dict(
+        cls="LlamaConfig",
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        tie_word_embeddings=False,
+    ),
+    "mistral": dict(cls="MistralConfig", head_dim=32, sliding_window=None, tie_word_embeddings=False),
+    "qwen2": dict(cls="Qwen2Config", tie_word_embeddings=True),
+    "qwen3": dict(cls="Qwen3Config", head_dim=32, tie_word_embeddings=True),
+}
+
+
+def build_tokenizer(out_dir: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB - 8, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_checkpoint(family: str, out_dir: Path, num_layers: int = 2, seed: int = 0) -> Path:
+    import transformers
+
+    spec = dict(FAMILIES[family])
+    tok = build_tokenizer(out_dir)
+    cfg_cls = getattr(transformers, spec.pop("cls"))
+    cfg = cfg_cls(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        **spec,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # larger weights than the 0.02 default, so greedy choices are not near-ties
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("ckpt")
+    return {f: build_checkpoint(f, root / f) for f in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def llama_dir(checkpoints) -> Path:
+    return checkpoints["llama"]
+
+
+@pytest.fixture(params=list(FAMILIES))
+def family(request) -> str:
+    return request.param
