@@ -38,9 +38,19 @@ class LLM:
         if config is None:
             config = EngineConfig(device=device)
             m, c, s = config.model, config.cache, config.scheduler
-            m.model, m.tokenizer, m.dtype, m.max_model_len, m.seed = model, tokenizer, dtype, max_model_len, seed
+            m.model, m.tokenizer, m.dtype, m.max_model_len, m.seed = (
+                model,
+                tokenizer,
+                dtype,
+                max_model_len,
+                seed,
+            )
             s.max_num_seqs, s.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-            c.block_size, c.enable_prefix_caching, c.num_kv_blocks = block_size, enable_prefix_caching, num_kv_blocks
+            c.block_size, c.enable_prefix_caching, c.num_kv_blocks = (
+                block_size,
+                enable_prefix_caching,
+                num_kv_blocks,
+            )
             c.gpu_memory_utilization = gpu_memory_utilization
             config.compile.enforce_eager = enforce_eager
             if cache_dir is not None:

@@ -31,4 +31,6 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     prompt_logprobs: list[Logprobs | None] | None = None
-    metrics: dict = field(default_factory=dict)  # arrival, first-token and finish times (perf_counter seconds)
+    metrics: dict = field(
+        default_factory=dict
+    )  # arrival, first-token and finish times (perf_counter seconds)

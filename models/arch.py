@@ -41,7 +41,9 @@ class ModelArch:
     def from_dir(cls, model_dir: Path) -> ModelArch:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{model_dir} has no config.json: not a Hugging Face checkpoint directory")
+            raise FileNotFoundError(
+                f"{model_dir} has no config.json: not a Hugging Face checkpoint directory"
+            )
         try:
             cfg = json.loads(path.read_text())
         except json.JSONDecodeError as e:

@@ -31,7 +31,9 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
         return files
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        found = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt*"))
+        found = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(
+            p.name for p in model_dir.glob("*.pt*")
+        )
         hint = f" (found {', '.join(found)}: atomc does not load pickled weights)" if found else ""
         raise FileNotFoundError(f"{model_dir} holds no *.safetensors weights{hint}")
     return files

@@ -58,7 +58,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_of
     q_pos = torch.arange(q_offset, q_offset + lq, device=q.device)[:, None]
     mask = torch.arange(lk, device=q.device)[None, :] <= q_pos
     o = F.scaled_dot_product_attention(
-        q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(), attn_mask=mask, scale=scale
+        q.transpose(0, 1).float(),
+        k.transpose(0, 1).float(),
+        v.transpose(0, 1).float(),
+        attn_mask=mask,
+        scale=scale,
     )
     return o.transpose(0, 1).to(q.dtype)
 

@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_dir: Path, arch: ModelArch, device: str, dtype: torch.dtype):
+    def __init__(
+        self, config: EngineConfig, model_dir: Path, arch: ModelArch, device: str, dtype: torch.dtype
+    ):
         self.config, self.arch, self.device, self.dtype = config, arch, device, dtype
         self.block_size = config.cache.block_size
         t0 = time.perf_counter()
@@ -43,10 +45,18 @@ class ModelRunner:
             t0 = time.perf_counter()
             self.forward, self.compile_info = load_or_compile(self.model, model_dir, config, device, dtype)
             self.timings["compile_or_load_s"] = time.perf_counter() - t0
-        self.kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else getattr(torch, config.cache.kv_cache_dtype)
+        self.kv_dtype = (
+            dtype if config.cache.kv_cache_dtype == "auto" else getattr(torch, config.cache.kv_cache_dtype)
+        )
         self.num_blocks = self._num_kv_blocks()
         self.kv_caches = allocate_kv_cache(
-            arch.num_layers, self.num_blocks, self.block_size, arch.num_kv_heads, arch.head_dim, self.kv_dtype, device
+            arch.num_layers,
+            self.num_blocks,
+            self.block_size,
+            arch.num_kv_heads,
+            arch.head_dim,
+            self.kv_dtype,
+            device,
         )
         self.sampler = Sampler(seed=config.model.seed)
 
@@ -74,7 +84,9 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info()
         peak = torch.cuda.max_memory_allocated()
         in_use = total - free
-        budget = total * self.config.cache.gpu_memory_utilization - in_use - (peak - torch.cuda.memory_allocated())
+        budget = (
+            total * self.config.cache.gpu_memory_utilization - in_use - (peak - torch.cuda.memory_allocated())
+        )
         blocks = int(budget // per_block)
         if blocks < 1:
             raise RuntimeError(

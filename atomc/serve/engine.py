@@ -20,7 +20,7 @@ from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.runtime.block_manager import BlockManager
 from atomc.runtime.model_runner import ModelRunner
 from atomc.sampling_params import SamplingParams
-from atomc.serve.detokenizer import DetokenizerState, decode_step
+from atomc.serve.detokenizer import DetokenizerState, decode_rest, decode_step
 from atomc.serve.scheduler import Scheduler
 from atomc.serve.sequence import Sequence
 from atomc.serve.tokenizer import load_tokenizer
@@ -36,7 +36,9 @@ def resolve_dtype(name: str, arch: ModelArch, device: str) -> torch.dtype:
     if name == "auto":
         if not device.startswith("cuda"):
             return torch.float32  # CPU half-precision matmuls are slow and less exact
-        return _DTYPES.get(arch.torch_dtype, torch.bfloat16) if arch.torch_dtype != "float32" else torch.bfloat16
+        return (
+            _DTYPES.get(arch.torch_dtype, torch.bfloat16) if arch.torch_dtype != "float32" else torch.bfloat16
+        )
     if name not in _DTYPES:
         raise ValueError(f"--dtype {name!r} is not one of: auto, {', '.join(_DTYPES)}")
     return _DTYPES[name]
@@ -192,6 +194,10 @@ class LLMEngine:
             checked = len(seq.text)
             self._append_text(req, seq)
             self._check_stop(seq, token, checked)
+            if seq.finished and not isinstance(seq.stop_reason, str):
+                seq.text += decode_rest(
+                    self.tokenizer, seq.token_ids, req.detok[seq.index], seq.params.skip_special_tokens
+                )
         outputs = []
         for request_id, req in touched.items():
             if req.finished:

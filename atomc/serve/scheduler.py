@@ -120,7 +120,9 @@ class Scheduler:
             while len(seq.block_hashes) < seq.num_computed_tokens // bs:
                 j = len(seq.block_hashes)
                 parent = seq.block_hashes[-1] if seq.block_hashes else None
-                h = self.blocks.commit_full_block(seq.block_table[j], parent, seq.token_ids[j * bs : (j + 1) * bs])
+                h = self.blocks.commit_full_block(
+                    seq.block_table[j], parent, seq.token_ids[j * bs : (j + 1) * bs]
+                )
                 seq.block_hashes.append(h)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
