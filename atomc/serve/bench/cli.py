@@ -1,0 +1,132 @@
+"""`atomc bench serve` and `atomc bench sweep` (mounted by the main CLI as `atomc bench`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import typer
+
+from atomc.serve.bench.metrics import format_metrics_table, format_value, parse_percentiles
+from atomc.serve.bench.serve import BenchConfig, run_benchmark
+from atomc.serve.bench.sweep import SweepConfigError, load_sweep_config, run_sweep
+from atomc.serve.bench.thresholds import format_gate_table, render_table
+
+bench_app = typer.Typer(
+    help="Benchmark an OpenAI-compatible server: one run (serve) or a gated CVS-style sweep.",
+    no_args_is_help=True,
+)
+
+# the metric block of a result, in the order the table shows it
+_SKIP_IN_TABLE = {"date", "base_url", "errors", "combo"}
+
+
+@bench_app.command("serve")
+def serve(
+    base_url: str = typer.Option("http://127.0.0.1:8000", help="Server root, without /v1."),
+    model: str = typer.Option(None, help="Model to request; default: the first id of GET /v1/models."),
+    dataset: str = typer.Option("random", help="Prompt source; only 'random' (token ids)."),
+    input_len: int = typer.Option(1024, min=1, help="Prompt length in tokens."),
+    output_len: int = typer.Option(128, min=1, help="Generated tokens per request (ignore_eos)."),
+    num_prompts: int = typer.Option(100, min=1),
+    max_concurrency: int = typer.Option(None, min=1, help="Requests in flight at most; default: all."),
+    request_rate: float = typer.Option(math.inf, help="Requests/s, Poisson arrivals; inf: all at once."),
+    seed: int = typer.Option(0),
+    random_range_ratio: float = typer.Option(
+        0.0, min=0.0, max=0.999, help="Lengths drawn uniformly from len*(1-r) to len*(1+r), as vLLM."
+    ),
+    vocab_size: int = typer.Option(
+        None, min=2, help="Token ids are drawn below this; default: the server's, else 1000."
+    ),
+    metric_percentiles: str = typer.Option("", help="Extra percentiles, e.g. '50,99.9' (90,95,99 always)."),
+    save_result: Path = typer.Option(None, help="Write the result JSON here."),
+    api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Sent as a Bearer token."),
+    disable_tqdm: bool = typer.Option(False, "--disable-tqdm", help="No progress bar."),
+) -> None:
+    """Run one benchmark against a running server and print vLLM-named metrics."""
+    if dataset != "random":
+        raise typer.BadParameter("only the 'random' dataset is supported", param_hint="--dataset")
+    cfg = BenchConfig(
+        base_url=base_url,
+        model=model,
+        input_len=input_len,
+        output_len=output_len,
+        num_prompts=num_prompts,
+        max_concurrency=max_concurrency,
+        request_rate=request_rate,
+        seed=seed,
+        random_range_ratio=random_range_ratio,
+        vocab_size=vocab_size,
+        api_key=api_key,
+        percentiles=parse_percentiles(metric_percentiles),
+        show_progress=not disable_tqdm,
+    )
+    result = run_benchmark(cfg)
+    typer.echo(format_metrics_table({k: v for k, v in result.items() if k not in _SKIP_IN_TABLE}))
+    for error in result["errors"]:
+        typer.echo(f"error: {error}", err=True)
+    if save_result:
+        save_result.parent.mkdir(parents=True, exist_ok=True)
+        save_result.write_text(json.dumps(result, indent=2) + "\n")
+        typer.echo(f"result written to {save_result}")
+
+
+def cell_summary_table(cells: dict[str, dict]) -> str:
+    headers = ["cell", "ok/total", "out tok/s", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms"]
+    rows = [
+        [
+            key,
+            f"{m['completed']}/{m['num_prompts']}",
+            format_value(m["output_throughput"]),
+            format_value(m["mean_ttft_ms"]),
+            format_value(m["p99_ttft_ms"]),
+            format_value(m["mean_tpot_ms"]),
+        ]
+        for key, m in cells.items()
+    ]
+    return render_table(headers, rows)
+
+
+@bench_app.command("sweep")
+def sweep(
+    config: Path = typer.Option(..., exists=True, dir_okay=False, help="CVS-style sweep config JSON."),
+    threshold: Path = typer.Option(None, help="Threshold JSON; default: the config's threshold_json."),
+    base_url: str = typer.Option(None, help="Use this running server instead of starting atomc serve."),
+    output_dir: Path = typer.Option(Path("."), help="Where sweep_results.json (and server.log) go."),
+    enforce: bool = typer.Option(None, "--enforce/--no-enforce", help="Override enforce_thresholds."),
+    vocab_size: int = typer.Option(None, min=2, help="Token ids are drawn below this."),
+    api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Sent as a Bearer token."),
+    disable_tqdm: bool = typer.Option(False, "--disable-tqdm", help="No progress bars."),
+) -> None:
+    """Run every sweep cell, gate each against the thresholds, exit 1 on a failed enforced gate."""
+    try:
+        cfg = load_sweep_config(config)
+        outcome = run_sweep(
+            cfg,
+            base_url=base_url,
+            output_dir=output_dir,
+            threshold_path=threshold,
+            enforce=enforce,
+            api_key=api_key,
+            vocab_size=vocab_size,
+            show_progress=not disable_tqdm,
+            log=typer.echo,
+        )
+    except SweepConfigError as exc:
+        typer.echo(f"config error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    results = outcome.results
+    typer.echo("\n" + cell_summary_table(results["cells"]))
+    if outcome.rows:
+        typer.echo("\n" + format_gate_table(outcome.rows))
+    for key in results["unmatched_threshold_cells"]:
+        typer.echo(f"note: threshold cell {key} matches no run in the sweep")
+    if results["threshold_file"] is None:
+        typer.echo("note: no threshold file; nothing was gated")
+    counts = Counter(str(r.status) for r in outcome.rows)
+    summary = ", ".join(f"{counts[s]} {s}" for s in ("PASS", "FAIL", "SKIP", "INFO"))
+    mode = "enforced" if results["enforce_thresholds"] else "record-only"
+    typer.echo(f"\n{summary} ({mode}); results: {outcome.results_path}")
+    raise typer.Exit(outcome.exit_code)

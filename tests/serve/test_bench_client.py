@@ -1,0 +1,250 @@
+"""The bench client and sweep against a tiny fake OpenAI-compatible streaming server on loopback."""
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from typer.testing import CliRunner
+
+from atomc.serve.bench import sweep as sweep_mod
+from atomc.serve.bench.cli import bench_app
+from atomc.serve.bench.client import parse_sse_data
+from atomc.serve.bench.dataset import sample_random_requests
+from atomc.serve.bench.serve import BenchConfig, run_benchmark
+from atomc.serve.bench.sweep import launched_server, load_sweep_config
+
+VOCAB = 500
+
+
+def fake_openai_app() -> FastAPI:
+    """Streams one text chunk per token; `app.state.fail_nth` makes that request answer 500."""
+    app = FastAPI()
+    app.state.count = 0
+    app.state.fail_nth = 0
+    app.state.send_usage = True
+    app.state.payloads = []
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "fake-model", "object": "model", "vocab_size": VOCAB}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        app.state.count += 1
+        app.state.payloads.append(body)
+        if app.state.count == app.state.fail_nth:
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+
+        async def events():
+            n = body["max_tokens"]
+            for i in range(n):
+                await asyncio.sleep(0.002)
+                chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            if app.state.send_usage:
+                usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n}
+                yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    app = fake_openai_app()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "fake server did not start"
+    yield app, f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+@pytest.fixture
+def server(fake_server):
+    app, url = fake_server
+    app.state.count, app.state.fail_nth, app.state.send_usage = 0, 0, True
+    app.state.payloads.clear()
+    return app, url
+
+
+def bench(url: str, **kw) -> dict:
+    cfg = dict(base_url=url, input_len=8, output_len=4, num_prompts=6, max_concurrency=2, show_progress=False)
+    return run_benchmark(BenchConfig(**{**cfg, **kw}))
+
+
+def test_counts_failures_and_tokens(server):
+    app, url = server
+    app.state.fail_nth = 2
+    result = bench(url)
+    assert (result["completed"], result["failed"]) == (5, 1)
+    assert result["success_rate"] == pytest.approx(5 / 6)
+    assert (result["total_input_tokens"], result["total_output_tokens"]) == (40, 20)
+    assert result["model"] == "fake-model" and result["vocab_size"] == VOCAB
+    assert any("HTTP 500" in e for e in result["errors"])
+    assert result["mean_ttft_ms"] > 0 and result["mean_itl_ms"] > 0 and result["mean_tpot_ms"] > 0
+    assert result["mean_e2el_ms"] >= result["mean_ttft_ms"]
+    assert result["request_rate"] == "inf" and result["max_concurrency"] == 2
+
+
+def test_request_payload(server):
+    app, url = server
+    bench(url, num_prompts=2)
+    body = app.state.payloads[0]
+    assert body["model"] == "fake-model" and body["max_tokens"] == 4 and len(body["prompt"]) == 8
+    assert all(0 <= t < VOCAB for t in body["prompt"])
+    assert body["stream"] is True and body["ignore_eos"] is True and body["temperature"] == 0
+    assert body["stream_options"] == {"include_usage": True}
+
+
+def test_counts_chunks_without_usage(server):
+    app, url = server
+    app.state.send_usage = False
+    result = bench(url, num_prompts=3, output_len=5)
+    assert result["completed"] == 3 and result["total_output_tokens"] == 15
+
+
+def test_poisson_arrivals(server):
+    _, url = server
+    result = bench(url, num_prompts=4, max_concurrency=None, request_rate=200.0)
+    assert result["completed"] == 4 and result["request_rate"] == 200.0
+
+
+def test_unreachable_server_counts_as_failed():
+    port = free_port()  # nothing listens there
+    result = bench(f"http://127.0.0.1:{port}", model="m", vocab_size=100, num_prompts=2)
+    assert (result["completed"], result["failed"]) == (0, 2)
+
+
+def test_parse_sse_data():
+    assert parse_sse_data('data: {"a": 1}') == '{"a": 1}'
+    assert parse_sse_data("data: [DONE]") == "[DONE]"
+    assert parse_sse_data("") is None and parse_sse_data(": keep-alive") is None
+    assert parse_sse_data("event: message") is None
+
+
+def test_random_dataset_lengths_and_ids():
+    a = sample_random_requests(50, 100, 20, range_ratio=0.5, vocab_size=64, seed=3)
+    b = sample_random_requests(50, 100, 20, range_ratio=0.5, vocab_size=64, seed=3)
+    assert a == b
+    assert all(50 <= r.prompt_len <= 150 and 10 <= r.output_len <= 30 for r in a)
+    assert all(0 <= t < 64 for r in a for t in r.prompt_ids)
+    fixed = sample_random_requests(4, 32, 16, seed=0)
+    assert {(r.prompt_len, r.output_len) for r in fixed} == {(32, 16)}
+
+
+def write_sweep(tmp_path, strict: bool):
+    config = {
+        "schema_version": 1,
+        "framework": "atomc",
+        "enforce_thresholds": True,
+        "threshold_json": "thr.json",
+        "model": {"id": None},
+        "params": {"num_prompts": 3, "tensor_parallelism": 1, "pipeline_parallel_size": 1},
+        "sweep": {
+            "sequence_combinations": [{"name": "s", "isl": 8, "osl": 4}],
+            "runs": [{"combo": "s", "concurrency": 1}, {"combo": "s", "concurrency": 2}],
+        },
+    }
+    bound = 1e9 if strict else 1  # no server reaches a billion tok/s
+    thresholds = {
+        "ISL=8,OSL=4,TP=1,PP=1,CONC=1": {
+            "success_rate": {"kind": "min", "value": 1},
+            "output_throughput": {"kind": "min_tok_s", "value": bound},
+            "mean_tpot_ms": {"kind": "info"},
+        },
+    }
+    (tmp_path / "sweep.json").write_text(json.dumps(config))
+    (tmp_path / "thr.json").write_text(json.dumps(thresholds))
+    return tmp_path / "sweep.json"
+
+
+def run_sweep_cli(*args):
+    return CliRunner().invoke(bench_app, ["sweep", "--disable-tqdm", *args])
+
+
+def test_sweep_passes_and_writes_results(server, tmp_path):
+    _, url = server
+    config = write_sweep(tmp_path, strict=False)
+    out = tmp_path / "out"
+    result = run_sweep_cli("--config", str(config), "--base-url", url, "--output-dir", str(out))
+    assert result.exit_code == 0, result.output
+    assert "no thresholds for cell" in result.output  # the CONC=2 cell
+    saved = json.loads((out / "sweep_results.json").read_text())
+    assert set(saved["cells"]) == {"ISL=8,OSL=4,TP=1,PP=1,CONC=1", "ISL=8,OSL=4,TP=1,PP=1,CONC=2"}
+    assert saved["cells"]["ISL=8,OSL=4,TP=1,PP=1,CONC=2"]["completed"] == 3
+    assert {g["status"] for g in saved["gates"]} == {"PASS", "INFO", "SKIP"}
+
+
+def test_sweep_fails_when_enforced_and_records_otherwise(server, tmp_path):
+    _, url = server
+    config = write_sweep(tmp_path, strict=True)
+    args = ["--config", str(config), "--base-url", url, "--output-dir", str(tmp_path)]
+    enforced = run_sweep_cli(*args)
+    assert enforced.exit_code == 1, enforced.output
+    assert "FAIL" in enforced.output
+    recorded = run_sweep_cli(*args, "--no-enforce")
+    assert recorded.exit_code == 0, recorded.output
+    assert "record-only" in recorded.output
+
+
+HEALTH_SERVER = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_launched_server_is_stopped_even_on_error(tmp_path, monkeypatch):
+    spawned = []
+    real_popen = subprocess.Popen
+
+    def recording_popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        spawned.append(proc)
+        return proc
+
+    monkeypatch.setattr(sweep_mod, "server_command", lambda model, port, extra: [
+        sys.executable, "-c", HEALTH_SERVER, str(port)
+    ])
+    monkeypatch.setattr(sweep_mod.subprocess, "Popen", recording_popen)
+    config = write_sweep(tmp_path, strict=False)
+    cfg = load_sweep_config(config)
+    with pytest.raises(RuntimeError, match="cell crashed"):
+        with launched_server(cfg, tmp_path / "server.log", log=lambda _: None) as url:
+            assert url.startswith("http://127.0.0.1:")
+            assert spawned[0].poll() is None  # up and answering /health
+            raise RuntimeError("cell crashed")
+    assert spawned and spawned[0].poll() is not None
