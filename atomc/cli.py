@@ -43,6 +43,7 @@ KvBlocks = Annotated[
 CaptureSizes = Annotated[
     str | None, typer.Option("--cudagraph-capture-sizes", help="comma-separated batch sizes, e.g. 1,2,4,8")
 ]
+LoadFormat = Annotated[str, typer.Option("--load-format", help="safetensors | dummy (random weights)")]
 DisablePass = Annotated[list[str] | None, typer.Option("--disable-pass", help="skip a compiler pass by name")]
 
 
@@ -63,6 +64,7 @@ def build_config(
     num_kv_blocks=None,
     cudagraph_capture_sizes=None,
     disable_pass=None,
+    load_format="safetensors",
 ) -> EngineConfig:
     cfg = EngineConfig(device=device)
     cfg.model.model, cfg.model.dtype, cfg.model.max_model_len, cfg.model.seed = (
@@ -81,6 +83,7 @@ def build_config(
     if cudagraph_capture_sizes:
         cfg.compile.cudagraph_capture_sizes = parse_sizes(cudagraph_capture_sizes)
     cfg.compile.disabled_passes = list(disable_pass or [])
+    cfg.model.load_format = load_format
     return cfg
 
 
@@ -190,6 +193,7 @@ def serve(
     cache_dir: CacheDir = None,
     require_artifacts: RequireArtifacts = False,
     cudagraph_capture_sizes: CaptureSizes = None,
+    load_format: LoadFormat = "safetensors",
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     from pathlib import Path
@@ -212,6 +216,7 @@ def serve(
         gpu_memory_utilization=gpu_memory_utilization,
         num_kv_blocks=num_kv_blocks,
         cudagraph_capture_sizes=cudagraph_capture_sizes,
+        load_format=load_format,
     )
     cfg.serve.host, cfg.serve.port, cfg.serve.api_key = host, port, api_key
     cfg.model.served_model_name = served_model_name

@@ -20,6 +20,7 @@ class ModelConfig:
     max_model_len: int | None = None  # None = the checkpoint's max_position_embeddings
     seed: int = 0
     served_model_name: str | None = None
+    load_format: str = "safetensors"  # safetensors | dummy (random weights; for benchmarks)
 
 
 @dataclass

@@ -33,6 +33,7 @@ class LLM:
         num_kv_blocks: int | None = None,
         gpu_memory_utilization: float = 0.9,
         cache_dir: str | None = None,
+        load_format: str = "safetensors",
         config: EngineConfig | None = None,
     ):
         if config is None:
@@ -53,6 +54,7 @@ class LLM:
             )
             c.gpu_memory_utilization = gpu_memory_utilization
             config.compile.enforce_eager = enforce_eager
+            m.load_format = load_format
             if cache_dir is not None:
                 config.compile.cache_dir = cache_dir
         self.config = config

@@ -39,7 +39,10 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def load_model(model_dir: Path, dtype: torch.dtype, device: str | torch.device) -> torch.nn.Module:
+def load_model(
+    model_dir: Path, dtype: torch.dtype, device: str | torch.device, load_format: str = "safetensors"
+) -> torch.nn.Module:
+    """load_format "dummy" fills random weights instead of reading files (benchmarks of large shapes)."""
     arch = ModelArch.from_dir(model_dir)
     with torch.device("meta"):
         model = build_model(arch)
@@ -48,8 +51,23 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: str | torch.device) 
     for module in model.modules():
         if hasattr(module, "reset_buffers"):
             module.reset_buffers()
-    load_weights(model, checkpoint_files(model_dir))
+    if load_format == "dummy":
+        fill_dummy_weights(model)
+    elif load_format == "safetensors":
+        load_weights(model, checkpoint_files(model_dir))
+    else:
+        raise ValueError(f"load format {load_format!r} is not one of: safetensors, dummy")
     return model.eval()
+
+
+@torch.no_grad()
+def fill_dummy_weights(model: torch.nn.Module, seed: int = 0) -> None:
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
 
 
 def load_weights(model: torch.nn.Module, files: list[Path]) -> None:

@@ -22,6 +22,14 @@ def attention(
         # no cache (profiling or a plain forward): the batch is one causal sequence
         out.copy_(causal_attention(q, k, v, scale))
         return
+    if q.is_cuda:
+        # eager on a GPU: the platform's kernel (the compiler's lowering pass does this for graphs)
+        from atomc.kernels import registry
+
+        _, impl = registry.choose("attention", "rocm" if torch.version.hip else "cuda")
+        if impl is not torch.ops.atomc.attention.default:
+            impl(q, k, v, out, layer_idx, scale)
+            return
     k_cache, v_cache = ctx.kv_caches[layer_idx]
     write_kv_cache(k, v, k_cache, v_cache, ctx.attn_metadata.slot_mapping)
     paged_attention_reference(q, k_cache, v_cache, out, ctx.attn_metadata, scale)

@@ -25,11 +25,8 @@ class AttentionMetadata:
     query_start_loc_host: list[int] = field(default_factory=list)
     seq_lens_host: list[int] = field(default_factory=list)
     max_query_len: int = 0
-    max_seq_len: int = 0
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_lens_host)
+    max_seq_len: int = 0  # may be an upper bound (CUDA graphs): kernels read the real lengths
+    num_seqs: int = 0
 
 
 @dataclass

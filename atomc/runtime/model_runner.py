@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from atomc.config import EngineConfig
+from atomc.runtime.cudagraph import DecodeGraphs, default_capture_sizes
 from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
 from atomc.runtime.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -35,7 +36,7 @@ class ModelRunner:
         self.config, self.arch, self.device, self.dtype = config, arch, device, dtype
         self.block_size = config.cache.block_size
         t0 = time.perf_counter()
-        self.model = load_model(model_dir, dtype, device)
+        self.model = load_model(model_dir, dtype, device, config.model.load_format)
         self.timings = {"load_weights_s": time.perf_counter() - t0}
         self.forward = self.model.forward
         self.compile_info: dict = {}
@@ -59,6 +60,7 @@ class ModelRunner:
             device,
         )
         self.sampler = Sampler(seed=config.model.seed)
+        self.decode_graphs: DecodeGraphs | None = None
 
     def _num_kv_blocks(self) -> int:
         per_block = bytes_per_block(
@@ -97,7 +99,8 @@ class ModelRunner:
 
     # -- one step ------------------------------------------------------------------------------------
 
-    def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def host_batch(self, scheduled: list[ScheduledSeq]) -> dict[str, list]:
+        """The flat batch as host lists: token ids, positions, KV slots, query starts, lengths, tables."""
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -113,34 +116,44 @@ class ModelRunner:
             slots.extend(table[p // bs] * bs + p % bs for p in range(begin, end))
             starts.append(starts[-1] + item.num_new_tokens)
             seq_lens.append(end)
-        width = max(len(item.seq.block_table) for item in scheduled)
-        tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in scheduled]
+        tables = [item.seq.block_table for item in scheduled]
+        return dict(ids=ids, positions=positions, slots=slots, starts=starts, seq_lens=seq_lens, tables=tables)
+
+    def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        b = self.host_batch(scheduled)
+        width = max(len(t) for t in b["tables"])
+        tables = [t + [0] * (width - len(t)) for t in b["tables"]]
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(b["slots"], dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor(b["starts"], dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(b["seq_lens"], dtype=torch.int32, device=dev),
             block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            query_start_loc_host=starts,
-            seq_lens_host=seq_lens,
+            query_start_loc_host=b["starts"],
+            seq_lens_host=b["seq_lens"],
             max_query_len=max(item.num_new_tokens for item in scheduled),
-            max_seq_len=max(seq_lens),
+            max_seq_len=max(b["seq_lens"]),
+            num_seqs=len(scheduled),
         )
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        input_ids = torch.tensor(b["ids"], dtype=torch.long, device=dev)
+        pos = torch.tensor(b["positions"], dtype=torch.long, device=dev)
         return input_ids, pos, meta
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> SamplerOutput | None:
         """Run the forward for this step; sample one token for each sequence whose chunk ends its tokens."""
-        input_ids, positions, meta = self.prepare(scheduled)
-        with set_forward_context(ForwardContext(meta, self.kv_caches)):
-            hidden = self.forward(input_ids, positions)
         rows = [i for i, item in enumerate(scheduled) if item.samples]
-        if not rows:
-            return None
-        last = torch.tensor([meta.query_start_loc_host[i + 1] - 1 for i in rows], device=self.device)
-        logits = self.model.compute_logits(hidden[last])
+        if self.decode_graphs is not None and self._is_graph_decode(scheduled):
+            b = self.host_batch(scheduled)
+            logits = self.decode_graphs.replay(b["ids"], b["positions"], b["slots"], b["seq_lens"], b["tables"])
+        else:
+            input_ids, positions, meta = self.prepare(scheduled)
+            with set_forward_context(ForwardContext(meta, self.kv_caches)):
+                hidden = self.forward(input_ids, positions)
+            if not rows:
+                return None
+            last = torch.tensor([meta.query_start_loc_host[i + 1] - 1 for i in rows], device=self.device)
+            logits = self.model.compute_logits(hidden[last])
         seqs = [scheduled[i].seq for i in rows]
         batch = SamplingBatch(
             params=[s.params for s in seqs],
@@ -149,3 +162,20 @@ class ModelRunner:
             generators=[s.generator for s in seqs],
         )
         return self.sampler(logits, batch)
+
+    def _is_graph_decode(self, scheduled: list[ScheduledSeq]) -> bool:
+        return len(scheduled) <= self.decode_graphs.max_size and all(
+            item.num_new_tokens == 1 and item.samples for item in scheduled
+        )
+
+    def capture_decode_graphs(self, max_model_len: int) -> None:
+        """Full CUDA graphs for pure-decode batches (CUDA only, not with enforce_eager)."""
+        sizes = self.config.compile.cudagraph_capture_sizes or default_capture_sizes(
+            self.config.scheduler.max_num_seqs
+        )
+        max_blocks = (max_model_len + self.block_size - 1) // self.block_size
+        self.decode_graphs = DecodeGraphs(
+            self.forward, self.model.compute_logits, self.kv_caches, sizes, max_blocks, max_model_len, self.device
+        )
+        self.decode_graphs.capture()
+        self.timings["cudagraph_capture_s"] = self.decode_graphs.capture_seconds

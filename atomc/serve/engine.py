@@ -75,6 +75,8 @@ class LLMEngine:
                 f"max_model_len={self.max_model_len}; lower --max-model-len or give the cache more memory"
             )
         self.scheduler = Scheduler(config.scheduler, self.blocks)
+        if self.device.startswith("cuda") and not config.compile.enforce_eager:
+            self.runner.capture_decode_graphs(self.max_model_len)
         self.eos_token_ids = self._eos_token_ids()
         self.requests: dict[str, _Request] = {}
         self._seq_ids = itertools.count()

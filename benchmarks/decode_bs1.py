@@ -1,0 +1,143 @@
+"""Batch-1 decode (128 tokens in, 512 out): atomc next to transformers (static cache + torch.compile).
+
+Each engine runs in its own subprocess on the same GPU, one after the other. Weights are random
+(bf16) with the real model shape, so bytes moved per token are the real ones. The roofline is
+weight bytes per token over the measured copy bandwidth (`--bandwidth`, bytes read + written).
+
+    python benchmarks/decode_bs1.py --model llama-3.1-8b --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkpoints import make_checkpoint, weight_bytes  # noqa: E402
+
+PROMPT_LEN, OUTPUT_LEN = 128, 512
+
+
+def measure_bandwidth() -> float:
+    import torch
+
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # 1 GiB, far past L2
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        y.copy_(x)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * x.numel() * 20 / (start.elapsed_time(end) / 1e3)
+
+
+def run_atomc(model_dir: str, enforce_eager: bool) -> dict:
+    import torch
+
+    from atomc import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=model_dir,
+        dtype="bfloat16",
+        device="cuda",
+        load_format="dummy",
+        max_model_len=1024,
+        max_num_seqs=8,
+        enforce_eager=enforce_eager,
+    )
+    startup = time.perf_counter() - t0
+    prompt = {"prompt_token_ids": list(range(1000, 1000 + PROMPT_LEN))}
+    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))  # warm-up
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, ignore_eos=True))[0]
+        total = time.perf_counter() - t0
+        m = out.metrics
+        decode = m["finish_time"] - m["first_token_time"]
+        runs.append({"total_s": total, "decode_tok_s": (OUTPUT_LEN - 1) / decode, "e2e_tok_s": OUTPUT_LEN / total})
+    best = max(runs, key=lambda r: r["decode_tok_s"])
+    return {"engine": "atomc" + (" (eager)" if enforce_eager else ""), "startup_s": startup, **best, "runs": runs}
+
+
+def run_hf(model_dir: str) -> dict:
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    t0 = time.perf_counter()
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    ids = torch.arange(1000, 1000 + PROMPT_LEN, device="cuda")[None]
+    gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
+    for _ in range(2):  # compile + capture
+        model.generate(ids, max_new_tokens=OUTPUT_LEN, min_new_tokens=OUTPUT_LEN, **gen)
+    startup = time.perf_counter() - t0
+    runs = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=OUTPUT_LEN, min_new_tokens=OUTPUT_LEN, **gen)
+        torch.cuda.synchronize()
+        total = time.perf_counter() - t0
+        runs.append({"total_s": total, "e2e_tok_s": OUTPUT_LEN / total})
+    best = max(runs, key=lambda r: r["e2e_tok_s"])
+    return {"engine": "transformers static cache + torch.compile", "startup_s": startup, **best, "runs": runs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--root", default="/tmp/atomc-bench-models")
+    ap.add_argument("--engines", default="atomc,hf")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    model_dir = str(make_checkpoint(args.model, Path(args.root)))
+    if args.child:
+        res = {"atomc": lambda: run_atomc(model_dir, False), "atomc-eager": lambda: run_atomc(model_dir, True),
+               "hf": lambda: run_hf(model_dir)}[args.child]()
+        print("RESULT " + json.dumps(res))
+        return
+    bw = measure_bandwidth()
+    roofline = bw / weight_bytes(args.model)
+    results = {"model": args.model, "bandwidth_TBps": bw / 1e12, "roofline_tok_s": roofline, "engines": []}
+    for engine in args.engines.split(","):
+        proc = subprocess.run(
+            [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine],
+            capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            results["engines"].append({"engine": engine, "error": proc.stderr[-3000:]})
+            continue
+        res = json.loads(lines[-1][len("RESULT "):])
+        rate = res.get("decode_tok_s", res["e2e_tok_s"])
+        res["roofline_pct"] = 100 * rate / roofline
+        results["engines"].append(res)
+    print(json.dumps(results, indent=2))
+    print(f"\n{args.model} batch-1 decode, roofline {roofline:.0f} tok/s at {bw / 1e12:.2f} TB/s")
+    for r in results["engines"]:
+        if "error" in r:
+            print(f"  {r['engine']:45s} ERROR {r['error'][-300:]}")
+        else:
+            print(f"  {r['engine']:45s} decode {r.get('decode_tok_s', r['e2e_tok_s']):7.1f} tok/s "
+                  f"({r['roofline_pct']:.0f}% of roofline), e2e {r['e2e_tok_s']:.1f} tok/s, startup {r['startup_s']:.1f} s")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
