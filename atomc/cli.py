@@ -194,6 +194,9 @@ def serve(
     require_artifacts: RequireArtifacts = False,
     cudagraph_capture_sizes: CaptureSizes = None,
     load_format: LoadFormat = "safetensors",
+    die_with_parent: Annotated[
+        bool, typer.Option("--die-with-parent", help="exit when the process that started the server exits")
+    ] = False,
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     from pathlib import Path
@@ -219,6 +222,7 @@ def serve(
         load_format=load_format,
     )
     cfg.serve.host, cfg.serve.port, cfg.serve.api_key = host, port, api_key
+    cfg.serve.die_with_parent = die_with_parent
     cfg.model.served_model_name = served_model_name
     if chat_template is not None:
         path = Path(chat_template)

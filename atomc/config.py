@@ -64,6 +64,7 @@ class ServeConfig:
     chat_template: str | None = None
     max_request_bytes: int = 8 * 1024 * 1024
     drain_timeout_s: float = 30.0
+    die_with_parent: bool = False  # SIGTERM when the parent process exits (harnesses that spawn a server)
 
 
 @dataclass

@@ -107,8 +107,11 @@ def main() -> None:
     args = ap.parse_args()
     model_dir = str(make_checkpoint(args.model, Path(args.root)))
     if args.child:
-        res = {"atomc": lambda: run_atomc(model_dir, False), "atomc-eager": lambda: run_atomc(model_dir, True),
-               "hf": lambda: run_hf(model_dir)}[args.child]()
+        res = {
+            "atomc": lambda: run_atomc(model_dir, False),
+            "atomc-eager": lambda: run_atomc(model_dir, True),
+            "hf": lambda: run_hf(model_dir),
+        }[args.child]()
         print("RESULT " + json.dumps(res))
         return
     bw = measure_bandwidth()
@@ -117,13 +120,15 @@ def main() -> None:
     for engine in args.engines.split(","):
         proc = subprocess.run(
             [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine],
-            capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not lines:
             results["engines"].append({"engine": engine, "error": proc.stderr[-3000:]})
             continue
-        res = json.loads(lines[-1][len("RESULT "):])
+        res = json.loads(lines[-1][len("RESULT ") :])
         rate = res.get("decode_tok_s", res["e2e_tok_s"])
         res["roofline_pct"] = 100 * rate / roofline
         results["engines"].append(res)
@@ -133,8 +138,11 @@ def main() -> None:
         if "error" in r:
             print(f"  {r['engine']:45s} ERROR {r['error'][-300:]}")
         else:
-            print(f"  {r['engine']:45s} decode {r.get('decode_tok_s', r['e2e_tok_s']):7.1f} tok/s "
-                  f"({r['roofline_pct']:.0f}% of roofline), e2e {r['e2e_tok_s']:.1f} tok/s, startup {r['startup_s']:.1f} s")
+            print(
+                f"  {r['engine']:45s} decode {r.get('decode_tok_s', r['e2e_tok_s']):7.1f} tok/s "
+                f"({r['roofline_pct']:.0f}% of roofline), e2e {r['e2e_tok_s']:.1f} tok/s, "
+                f"startup {r['startup_s']:.1f} s"
+            )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

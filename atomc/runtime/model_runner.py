@@ -61,6 +61,7 @@ class ModelRunner:
         )
         self.sampler = Sampler(seed=config.model.seed)
         self.decode_graphs: DecodeGraphs | None = None
+        self.prompt_logprobs: dict[int, list[dict[int, float]]] = {}
 
     def _num_kv_blocks(self) -> int:
         per_block = bytes_per_block(
@@ -79,7 +80,7 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats()
         tokens = min(self.config.scheduler.max_num_batched_tokens, 2048)  # no-cache attention is O(T^2)
         ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(tokens, device=self.device)
+        pos = torch.arange(tokens, device=self.device) % self.arch.max_position_embeddings
         hidden = self.forward(ids, pos)
         self.model.compute_logits(hidden[-min(tokens, self.config.scheduler.max_num_seqs) :])
         torch.cuda.synchronize()
@@ -141,8 +142,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> SamplerOutput | None:
-        """Run the forward for this step; sample one token for each sequence whose chunk ends its tokens."""
+        """Run the forward for this step; sample one token for each sequence whose chunk ends its tokens.
+
+        Sequences that asked for prompt logprobs get them in `self.prompt_logprobs` (seq_id -> list)."""
         rows = [i for i, item in enumerate(scheduled) if item.samples]
+        self.prompt_logprobs = {}
         if self.decode_graphs is not None and self._is_graph_decode(scheduled):
             b = self.host_batch(scheduled)
             logits = self.decode_graphs.replay(b["ids"], b["positions"], b["slots"], b["seq_lens"], b["tables"])
@@ -150,6 +154,7 @@ class ModelRunner:
             input_ids, positions, meta = self.prepare(scheduled)
             with set_forward_context(ForwardContext(meta, self.kv_caches)):
                 hidden = self.forward(input_ids, positions)
+            self._prompt_logprobs(scheduled, hidden, meta.query_start_loc_host)
             if not rows:
                 return None
             last = torch.tensor([meta.query_start_loc_host[i + 1] - 1 for i in rows], device=self.device)
@@ -162,6 +167,26 @@ class ModelRunner:
             generators=[s.generator for s in seqs],
         )
         return self.sampler(logits, batch)
+
+    def _prompt_logprobs(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor, starts: list[int]) -> None:
+        """Logprob of each prompt token given the ones before it (the row at position p scores token p+1)."""
+        for i, item in enumerate(scheduled):
+            seq, top_n = item.seq, item.seq.params.prompt_logprobs
+            begin = seq.num_computed_tokens
+            end = min(begin + item.num_new_tokens, seq.num_prompt_tokens - 1)
+            if top_n is None or end <= begin:
+                continue
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[starts[i] : starts[i] + end - begin]), -1)
+            targets = torch.tensor(seq.token_ids[begin + 1 : end + 1], device=logprobs.device)
+            chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
+            top = logprobs.topk(top_n, dim=-1) if top_n > 0 else None
+            out = []
+            for j, tok in enumerate(targets.tolist()):
+                entry = {tok: chosen[j]}
+                if top is not None:
+                    entry.update(zip(top.indices[j].tolist(), top.values[j].tolist(), strict=True))
+                out.append(entry)
+            self.prompt_logprobs[seq.seq_id] = out
 
     def _is_graph_decode(self, scheduled: list[ScheduledSeq]) -> bool:
         return len(scheduled) <= self.decode_graphs.max_size and all(

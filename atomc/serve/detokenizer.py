@@ -23,9 +23,7 @@ class DetokenizerState:
 
 def decode_step(tokenizer, ids: list[int], state: DetokenizerState, skip_special_tokens: bool) -> str:
     """New text made stable by the tokens appended to `ids` (prompt + output) since the last call."""
-    prefix = tokenizer.decode(
-        ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip_special_tokens
-    )
+    prefix = tokenizer.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip_special_tokens)
     window = tokenizer.decode(ids[state.prefix_offset :], skip_special_tokens=skip_special_tokens)
     if len(window) > len(prefix) and not window.endswith("\ufffd"):
         state.prefix_offset, state.read_offset = state.read_offset, len(ids)
@@ -35,9 +33,7 @@ def decode_step(tokenizer, ids: list[int], state: DetokenizerState, skip_special
 
 def decode_rest(tokenizer, ids: list[int], state: DetokenizerState, skip_special_tokens: bool) -> str:
     """At the end of a sequence: whatever the window still holds back, partial characters included."""
-    prefix = tokenizer.decode(
-        ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip_special_tokens
-    )
+    prefix = tokenizer.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip_special_tokens)
     window = tokenizer.decode(ids[state.prefix_offset :], skip_special_tokens=skip_special_tokens)
     state.prefix_offset = state.read_offset = len(ids)
     return window[len(prefix) :] if window.startswith(prefix) else ""

@@ -36,9 +36,7 @@ def resolve_dtype(name: str, arch: ModelArch, device: str) -> torch.dtype:
     if name == "auto":
         if not device.startswith("cuda"):
             return torch.float32  # CPU half-precision matmuls are slow and less exact
-        return (
-            _DTYPES.get(arch.torch_dtype, torch.bfloat16) if arch.torch_dtype != "float32" else torch.bfloat16
-        )
+        return _DTYPES.get(arch.torch_dtype, torch.bfloat16) if arch.torch_dtype != "float32" else torch.bfloat16
     if name not in _DTYPES:
         raise ValueError(f"--dtype {name!r} is not one of: auto, {', '.join(_DTYPES)}")
     return _DTYPES[name]
@@ -66,9 +64,7 @@ class LLMEngine:
         self.model_name = config.model.served_model_name or (config.model.model or self.model_dir.name)
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
         self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype)
-        self.blocks = BlockManager(
-            self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
-        )
+        self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         if self.blocks.blocks_needed(self.max_model_len) > self.blocks.num_blocks:
             raise ValueError(
                 f"the KV cache holds {self.blocks.num_blocks * config.cache.block_size} tokens, fewer than "
@@ -79,6 +75,7 @@ class LLMEngine:
             self.runner.capture_decode_graphs(self.max_model_len)
         self.eos_token_ids = self._eos_token_ids()
         self.requests: dict[str, _Request] = {}
+        self.last_step: dict = {}
         self._seq_ids = itertools.count()
 
     def _max_model_len(self) -> int:
@@ -134,9 +131,7 @@ class LLMEngine:
             gen = None
             if params.seed is not None:
                 gen = torch.Generator().manual_seed(params.seed + i)
-            seqs.append(
-                Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params, generator=gen)
-            )
+            seqs.append(Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params, generator=gen))
         req = _Request(request_id, text, seqs, arrival_time or time.perf_counter())
         self.requests[request_id] = req
         for seq in seqs:
@@ -176,10 +171,16 @@ class LLMEngine:
     # -- one step ------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
+        t1 = time.perf_counter()
         sampled = self.runner.execute(scheduled)
+        t2 = time.perf_counter()
+        for item in scheduled:
+            if item.seq.seq_id in self.runner.prompt_logprobs:
+                item.seq.prompt_logprobs.extend(self.runner.prompt_logprobs[item.seq.seq_id])
         self.scheduler.commit_computed(scheduled)
         touched: dict[str, _Request] = {}
         samplers = [item.seq for item in scheduled if item.seq.num_computed_tokens == item.seq.num_tokens]
@@ -206,6 +207,14 @@ class LLMEngine:
                 req.metrics["finish_time"] = now
                 del self.requests[request_id]
             outputs.append(self._output(req))
+        # wall-clock split of the last step, for host-overhead measurements (benchmarks/host_overhead.py)
+        self.last_step = {
+            "num_seqs": len(scheduled),
+            "num_tokens": sum(item.num_new_tokens for item in scheduled),
+            "schedule_s": t1 - t0,
+            "execute_s": t2 - t1,
+            "postprocess_s": time.perf_counter() - t2,
+        }
         return outputs
 
     def _append_text(self, req: _Request, seq: Sequence) -> None:
@@ -253,6 +262,7 @@ class LLMEngine:
             ],
             finished=req.finished,
             num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=list(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None,
             metrics=dict(req.metrics),
         )
 

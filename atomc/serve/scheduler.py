@@ -71,6 +71,8 @@ class Scheduler:
         bm = self.blocks
         # keep at least one token to compute, so the step yields logits for it
         hits = bm.match_prefix(seq.token_ids)[: (seq.num_tokens - 1) // bm.block_size]
+        if seq.params.prompt_logprobs is not None:
+            hits = []  # every prompt position must run through the model to be scored
         computed = len(hits) * bm.block_size
         n = min(seq.num_tokens - computed, budget)
         if not self.config.enable_chunked_prefill and n < seq.num_tokens - computed:
@@ -108,6 +110,7 @@ class Scheduler:
         self._release(seq)
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
+        seq.prompt_logprobs = [None]  # recomputed from the start with the prompt
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
@@ -120,9 +123,7 @@ class Scheduler:
             while len(seq.block_hashes) < seq.num_computed_tokens // bs:
                 j = len(seq.block_hashes)
                 parent = seq.block_hashes[-1] if seq.block_hashes else None
-                h = self.blocks.commit_full_block(
-                    seq.block_table[j], parent, seq.token_ids[j * bs : (j + 1) * bs]
-                )
+                h = self.blocks.commit_full_block(seq.block_table[j], parent, seq.token_ids[j * bs : (j + 1) * bs])
                 seq.block_hashes.append(h)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:

@@ -36,6 +36,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] = field(default_factory=lambda: [None])  # none for token 0
     cumulative_logprob: float = 0.0
     text: str = ""
     arrival_time: float = field(default_factory=time.perf_counter)

@@ -5,8 +5,8 @@ streams included, finish for up to `serve.drain_timeout_s`; then it cancels what
 cancelled request aborts its engine request), the app's lifespan stops the engine thread, and the
 process exits with status 0.
 
-Parent death: with `ATOMC_DIE_WITH_PARENT=1` (or the parent's pid) in its environment the server
-asks Linux (prctl PR_SET_PDEATHSIG) for a SIGTERM when its parent exits, so a harness that spawns
+Parent death: with `--die-with-parent` (ServeConfig.die_with_parent) the server asks Linux
+(prctl PR_SET_PDEATHSIG) for a SIGTERM when its parent exits, so a harness that spawns
 `atomc serve` and is killed leaves no server behind. It is opt-in because `nohup atomc serve &`
 from a shell that then exits must keep serving. The engine runs in a thread, so there are no
 grandchildren to clean up.
@@ -30,8 +30,8 @@ from atomc.config import EngineConfig
 
 logger = logging.getLogger("atomc.serve")
 
-DIE_WITH_PARENT_ENV = "ATOMC_DIE_WITH_PARENT"
 _PR_SET_PDEATHSIG = 1
+_PARENT_AT_START = os.getppid()  # read at import, before any re-parenting could happen
 
 
 def die_with_parent() -> bool:
@@ -47,9 +47,7 @@ def die_with_parent() -> bool:
         logger.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
         return False
     # the parent may have died before prctl ran: then we were already re-parented
-    want = os.environ.get(DIE_WITH_PARENT_ENV, "")
-    orphaned = os.getppid() != int(want) if want.isdigit() and int(want) > 1 else os.getppid() == 1
-    if orphaned:
+    if os.getppid() != _PARENT_AT_START:
         os.kill(os.getpid(), signal.SIGTERM)
     return True
 
@@ -81,9 +79,9 @@ def build_server_app(config: EngineConfig):
     return build_app(AsyncEngine(engine), config)
 
 
-def prepare_process() -> None:
+def prepare_process(config: EngineConfig) -> None:
     """Process-level setup for a server that owns its process: parent-death guard, SIGTERM, logging."""
-    if os.environ.get(DIE_WITH_PARENT_ENV, "0") not in ("", "0"):
+    if config.serve.die_with_parent:
         die_with_parent()
     if threading.current_thread() is threading.main_thread():
         _exit_zero_on_sigterm()
@@ -93,12 +91,15 @@ def prepare_process() -> None:
 
 def serve_app(app, config: EngineConfig) -> None:
     """Blocking: serve until SIGTERM / SIGINT, drain (up to `serve.drain_timeout_s`), stop the engine."""
-    uvicorn.Server(uvicorn_config(app, config)).run()
+    try:
+        uvicorn.Server(uvicorn_config(app, config)).run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its drain: that is a clean stop here
+        pass
 
 
 def run_server(config: EngineConfig) -> None:
     """`atomc serve`: load the model, then serve it until SIGTERM / SIGINT."""
-    prepare_process()
+    prepare_process(config)
     t0 = time.perf_counter()
     app = build_server_app(config)
     srv = app.state.atomc

@@ -236,9 +236,9 @@ def test_launched_server_is_stopped_even_on_error(tmp_path, monkeypatch):
         spawned.append(proc)
         return proc
 
-    monkeypatch.setattr(sweep_mod, "server_command", lambda model, port, extra: [
-        sys.executable, "-c", HEALTH_SERVER, str(port)
-    ])
+    monkeypatch.setattr(
+        sweep_mod, "server_command", lambda model, port, extra: [sys.executable, "-c", HEALTH_SERVER, str(port)]
+    )
     monkeypatch.setattr(sweep_mod.subprocess, "Popen", recording_popen)
     config = write_sweep(tmp_path, strict=False)
     cfg = load_sweep_config(config)

@@ -47,9 +47,7 @@ def test_unknown_kind_fails_even_without_a_value():
     assert evaluate({"kind": "typo"}, None, None).status is Status.FAIL
 
 
-@pytest.mark.parametrize(
-    "spec", [{"kind": "min"}, {"kind": "max", "value": "10"}, {"kind": "min", "value": True}]
-)
+@pytest.mark.parametrize("spec", [{"kind": "min"}, {"kind": "max", "value": "10"}, {"kind": "min", "value": True}])
 def test_bad_value_fails(spec):
     assert evaluate(spec, 1.0, None).status is Status.FAIL
 

@@ -119,9 +119,7 @@ def test_max_tokens_stop_token_and_stop_string(llm):
     first = out.token_ids.index(stop_id)
     by_id = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop_id]))
     o = by_id[0].outputs[0]
-    assert (
-        o.token_ids == out.token_ids[: first + 1] and o.finish_reason == "stop" and o.stop_reason == stop_id
-    )
+    assert o.token_ids == out.token_ids[: first + 1] and o.finish_reason == "stop" and o.stop_reason == stop_id
     # a stop string taken from the greedy text: the output ends right before it
     text = out.text
     stop = text[len(text) // 2 : len(text) // 2 + 3]
@@ -149,7 +147,9 @@ def test_logprobs_hold_sampled_token_and_top_n(llm):
         assert tok in lp and 3 <= len(lp) <= 4
         assert lp[tok] == max(lp.values())  # greedy picks the most likely token
         assert all(v <= 0 for v in lp.values())
-    assert out.cumulative_logprob == pytest.approx(sum(lp[t] for t, lp in zip(out.token_ids, out.logprobs, strict=True)))
+    assert out.cumulative_logprob == pytest.approx(
+        sum(lp[t] for t, lp in zip(out.token_ids, out.logprobs, strict=True))
+    )
 
 
 def test_token_id_prompts_and_chat(llm):
@@ -171,3 +171,22 @@ def test_abort_frees_blocks_at_once(llm):
     assert out.finished and out.outputs[0].finish_reason == "abort"
     assert_pool_free(llm)
     assert eng.abort_request("x") is None
+
+
+def test_prompt_logprobs_score_every_prompt_token(llama_dir):
+    import torch
+    import transformers
+
+    llm = make(llama_dir, max_num_batched_tokens=9)  # chunked prefill: scores arrive over several steps
+    prompt = PROMPTS[3]
+    llm.generate(prompt, GREEDY)  # fill the prefix cache: prompt logprobs must still cover every token
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2))[0]
+    ids = out.prompt_token_ids
+    assert len(out.prompt_logprobs) == len(ids) and out.prompt_logprobs[0] is None
+    hf = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1)
+    for p in range(1, len(ids)):
+        entry = out.prompt_logprobs[p]
+        assert ids[p] in entry and 2 <= len(entry) <= 3
+        assert entry[ids[p]] == pytest.approx(ref[p - 1, ids[p]].item(), abs=1e-4)

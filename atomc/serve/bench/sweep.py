@@ -172,7 +172,7 @@ def free_port() -> int:
 def server_command(model_id: str | None, port: int, extra_args: list[str]) -> list[str]:
     # no --model means the server's default model
     model = ["--model", model_id] if model_id else []
-    return [sys.executable, "-m", "atomc.cli", "serve", *model, "--port", str(port), *extra_args]
+    return [sys.executable, "-m", "atomc.cli", "serve", *model, "--port", str(port), "--die-with-parent", *extra_args]
 
 
 def log_tail(path: Path, n: int = 30) -> str:

@@ -1,0 +1,457 @@
+"""The FastAPI app: OpenAI-compatible routes over an `AsyncEngine`.
+
+Handlers read the body themselves (size limit, then JSON, then pydantic), so every failure has
+OpenAI's error shape with the status the issue asks for: 413 too large, 422 not JSON, 400 invalid.
+A request reaches the engine only once it validated; from then on every exit path (done, client
+gone, engine failure, shutdown) aborts whatever still runs, so KV blocks never leak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from atomc.config import EngineConfig
+from atomc.outputs import CompletionOutput, RequestOutput
+from atomc.sampling_params import SamplingParams
+from atomc.serve.async_engine import AsyncEngine, ChatPrompt, EngineDeadError, OutputStream
+from atomc.serve.metrics import HTTPMetricsMiddleware, RequestTracker, ServerMetrics
+from atomc.serve.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    bad_request,
+    chat_logprobs,
+    legacy_logprobs,
+    merge_legacy,
+    parse_request,
+    usage,
+)
+
+logger = logging.getLogger("atomc.serve")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("atomc")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+VERSION = _version()
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """`--chat-template` takes a file or the template text itself, as vLLM's does."""
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if "{" not in value and path.is_file():
+        return path.read_text()
+    return value
+
+
+class ServerState:
+    """What the routes share; one per app."""
+
+    def __init__(self, async_engine: AsyncEngine, config: EngineConfig):
+        self.aengine = async_engine
+        self.engine = async_engine.engine
+        self.config = config
+        self.model_name: str = self.engine.model_name
+        self.chat_template = load_chat_template(config.serve.chat_template)
+        self.metrics = ServerMetrics(async_engine.stats, lambda: async_engine.healthy)
+        self.created = int(time.time())
+        self._token_strs: dict[int, str] = {}
+
+    def token_str(self, token_id: int) -> str:
+        # bounded by the vocabulary; decoding is a read-only call on the Rust tokenizer
+        s = self._token_strs.get(token_id)
+        if s is None:
+            s = self._token_strs[token_id] = self.engine.tokenizer.decode([token_id])
+        return s
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(token_ids)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    async def submit(self, base_id: str, prompts: list, params) -> OutputStream:
+        ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
+        try:
+            return await self.aengine.submit([(rid, p, params) for rid, p in zip(ids, prompts, strict=True)])
+        except ValueError as e:  # the engine's verdict on the prompt: empty, too long, bad ids
+            raise bad_request(str(e), "messages" if isinstance(prompts[0], ChatPrompt) else "prompt") from None
+        except EngineDeadError as e:
+            raise APIError(503, str(e), type="server_error", code="engine_unavailable") from None
+
+
+# ---------------------------------------------------------------- per-request jobs
+
+
+@dataclass
+class _ChoiceState:
+    ntok: int = 0  # generated tokens already sent
+    text_len: int = 0  # characters of generated text already sent
+    offset: int = 0  # running text_offset for legacy logprobs
+    started: bool = False
+    done: bool = False
+
+
+class _Job:
+    """One HTTP generation request: turns cumulative engine outputs into OpenAI chunks / a response."""
+
+    object_full = object_chunk = ""
+    eager_first = False  # send a first chunk before any token (completions' echo of the prompt)
+
+    def __init__(self, srv: ServerState, req, request_id: str, stream: OutputStream, params: SamplingParams):
+        self.srv, self.req, self.id, self.stream, self.n = srv, req, request_id, stream, params.n
+        self.created = int(time.time())
+        self.tracker: RequestTracker = srv.metrics.tracker(len(stream.request_ids), stream.arrival_time)
+        self.latest: dict[int, RequestOutput] = {}
+        self.states: dict[tuple[int, int], _ChoiceState] = {}
+        stops = [] if req.include_stop_str_in_output else params.stop
+        self.holdback = max((len(s) - 1 for s in stops), default=0)
+
+    def choice(self, i: int, out: RequestOutput, c: CompletionOutput, st: _ChoiceState, final: bool) -> dict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Every exit path: abort what still runs (frees its KV blocks), count it in the metrics."""
+        self.stream.abort()
+        self.tracker.close()
+
+    def _envelope(self, obj: str, choices: list) -> dict:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.srv.model_name,
+            "choices": choices,
+        }
+
+    def usage(self) -> dict:
+        outs = self.latest.values()
+        return usage(
+            sum(len(o.prompt_token_ids) for o in outs),
+            sum(len(c.token_ids) for o in outs for c in o.outputs),
+            sum(o.num_cached_tokens for o in outs),
+        )
+
+    async def _outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        async for i, out in self.stream:
+            self.tracker.update(i, out)
+            self.latest[i] = out
+            yield i, out
+
+    async def response(self) -> JSONResponse:
+        try:
+            async for _ in self._outputs():
+                pass
+        except EngineDeadError as e:
+            raise APIError(500, str(e), type="server_error", code="engine_failed") from None
+        choices = [
+            self.choice(i, out, c, _ChoiceState(), final=True)
+            for i, out in sorted(self.latest.items())
+            for c in sorted(out.outputs, key=lambda c: c.index)
+        ]
+        body = self._envelope(self.object_full, choices)
+        body["usage"] = self.usage()
+        return JSONResponse(body)
+
+    async def events(self) -> AsyncIterator[str]:
+        include_usage = self.req.include_usage
+        try:
+            async for i, out in self._outputs():
+                for c in out.outputs:
+                    st = self.states.setdefault((i, c.index), _ChoiceState())
+                    if st.done or not self._changed(c, st):
+                        continue
+                    body = self._envelope(self.object_chunk, [self.choice(i, out, c, st, final=False)])
+                    body["usage"] = None
+                    yield _sse(body)
+            if include_usage:
+                body = self._envelope(self.object_chunk, [])
+                body["usage"] = self.usage()
+                yield _sse(body)
+        except EngineDeadError as e:  # headers are out already: report in-band, as vLLM does
+            yield _sse(APIError(500, str(e), type="server_error", code="engine_failed").body())
+        yield "data: [DONE]\n\n"
+
+    def _changed(self, c: CompletionOutput, st: _ChoiceState) -> bool:
+        # a new token (even one whose text is held back) is a chunk, as in vLLM, so clients count tokens;
+        # an output without tokens yet (prefill) is not, so the first chunk marks the first token
+        grew = len(c.token_ids) > st.ntok or len(c.text) > st.text_len
+        return grew or c.finish_reason is not None or (not st.started and self.eager_first)
+
+    def _advance(self, c: CompletionOutput, st: _ChoiceState) -> tuple[str, list[int], list]:
+        """The text, token ids and logprobs not sent yet; marks them sent."""
+        ntok = len(c.token_ids)  # logprobs may grow in place on the engine thread: slice by the ids
+        st.done = c.finish_reason is not None
+        # a stop string can begin in text we would send now and end in a later step, which then cuts
+        # it from the text: while running, hold back its possible beginning (as vLLM does)
+        visible = len(c.text) if st.done else max(st.text_len, len(c.text) - self.holdback)
+        text = c.text[st.text_len : visible]
+        ids = c.token_ids[st.ntok : ntok]
+        lps = (c.logprobs or [])[st.ntok : ntok]
+        st.ntok, st.text_len, st.started = ntok, visible, True
+        return text, ids, lps
+
+
+class CompletionJob(_Job):
+    object_full = object_chunk = "text_completion"
+
+    @property
+    def eager_first(self) -> bool:
+        return self.req.echo
+
+    def choice(self, i: int, out: RequestOutput, c: CompletionOutput, st: _ChoiceState, final: bool) -> dict:
+        first = not st.started
+        text, ids, lps = self._advance(c, st)
+        logprobs = None
+        if first and self.req.echo:
+            prompt_text = out.prompt if isinstance(out.prompt, str) else self.srv.decode(out.prompt_token_ids)
+            text = prompt_text + text
+            if self.req.logprobs is not None:
+                plps = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+                logprobs = self._legacy(out.prompt_token_ids, plps, st)
+        if self.req.logprobs is not None:
+            logprobs = merge_legacy(logprobs, self._legacy(ids, lps, st))
+        return {
+            "index": i * self.n + c.index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+
+    def _legacy(self, ids: list[int], lps: list, st: _ChoiceState) -> dict:
+        d = legacy_logprobs(ids, lps, self.srv.token_str, st.offset)
+        if d["tokens"]:
+            st.offset = d["text_offset"][-1] + len(d["tokens"][-1])
+        return d
+
+
+class ChatJob(_Job):
+    object_full, object_chunk = "chat.completion", "chat.completion.chunk"
+
+    def choice(self, i: int, out: RequestOutput, c: CompletionOutput, st: _ChoiceState, final: bool) -> dict:
+        first = not st.started
+        text, ids, lps = self._advance(c, st)
+        logprobs = None
+        if self.req.logprobs:
+            top_n = self.req.top_logprobs or 0
+            logprobs = {"content": chat_logprobs(ids, lps, self.srv.token_str, top_n)}
+        if final:
+            key, msg = "message", {"role": "assistant", "content": text}
+        else:  # the role rides on the first content delta, so the first chunk marks the first token
+            key, msg = "delta", ({"role": "assistant", "content": text} if first else {"content": text})
+        return {
+            "index": i * self.n + c.index,
+            key: msg,
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+class _SSEResponse(StreamingResponse):
+    """Streaming response that always runs `on_close`, even when the client leaves before the first
+    chunk (then the body generator never starts, so its own `finally` could not abort anything)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _respond(request: Request, job: _Job) -> Response:
+    """Non-streaming: build the whole response, but give up (and abort) if the client leaves first."""
+    if job.req.stream:
+        return _SSEResponse(job.events(), on_close=job.close)
+    work = asyncio.ensure_future(job.response())
+    watch = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+        job.close()
+    if work.cancelled():
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    return work.result()
+
+
+# ---------------------------------------------------------------- app
+
+
+async def read_json(request: Request, limit: int):
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    except ClientDisconnect:  # gone mid-upload: nobody reads the answer, but do not log a crash
+        raise bad_request("client disconnected while sending the body") from None
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(422, f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+def _srv(request: Request) -> ServerState:
+    return request.app.state.atomc
+
+
+async def _check_api_key(request: Request) -> None:
+    key = _srv(request).config.serve.api_key
+    if not key:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(_check_api_key)])
+
+
+@v1.post("/completions")
+async def create_completion(request: Request) -> Response:
+    srv = _srv(request)
+    req = parse_request(CompletionRequest, await read_json(request, srv.config.serve.max_request_bytes))
+    srv.check_model(req.model)
+    params = req.sampling_params()
+    prompts = req.prompts()
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    stream = await srv.submit(request_id, prompts, params)
+    return await _respond(request, CompletionJob(srv, req, request_id, stream, params))
+
+
+@v1.post("/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    srv = _srv(request)
+    req = parse_request(ChatCompletionRequest, await read_json(request, srv.config.serve.max_request_bytes))
+    srv.check_model(req.model)
+    params = req.sampling_params()
+    prompt = ChatPrompt(req.template_messages(), srv.chat_template)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    stream = await srv.submit(request_id, [prompt], params)
+    return await _respond(request, ChatJob(srv, req, request_id, stream, params))
+
+
+@v1.get("/models")
+async def list_models(request: Request) -> dict:
+    srv = _srv(request)
+    card = {
+        "id": srv.model_name,
+        "object": "model",
+        "created": srv.created,
+        "owned_by": "atomc",
+        "root": srv.config.model.model or srv.model_name,
+        "max_model_len": srv.engine.max_model_len,
+    }
+    return {"object": "list", "data": [card]}
+
+
+ops = APIRouter()
+
+
+@ops.get("/health")
+async def health(request: Request) -> Response:
+    aengine = _srv(request).aengine
+    if not aengine.healthy:
+        reason = f"engine failed: {aengine.error!r}" if aengine.error else "engine is not running"
+        raise APIError(503, reason, type="server_error", code="engine_unavailable")
+    return Response(status_code=200)
+
+
+@ops.get("/version")
+async def version() -> dict:
+    return {"version": VERSION}
+
+
+@ops.get("/metrics")
+async def metrics(request: Request) -> Response:
+    body, content_type = _srv(request).metrics.render()
+    return Response(body, media_type=content_type)
+
+
+def _error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, e: APIError) -> JSONResponse:
+        return _error_response(e)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, e: RequestValidationError) -> JSONResponse:
+        return _error_response(bad_request(str(e.errors()[:1])))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return _error_response(APIError(e.status_code, str(e.detail), type=kind))
+
+    @app.exception_handler(Exception)
+    async def on_crash(request: Request, e: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s", request.url.path)
+        return _error_response(APIError(500, f"internal error: {e!r}", type="server_error"))
+
+
+def build_app(async_engine: AsyncEngine, config: EngineConfig) -> FastAPI:
+    """The app owns the engine thread: started on startup, stopped (aborting leftovers) on shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async_engine.start()
+        yield
+        await async_engine.shutdown()
+
+    app = FastAPI(title="atomc", version=VERSION, lifespan=lifespan)
+    app.state.atomc = srv = ServerState(async_engine, config)
+    app.include_router(v1)
+    app.include_router(ops)
+    _install_error_handlers(app)
+    app.add_middleware(HTTPMetricsMiddleware, metrics=srv.metrics)
+    return app

@@ -1,0 +1,280 @@
+"""OpenAI request models, their validation into `SamplingParams`, and the error shape.
+
+Unknown fields are ignored (as vLLM does) so newer clients keep working; fields we cannot honour
+(`suffix`, `logit_bias`, tools, non-text content) are rejected with 400 rather than silently dropped.
+Wrong types and bad values are 400 `invalid_request_error`; only unparsable JSON is 422.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from atomc.sampling_params import SamplingParams
+
+MAX_N = 128  # choices per prompt; larger fan-outs are more likely mistakes than workloads
+_SEED_RANGE = dict(ge=-(2**63), le=2**63 - 1)  # int64, as vLLM; seed + sample index still fits manual_seed
+
+
+class APIError(Exception):
+    """An error with an HTTP status, rendered as OpenAI's {"error": {...}} body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _SamplingRequest(BaseModel):
+    """Fields shared by completions and chat; null means "the default", as in OpenAI's API."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int | None = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = Field(default=None, **_SEED_RANGE)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None):
+        if self.n is not None and not 1 <= self.n <= MAX_N:
+            raise bad_request(f"n must be in [1, {MAX_N}], got {self.n}", "n")
+        if self.logit_bias:
+            raise bad_request("logit_bias is not supported", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        kw: dict[str, Any] = dict(
+            n=self.n if self.n is not None else 1,
+            temperature=_default(self.temperature, 1.0),
+            top_p=_default(self.top_p, 1.0),
+            top_k=_default(self.top_k, 0),
+            min_p=_default(self.min_p, 0.0),
+            presence_penalty=_default(self.presence_penalty, 0.0),
+            frequency_penalty=_default(self.frequency_penalty, 0.0),
+            repetition_penalty=_default(self.repetition_penalty, 1.0),
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+        if any(t < 0 for t in kw["stop_token_ids"] or []):
+            raise bad_request("stop_token_ids must be non-negative", "stop_token_ids")
+        try:
+            return SamplingParams(**kw)
+        except ValueError as e:  # SamplingParams' messages start with the field name
+            first = str(e).split(" ", 1)[0]
+            raise bad_request(str(e), first if first in kw else None) from None
+
+
+def _default(value, default):
+    return default if value is None else value
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        prompts: list = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
+        if not prompts:
+            raise bad_request("prompt must not be empty", "prompt")
+        for one in prompts:
+            if len(one) == 0:
+                raise bad_request("prompt must not be empty", "prompt")
+            if not isinstance(one, str) and min(one) < 0:
+                raise bad_request("prompt token ids must be non-negative", "prompt")
+        return prompts
+
+    def sampling_params(self) -> SamplingParams:
+        if self.suffix:
+            raise bad_request("suffix is not supported", "suffix")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise bad_request("best_of other than n is not supported", "best_of")
+        # echo + logprobs also scores the prompt tokens (what lm-eval's loglikelihood reads)
+        prompt_lp = self.logprobs if self.echo and self.logprobs is not None else None
+        return self._sampling_params(self.max_tokens, self.logprobs, prompt_lp)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... pass through to the template
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def to_template(self) -> dict:
+        msg = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            if any(p.type != "text" or p.text is None for p in self.content):
+                raise bad_request("only text content parts are supported", "messages")
+            msg["content"] = "".join(p.text for p in self.content)
+        msg.setdefault("content", "")
+        return msg
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    response_format: dict | None = None
+
+    def template_messages(self) -> list[dict]:
+        if not self.messages:
+            raise bad_request("messages must not be empty", "messages")
+        return [m.to_template() for m in self.messages]
+
+    def sampling_params(self) -> SamplingParams:
+        if self.tools:
+            raise bad_request("tools are not supported", "tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise bad_request("only response_format type 'text' is supported", "response_format")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise bad_request(f"top_logprobs must be in [0, 20], got {self.top_logprobs}", "top_logprobs")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        try:
+            return self._sampling_params(max_tokens, logprobs, None)
+        except APIError as e:
+            if e.param == "max_tokens":
+                e.param = param
+            raise
+
+
+def parse_request(model: type[BaseModel], data: Any) -> Any:
+    """Validate a decoded JSON body; pydantic errors become one readable 400."""
+    if not isinstance(data, dict):
+        raise bad_request("request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        # a union reports one error per member; the first is the most readable
+        err = e.errors()[0]
+        param = str(err["loc"][0]) if err["loc"] else None
+        where = ".".join(str(x) for x in err["loc"])
+        raise bad_request(f"{where}: {err['msg']}" if where else err["msg"], param) from None
+
+
+# ---------------------------------------------------------------- response shapes
+# Plain dicts, not pydantic models: they are built per streamed token and only ever serialized.
+
+TokenStr = Callable[[int], str]
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def _lp(value: float | None) -> float | None:
+    # -inf is not valid JSON; vLLM clamps the same way
+    return None if value is None else max(float(value), -9999.0)
+
+
+def _ranked(lp: dict[int, float]) -> list[tuple[int, float]]:
+    return sorted(lp.items(), key=lambda kv: -kv[1])
+
+
+def legacy_logprobs(
+    token_ids: list[int], logprobs: list[dict[int, float] | None], token_str: TokenStr, text_offset: int
+) -> dict:
+    """Completions' logprobs: parallel lists; `None` entries (the first prompt token) stay None."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for tid, lp in zip(token_ids, logprobs, strict=False):
+        s = token_str(tid)
+        tokens.append(s)
+        offsets.append(text_offset)
+        text_offset += len(s)
+        if lp is None:
+            token_lps.append(None)
+            tops.append(None)
+        else:
+            token_lps.append(_lp(lp.get(tid)))
+            tops.append({token_str(t): _lp(v) for t, v in _ranked(lp)})
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def merge_legacy(a: dict | None, b: dict) -> dict:
+    if a is None:
+        return b
+    return {k: a[k] + b[k] for k in a}
+
+
+def chat_logprobs(
+    token_ids: list[int], logprobs: list[dict[int, float]], token_str: TokenStr, top_n: int
+) -> list[dict]:
+    """Chat's logprobs.content entries: the sampled token plus its `top_n` alternatives."""
+
+    def entry(tid: int, value: float | None) -> dict:
+        s = token_str(tid)
+        return {"token": s, "logprob": _lp(value), "bytes": list(s.encode("utf-8"))}
+
+    content = []
+    for tid, lp in zip(token_ids, logprobs, strict=False):
+        item = entry(tid, lp.get(tid))
+        item["top_logprobs"] = [entry(t, v) for t, v in _ranked(lp)[:top_n]]
+        content.append(item)
+    return content

@@ -1,0 +1,84 @@
+"""Host time per decode step at 64 and 256 running requests (8B shape, bf16, decode CUDA graphs).
+
+Host time = step wall time - GPU time of the same step, where the GPU time is the replay of the
+captured graph of that size, timed alone with CUDA events.
+
+    python benchmarks/host_overhead.py --out host.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkpoints import make_checkpoint  # noqa: E402
+
+
+def main() -> None:
+    import torch
+
+    from atomc import LLM, SamplingParams
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--root", default="/tmp/atomc-bench-models")
+    ap.add_argument("--sizes", default="64,256")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    model_dir = str(make_checkpoint(args.model, Path(args.root)))
+    llm = LLM(
+        model=model_dir,
+        dtype="bfloat16",
+        device="cuda",
+        load_format="dummy",
+        max_model_len=512,
+        max_num_seqs=max(sizes),
+        max_num_batched_tokens=8192,
+    )
+    eng = llm.engine
+    rows = []
+    for n in sizes:
+        for i in range(n):
+            eng.add_request(
+                f"{n}-{i}", list(range(100 + i, 132 + i)), SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
+            )
+        while any(s.num_computed_tokens < s.num_tokens - 1 for s in eng.scheduler.running) or eng.scheduler.waiting:
+            eng.step()
+        walls, parts = [], []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            eng.step()
+            walls.append(time.perf_counter() - t0)
+            parts.append(dict(eng.last_step))
+        graphs = eng.runner.decode_graphs
+        size = graphs.padded_size(n)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            graphs.graphs[size].replay()
+        end.record()
+        torch.cuda.synchronize()
+        gpu = start.elapsed_time(end) / 20 / 1e3
+        wall = statistics.median(walls)
+        row = {
+            "running": n, "step_wall_ms": 1e3 * wall, "graph_replay_ms": 1e3 * gpu,
+            "host_ms": 1e3 * (wall - gpu),
+            "schedule_ms": 1e3 * statistics.median(p["schedule_s"] for p in parts),
+            "postprocess_ms": 1e3 * statistics.median(p["postprocess_s"] for p in parts),
+        }  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        for i in range(n):
+            eng.abort_request(f"{n}-{i}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

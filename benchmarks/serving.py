@@ -1,0 +1,171 @@
+"""Serving at ISL/OSL 1024/1024 over a range of concurrencies: `atomc serve` measured by `atomc bench
+serve`, next to transformers' continuous batching (`generate_batch`) at one of the same loads.
+
+Random bf16 weights with the real model shape (`--load-format dummy`). The serving roofline at
+concurrency C: every decode step streams the weights once plus each sequence's KV, so
+roofline tok/s = C / ((weight_bytes + C * kv_bytes_per_seq) / bandwidth), KV taken at mid-sequence.
+
+    python benchmarks/serving.py --conc 1,8,32,64,128 --out serving.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkpoints import CONFIGS, make_checkpoint, weight_bytes  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_dir: str, port: int, max_seqs: int, max_len: int, log_path: Path) -> subprocess.Popen:
+    cmd = [
+        sys.executable, "-m", "atomc.cli", "serve", "--model", model_dir, "--port", str(port),
+        "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", str(max_len),
+        "--max-num-seqs", str(max_seqs), "--max-num-batched-tokens", "8192", "--die-with-parent",
+    ]  # fmt: skip
+    log = open(log_path, "w")  # noqa: SIM115 (lives as long as the server)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError("server did not become healthy")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def kv_bytes_per_token(name: str) -> int:
+    c = CONFIGS[name]
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2
+
+
+def roofline(name: str, conc: int, isl: int, osl: int, bandwidth: float) -> float:
+    kv = kv_bytes_per_token(name) * (isl + osl // 2)
+    return conc * bandwidth / (weight_bytes(name) + conc * kv)
+
+
+def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
+    from atomc.serve.bench.serve import BenchConfig, run_benchmark
+
+    port = free_port()
+    max_seqs = max(args.conc)
+    t0 = time.perf_counter()
+    proc = start_server(model_dir, port, max_seqs, args.isl + args.osl + 16, out_dir / "server.log")
+    startup = time.perf_counter() - t0
+    rows = []
+    try:
+        for conc in args.conc:
+            cfg = BenchConfig(
+                base_url=f"http://127.0.0.1:{port}", input_len=args.isl, output_len=args.osl,
+                num_prompts=max(conc * args.waves, 4 if conc == 1 else conc), max_concurrency=conc,
+                vocab_size=CONFIGS[args.model]["vocab_size"], show_progress=False,
+            )  # fmt: skip
+            res = run_benchmark(cfg)
+            res["conc"] = conc
+            rows.append(res)
+            print(
+                f"atomc CONC={conc}: {res['output_throughput']:.0f} tok/s, "
+                f"median TPOT {res['median_tpot_ms']:.2f} ms, median TTFT {res['median_ttft_ms']:.0f} ms",
+                flush=True,
+            )
+    finally:
+        stop(proc)
+    for r in rows:
+        r["server_startup_s"] = startup
+    return rows
+
+
+def run_hf(args, model_dir: str, conc: int, osl: int) -> dict:
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    gen = transformers.GenerationConfig(max_new_tokens=osl, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randint(10, cfg.vocab_size, (args.isl,), generator=g).tolist() for _ in range(conc)]
+    model.generate_batch(inputs=inputs[:2], generation_config=gen)  # warm-up
+    t0 = time.perf_counter()
+    out = model.generate_batch(inputs=inputs, generation_config=gen)
+    dt = time.perf_counter() - t0
+    tokens = sum(len(o.generated_tokens) for o in out.values())
+    return {
+        "engine": "transformers generate_batch",
+        "conc": conc,
+        "output_len": osl,
+        "output_tokens": tokens,
+        "duration": dt,
+        "output_throughput": tokens / dt,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--root", default="/tmp/atomc-bench-models")
+    ap.add_argument("--conc", default="1,8,32,64,128")
+    ap.add_argument("--isl", type=int, default=1024)
+    ap.add_argument("--osl", type=int, default=1024)
+    ap.add_argument("--waves", type=int, default=1, help="prompts per cell = waves x concurrency")
+    ap.add_argument("--hf-conc", type=int, default=64)
+    ap.add_argument("--hf-osl", type=int, default=128, help="transformers is slow: fewer output tokens")
+    ap.add_argument("--bandwidth", type=float, default=4.3e12)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--out", default="serving.json")
+    args = ap.parse_args()
+    args.conc = [int(c) for c in args.conc.split(",")]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model_dir = str(make_checkpoint(args.model, Path(args.root)))
+    result = {"model": args.model, "isl": args.isl, "osl": args.osl, "atomc": run_atomc(args, model_dir, out.parent)}
+    for r in result["atomc"]:
+        r["roofline_tok_s"] = roofline(args.model, r["conc"], args.isl, args.osl, args.bandwidth)
+        r["roofline_pct"] = 100 * r["output_throughput"] / r["roofline_tok_s"]
+    out.write_text(json.dumps(result, indent=2))
+    if not args.skip_hf:
+        try:
+            result["hf"] = run_hf(args, model_dir, args.hf_conc, args.hf_osl)
+        except Exception as e:  # a peer failing must not lose atomc's numbers
+            result["hf"] = {"error": repr(e)[-2000:]}
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\n{args.model} serving ISL/OSL {args.isl}/{args.osl}")
+    for r in result["atomc"]:
+        print(
+            f"  atomc CONC={r['conc']:4d}  {r['output_throughput']:8.0f} tok/s  "
+            f"({r['roofline_pct']:.0f}% of {r['roofline_tok_s']:.0f})  TPOT p50 {r['median_tpot_ms']:.2f} ms  "
+            f"TTFT p50 {r['median_ttft_ms']:.0f} ms  completed {r['completed']}/{r['num_prompts']}"
+        )
+    print(f"  transformers: {json.dumps(result.get('hf'))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+"""Every bad input gets an OpenAI-shaped error with the right status, and none of them crashes the
+server or leaks a KV block. Also: engine failure (500 / 503, never a hang), SIGTERM drain, and the
+parent-death guard, the last two in real subprocesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from atomc.config import EngineConfig
+from atomc.outputs import CompletionOutput, RequestOutput
+from atomc.serve.api import build_app
+from atomc.serve.async_engine import AsyncEngine
+from atomc.serve.server import ServerThread, build_server_app
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "sk-test-key"
+BODY_LIMIT = 64 * 1024
+
+
+def make_config(model_dir, max_model_len: int = 128) -> EngineConfig:
+    cfg = EngineConfig(device="cpu")
+    cfg.model.model = str(model_dir)
+    cfg.model.max_model_len = max_model_len
+    cfg.compile.enforce_eager = True
+    cfg.cache.num_kv_blocks = 64
+    cfg.serve.api_key = KEY
+    cfg.serve.max_request_bytes = BODY_LIMIT
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def server(llama_dir):
+    app = build_server_app(make_config(llama_dir))
+    with ServerThread(app, app.state.atomc.config) as st:
+        st.state = app.state.atomc
+        yield st
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def model(server) -> str:
+    return server.state.model_name
+
+
+def assert_error(r: httpx.Response, status: int, param: str | None = "any") -> dict:
+    assert r.status_code == status, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param != "any":
+        assert err["param"] == param, err
+    return err
+
+
+def pool_is_free(server, timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        s = server.state.aengine.stats()
+        if s["num_running"] == s["num_waiting"] == 0 and s["num_free_blocks"] == s["num_total_blocks"]:
+            return
+        assert time.monotonic() < deadline, s
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------- 400: invalid parameters
+
+COMPLETION_CASES = [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -3}, "max_tokens"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -7}, "top_k"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"presence_penalty": 3}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"n": 0}, "n"),
+    ({"n": -1}, "n"),
+    ({"n": 100000}, "n"),
+    ({"n": "two"}, "n"),
+    ({"logprobs": 50}, "logprobs"),
+    ({"stop": [""]}, "stop"),
+    ({"seed": 2**70}, "seed"),
+    ({"seed": 2**63}, "seed"),  # past int64
+    ({"temperature": "hot"}, "temperature"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ["ok", ""]}, "prompt"),
+    ({"prompt": [[]]}, "prompt"),
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": [1] * 200}, "prompt"),  # longer than the 128-token context
+    ({"prompt": "hello", "max_tokens": 1000}, "prompt"),  # prompt + max_tokens over the context
+    ({"prompt": [10**9]}, "prompt"),  # not a token id of this vocabulary
+    ({"prompt": [-1]}, "prompt"),
+    ({"prompt": None}, "prompt"),
+    ({"suffix": "tail"}, "suffix"),
+    ({"best_of": 4}, "best_of"),
+    ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stop_token_ids": [-4]}, "stop_token_ids"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), COMPLETION_CASES, ids=[str(c[0])[:40] for c in COMPLETION_CASES])
+def test_completion_400(http, model, fields, param):
+    body = {"model": model, "prompt": "hello", "max_tokens": 4, **fields}
+    if body["prompt"] is None:
+        del body["prompt"]
+    err = assert_error(http.post("/v1/completions", json=body), 400, param)
+    assert err["type"] == "invalid_request_error"
+
+
+CHAT_CASES = [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
+    ({"messages": [{"content": "no role"}]}, "messages"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 500}, "messages"),  # prompt + max_tokens over the context
+    ({"temperature": -1}, "temperature"),
+    ({"n": 0}, "n"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), CHAT_CASES, ids=[str(c[0])[:40] for c in CHAT_CASES])
+def test_chat_400(http, model, fields, param):
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
+    assert_error(http.post("/v1/chat/completions", json=body), 400, param)
+
+
+def test_openai_client_sees_typed_errors(server, model):
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="hi", max_tokens=-1)
+    assert e.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="hi")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+# ---------------------------------------------------------------- 401 / 404 / 405 / 413 / 422
+
+
+def test_api_key(server, model):
+    body = {"model": model, "prompt": "hi", "max_tokens": 2}
+    url = server.base_url + "/v1/completions"
+    assert_error(httpx.post(url, json=body), 401)
+    assert_error(httpx.post(url, json=body, headers={"Authorization": "Bearer nope"}), 401)
+    assert_error(httpx.post(url, json=body, headers={"Authorization": f"Basic {KEY}"}), 401)
+    assert_error(httpx.get(server.base_url + "/v1/models"), 401)
+    assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    # operational endpoints stay open, as in vLLM: probes and scrapers carry no key
+    assert httpx.get(server.base_url + "/health").status_code == 200
+    assert httpx.get(server.base_url + "/metrics").status_code == 200
+
+
+def test_unknown_model_and_route(http, model):
+    err = assert_error(http.post("/v1/completions", json={"model": "gpt-9", "prompt": "hi"}), 404, "model")
+    assert err["code"] == "model_not_found"
+    chat = {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}
+    assert_error(http.post("/v1/chat/completions", json=chat), 404, "model")
+    assert_error(http.get("/v1/nothing-here"), 404)
+    assert_error(http.get("/v1/completions"), 405)
+
+
+def test_body_too_large(http, model):
+    big = {"model": model, "prompt": "x" * (BODY_LIMIT + 10)}
+    assert_error(http.post("/v1/completions", json=big), 413)
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for _ in range(BODY_LIMIT // 1000 + 5):
+            yield b" " * 1000
+
+    assert_error(http.post("/v1/completions", content=chunks()), 413)
+
+
+@pytest.mark.parametrize("raw", [b"{bad json", b"", b'{"prompt": "hi",}', b"\xff\xfe\x00"])
+def test_malformed_json_422(http, raw):
+    assert_error(http.post("/v1/completions", content=raw, headers={"content-type": "application/json"}), 422)
+    assert_error(http.post("/v1/chat/completions", content=raw), 422)
+
+
+def test_json_that_is_not_an_object(http):
+    assert_error(http.post("/v1/completions", json=[1, 2, 3]), 400)
+
+
+def test_still_healthy_and_nothing_leaked(server, http, model):
+    # runs after the bad inputs above: the server is up, serves, and holds no KV blocks
+    assert http.get("/health").status_code == 200
+    r = http.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    pool_is_free(server)
+
+
+# ---------------------------------------------------------------- engine failure
+
+
+class ExplodingEngine:
+    """Same API as LLMEngine; `step()` raises once two requests are in flight."""
+
+    model_name, max_model_len, tokenizer = "fake", 64, None
+
+    def __init__(self):
+        self.live: dict[str, int] = {}
+
+    def add_request(self, request_id, prompt, params, arrival_time=None):
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        self.live[request_id] = 0
+
+    def abort_request(self, request_id):
+        self.live.pop(request_id, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    def step(self):
+        if len(self.live) >= 2:
+            raise RuntimeError("simulated device failure")
+        time.sleep(0.005)
+        outs = []
+        for rid in self.live:
+            self.live[rid] += 1
+            k = self.live[rid]
+            outs.append(RequestOutput(rid, "p", [1], [CompletionOutput(0, "x" * k, [7] * k)], False))
+        return outs
+
+    def stats(self):
+        return {"num_running": len(self.live), "num_waiting": 0, "kv_cache_usage": 0.0}
+
+
+def test_engine_failure_fails_requests_and_health():
+    app = build_app(AsyncEngine(ExplodingEngine()), EngineConfig())
+    with ServerThread(app, EngineConfig()) as st:
+        client = openai.OpenAI(base_url=st.base_url + "/v1", api_key="x", max_retries=0, timeout=10)
+        stream = client.completions.create(model="fake", prompt="a", max_tokens=50, stream=True)
+        first = next(iter(stream))
+        assert first.choices[0].text == "x"
+        result = {}
+
+        def blocking_call():  # the second request in flight makes the next step raise
+            try:
+                client.completions.create(model="fake", prompt="b", max_tokens=50)
+            except openai.APIStatusError as e:
+                result["status"] = e.status_code
+
+        t = threading.Thread(target=blocking_call)
+        t.start()
+        with pytest.raises(openai.APIError, match="simulated device failure"):
+            for _ in stream:
+                pass
+        t.join(10)
+        assert result == {"status": 500}
+        assert_error(httpx.get(st.base_url + "/health"), 503)
+        late = httpx.post(st.base_url + "/v1/completions", json={"model": "fake", "prompt": "c"}, timeout=10)
+        assert_error(late, 503)
+        assert "engine_healthy 0.0" in httpx.get(st.base_url + "/metrics").text
+
+
+# ---------------------------------------------------------------- process lifecycle
+
+# A server process exactly like `atomc serve` minus the model load (seconds of imports on 2 cores):
+# an engine that emits one token per 10 ms, so a stream is still running when SIGTERM arrives.
+SERVER_SCRIPT = """
+import sys, time
+from atomc.config import EngineConfig
+from atomc.outputs import CompletionOutput, RequestOutput
+from atomc.serve.api import build_app
+from atomc.serve.async_engine import AsyncEngine
+from atomc.serve.server import prepare_process, serve_app
+
+class SlowEngine:
+    model_name, max_model_len, tokenizer = "slow", 1024, None
+    def __init__(self):
+        self.live = {}
+    def add_request(self, request_id, prompt, params, arrival_time=None):
+        self.live[request_id] = [0, params.max_tokens]
+    def abort_request(self, request_id):
+        self.live.pop(request_id, None)
+    def has_unfinished_requests(self):
+        return bool(self.live)
+    def step(self):
+        time.sleep(0.01)
+        outs = []
+        for rid, st in list(self.live.items()):
+            st[0] += 1
+            done = st[0] >= st[1]
+            c = CompletionOutput(0, "x" * st[0], [7] * st[0], "length" if done else None)
+            outs.append(RequestOutput(rid, "p", [1], [c], done))
+            if done:
+                del self.live[rid]
+        return outs
+    def stats(self):
+        return {"num_running": len(self.live), "num_waiting": 0}
+
+cfg = EngineConfig()
+cfg.serve.port, cfg.serve.drain_timeout_s = int(sys.argv[1]), float(sys.argv[2])
+prepare_process(cfg)
+serve_app(build_app(AsyncEngine(SlowEngine()), cfg), cfg)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def start_server_process(drain_timeout_s: float) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER_SCRIPT, str(port), str(drain_timeout_s)],
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.05)
+
+
+def sigterm_mid_stream(proc: subprocess.Popen, base: str, max_tokens: int) -> list[str]:
+    """Open a stream, SIGTERM the server after its first chunk, return the rest of the stream."""
+    body = {"prompt": "Once", "max_tokens": max_tokens, "stream": True}
+    rest = []
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
+        lines = (line for line in r.iter_lines() if line)
+        next(lines)
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(httpx.TransportError):  # a cut stream may end abruptly
+            rest.extend(lines)
+    return rest
+
+
+def test_sigterm_drains_in_flight_stream():
+    proc, base = start_server_process(drain_timeout_s=20)
+    try:
+        rest = sigterm_mid_stream(proc, base, max_tokens=100)  # ~1 s of tokens
+        assert rest[-1] == "data: [DONE]"
+        assert '"finish_reason":"length"' in rest[-2] and len(rest) == 100  # 99 more tokens + [DONE]
+        assert proc.wait(timeout=30) == 0
+        with pytest.raises(httpx.TransportError):  # and it is really gone
+            httpx.get(base + "/health", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_drain_timeout_cuts_long_streams():
+    proc, base = start_server_process(drain_timeout_s=0.5)
+    try:
+        t0 = time.monotonic()
+        rest = sigterm_mid_stream(proc, base, max_tokens=1000)  # ~10 s of tokens: longer than the drain
+        assert "data: [DONE]" not in rest and len(rest) < 500
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - t0 < 8
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+LAUNCHER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=sys.stdout)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+GUARDED = (
+    "import time; from atomc.serve.server import die_with_parent; print(die_with_parent(), flush=True); time.sleep(60)"
+)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")  # a zombie waiting for its new parent to reap it is gone too
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_server_dies_with_its_parent():
+    env = subprocess_env()
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, GUARDED], env=env, stdout=subprocess.PIPE, text=True)
+    child = int(launcher.stdout.readline())
+    try:
+        assert launcher.stdout.readline().strip() == "True"  # armed
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while not _gone(child):
+            assert time.monotonic() < deadline, "child outlived its parent"
+            time.sleep(0.05)
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
