@@ -1,0 +1,292 @@
+"""Paged attention over NHD pages for any mix of prefill, chunked prefill and decode.
+
+One kernel, two launch shapes:
+- 2D: grid (q_blocks, kv_heads); each program owns BLOCK_Q query tokens x the GQA group of one KV
+  head (packed into the M rows of the tile) and walks the whole causal KV range.
+- split-KV ("3D"): grid (q_blocks, kv_heads, segments); each sequence's KV range is cut into
+  `segments` equal pieces, partial (max, sum, acc) go to fp32 scratch and a reduce kernel merges
+  them. Used for decode at small batch, where 2D would leave most SMs idle.
+
+The wrapper does no host sync (no .item()/.tolist()), so it can be captured in a CUDA graph;
+grid sizes come from host ints, and `max_seq_len` may be an upper bound (segment lengths are
+derived per sequence from seq_lens on device, so extra segments just see no keys).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr):
+    # sequence i owns q blocks [qsl[i] // BLOCK_Q + i, qsl[i+1] // BLOCK_Q + i + 1): an upper bound
+    # that never undercounts; binary search for the last i whose first block <= q_block
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attn_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    part_acc_ptr, part_m_ptr, part_l_ptr,
+    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
+    qk_scale, num_seqs,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_bt,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
+    PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seg = tl.program_id(2)
+
+    seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block - (q_start // BLOCK_Q + seq)
+    if q_block_local * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix = seq_len - q_len  # cached tokens before this step's queries
+
+    # row m of the tile = query token m // GROUP, head kv_head * GROUP + m % GROUP
+    offs_m = tl.arange(0, BLOCK_M)
+    q_local = q_block_local * BLOCK_Q + offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_local < q_len)
+    q_pos = prefix + q_local  # absolute position; causal: key n visible iff n <= q_pos
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+
+    q_rows = (q_start + q_local).to(tl.int64) * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # keys this q block can see at all
+    kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)
+    kv_begin = 0
+    if SPLIT:
+        # per-sequence segment length (multiple of TILE_N) so every segment count is valid
+        seg_len = tl.cdiv(seq_len, NUM_SEGMENTS * TILE_N) * TILE_N
+        kv_begin = seg * seg_len
+        kv_end = tl.minimum(kv_end, kv_begin + seg_len)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    offs_n = tl.arange(0, TILE_N)
+    for start in range(kv_begin, kv_end, TILE_N):
+        n = start + offs_n
+        n_ok = n < kv_end
+        page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        slot_in_page = n % PAGE
+        k_off = page * stride_kb + slot_in_page * stride_ks + kv_head * stride_kh
+        v_off = page * stride_vb + slot_in_page * stride_vs + kv_head * stride_vh
+        kt = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = s * qk_scale  # log2 domain: qk_scale = scale * log2(e)
+        visible = row_ok[:, None] & n_ok[None, :] & (n[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked row: avoid inf - inf
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    tok = (q_start + q_local).to(tl.int64)
+    if SPLIT:
+        # scratch [T, Hq, NUM_SEGMENTS(, BLOCK_D)], unnormalized
+        idx = (tok * NUM_Q_HEADS + head) * NUM_SEGMENTS + seg
+        tl.store(part_m_ptr + idx, m_i, mask=row_ok)
+        tl.store(part_l_ptr + idx, l_i, mask=row_ok)
+        tl.store(part_acc_ptr + idx[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_ok[:, None])
+    else:
+        l_safe = tl.where(l_i > 0, l_i, 1.0)  # a row with no keys writes zeros, not NaN
+        o = acc / l_safe[:, None]
+        o_rows = tok * stride_ot + head * stride_oh
+        tl.store(
+            out_ptr + o_rows[:, None] + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
+
+
+@triton.jit
+def _reduce_kernel(
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_seqs,
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+):  # fmt: skip
+    # same q-block mapping as the attention kernel, so only rows owned by a sequence are written
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block - (q_start // BLOCK_Q + seq)
+    if q_block_local * BLOCK_Q >= q_len:
+        return
+    offs_m = tl.arange(0, BLOCK_M)
+    q_local = q_block_local * BLOCK_Q + offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_local < q_len)
+    tok = (q_start + q_local).to(tl.int64)
+    offs_s = tl.arange(0, NUM_SEGMENTS)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    base = (tok * NUM_Q_HEADS + head) * NUM_SEGMENTS
+    idx = base[:, None] + offs_s[None, :]
+    m = tl.load(part_m_ptr + idx, mask=row_ok[:, None], other=float("-inf"))
+    lsum = tl.load(part_l_ptr + idx, mask=row_ok[:, None], other=0.0)
+    m_max = tl.max(m, 1)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_max[:, None])  # empty segments: exp2(-inf) = 0
+    denom = tl.sum(w * lsum, 1)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in range(NUM_SEGMENTS):
+        a = tl.load(part_acc_ptr + (base + s)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
+        acc += a * w_s[:, None]
+    denom = tl.where(denom > 0, denom, 1.0)
+    o = acc / denom[:, None]
+    o_rows = tok * stride_ot + head * stride_oh
+    tl.store(
+        out_ptr + o_rows[:, None] + offs_d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :],
+    )
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _pick_segments(device: torch.device, num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_n: int) -> int:
+    """Split-KV segment count for decode: about 4 programs per SM (one 4-warp program per SM
+    cannot keep enough loads in flight), each segment at least 4 KV tiles long."""
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
+    programs = num_seqs * num_kv_heads
+    if programs >= 2 * sms:
+        return 1
+    want = triton.next_power_of_2(triton.cdiv(4 * sms, programs))
+    most = triton.next_power_of_2(max(1, max_seq_len // (4 * tile_n)))
+    return max(1, min(want, most, 32))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    num_seqs: int,
+    *,
+    num_segments: int | None = None,
+    tile_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Causal attention of q [T, Hq, D] over paged K/V [blocks, page, Hkv, D]; writes out [T, Hq, D].
+
+    Sequence i's queries are rows query_start_loc[i]:query_start_loc[i+1], the last q_len of its
+    seq_lens[i] positions. Rows not owned by any sequence are left untouched. `num_segments`
+    forces the split-KV path (>1) or the 2D path (1); by default split-KV is used for decode
+    batches too small to fill the GPU. `tile_n`/`num_warps`/`num_stages` are tuning knobs for
+    benchmarks (KV tokens per inner step, a power of two >= 16).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, page, num_kv_heads, _ = k_cache.shape
+    assert num_q_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    if num_seqs == 0 or num_tokens == 0:
+        return out
+    group = num_q_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    # decode: one token per sequence, so the M tile is just the GQA group (min 16 for tl.dot);
+    # prefill: more query tokens per tile for compute reuse of each K/V tile
+    block_m = max(16 if max_query_len == 1 else 64, triton.next_power_of_2(group))
+    block_q = block_m // group
+    if tile_n is None:
+        tile_n = 32 if max_query_len == 1 else 64
+    if num_warps is None:
+        # a 64x128 fp32 accumulator plus the S tile spills less over 8 warps (sm_90 ptxas)
+        num_warps = 8 if block_m * block_d >= 64 * 128 else 4
+    # upper bound on q blocks (see _find_seq); empty programs exit at once
+    q_blocks = num_tokens // block_q + num_seqs
+
+    if num_segments is None:
+        num_segments = 1
+        if max_query_len == 1:
+            num_segments = _pick_segments(q.device, num_seqs, num_kv_heads, max_seq_len, tile_n)
+    num_segments = triton.next_power_of_2(num_segments)
+    split = num_segments > 1
+
+    if split:
+        part_acc = torch.empty(num_tokens, num_q_heads, num_segments, block_d, dtype=torch.float32, device=q.device)
+        part_m = torch.empty(num_tokens, num_q_heads, num_segments, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+    else:
+        part_acc = part_m = part_l = out  # unused
+
+    common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, NUM_Q_HEADS=num_q_heads, BLOCK_M=block_m)
+    _attn_kernel[(q_blocks, num_kv_heads, num_segments)](
+        q, k_cache, v_cache, out,
+        part_acc, part_m, part_l,
+        query_start_loc, seq_lens, block_tables,
+        scale * 1.4426950408889634, num_seqs,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        block_tables.stride(0),
+        BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page, NUM_SEGMENTS=num_segments, SPLIT=split,
+        IEEE=q.dtype == torch.float32,
+        num_warps=num_warps, num_stages=num_stages,
+        **common,
+    )  # fmt: skip
+    if split:
+        _reduce_kernel[(q_blocks, num_kv_heads)](
+            out, part_acc, part_m, part_l, query_start_loc, num_seqs,
+            out.stride(0), out.stride(1),
+            BLOCK_Q=block_q, NUM_SEGMENTS=num_segments, num_warps=4,
+            **common,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,114 @@
+"""Neox (rotate-half) RoPE on q and k in place, optionally fused with the KV-cache write.
+
+cos_sin_cache [max_pos, D] fp32 = cat(cos, sin) over D/2 each (models.layers.RotaryEmbedding).
+Fusing the write saves re-reading the rotated k and v from memory in a second kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate(ptr, row, stride_h, cos, sin, NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
+            BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (h < NUM_HEADS) & (d < HALF)
+    p1 = ptr + row + h * stride_h + d
+    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
+    y1 = (x1 * cos - x2 * sin).to(ptr.dtype.element_ty)
+    y2 = (x2 * cos + x1 * sin).to(ptr.dtype.element_ty)
+    tl.store(p1, y1, mask=mask)
+    tl.store(p1 + HALF, y2, mask=mask)
+    return y1, y2, h, d, mask
+
+
+@triton.jit
+def _rope_kernel(
+    pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_slots,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    PAGE: tl.constexpr, WRITE_KV: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_HALF)[None, :]
+    cs = cs_ptr + pos * stride_cs + d
+    cos = tl.load(cs, mask=d < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(cs + HALF, mask=d < HALF, other=0.0).to(tl.float32)
+    _rotate(q_ptr, t * stride_qt, stride_qh, cos, sin, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+    k1, k2, h, d, mask = _rotate(k_ptr, t * stride_kt, stride_kh, cos, sin, NUM_KV_HEADS, HALF, BLOCK_HKV, BLOCK_HALF)
+    if WRITE_KV:
+        slot = tl.load(slot_ptr + t, mask=t < num_slots, other=-1).to(tl.int64)
+        if slot >= 0:
+            page = slot // PAGE
+            off = slot % PAGE
+            kc = k_cache_ptr + page * stride_kcb + off * stride_kcs + h * stride_kch + d
+            tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            vp = v_ptr + t * stride_vt + h * stride_vh + d
+            vc = v_cache_ptr + page * stride_vcb + off * stride_vcs + h * stride_vch + d
+            v1 = tl.load(vp, mask=mask)
+            v2 = tl.load(vp + HALF, mask=mask)
+            tl.store(vc, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(vc + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping):
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    assert head_dim % 2 == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
+    if num_tokens == 0:
+        return
+    write = k_cache is not None
+    if write:
+        assert v.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+        num_slots = slot_mapping.numel()  # rows beyond it are rotated but not written
+        kc_strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+        vc_strides = (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+        v_strides = (v.stride(0), v.stride(1))
+        page = k_cache.shape[1]
+    else:
+        v, k_cache, v_cache, slot_mapping = q, q, q, positions  # unused
+        kc_strides = vc_strides = (0, 0, 0)
+        v_strides = (0, 0)
+        page, num_slots = 1, 0
+    half = head_dim // 2
+    _rope_kernel[(num_tokens,)](
+        positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), *v_strides, cos_sin_cache.stride(0),
+        *kc_strides, *vc_strides, num_slots,
+        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half,
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
+        BLOCK_HALF=triton.next_power_of_2(half), PAGE=page, WRITE_KV=write,
+        num_warps=4,
+    )  # fmt: skip
+
+
+def rope(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place at `positions` [T]; returns (q, k)."""
+    _launch(positions, q, k, None, cos_sin_cache, None, None, None)
+    return q, k
+
+
+def rope_and_write_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q and k in place, then write rotated k and v to their cache slots (-1 skipped)."""
+    _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping)
+    return q, k

@@ -1,0 +1,307 @@
+"""Microbenchmarks of atomc's Triton kernels on one GPU (written for the H200), Llama-3.1-8B shapes.
+
+    python benchmarks/kernels_bench.py --out results/kernels_h200.json [--quick] [--sweep]
+
+Each case is checked against a torch reference before it is timed. Times are medians:
+`us` from triton.testing.do_bench (L2 flushed before every call), `us_graph` from CUDA-graph
+replay (launch overhead removed, L2 warm: small working sets fit in the 60 MB L2, so treat those
+GB/s as optimistic). GB/s counts every input read once and every output written once; for
+attention the context's K/V bytes plus q and out. % is of PEAK_GBPS, the measured copy bandwidth.
+Writes the JSON to --out and a markdown table next to it (.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench, do_bench_cudagraph
+
+from atomc.kernels.triton import fused_add_rms_norm, paged_attention, rope_and_write_kv, silu_and_mul
+
+PEAK_GBPS = 4300.0
+HQ, HKV, D, HIDDEN, INTER, PAGE = 32, 8, 128, 4096, 14336, 16
+BF16 = torch.bfloat16
+DEV = "cuda"
+ROWS: list[dict] = []
+
+
+def rel_err(out, ref) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def timed(fn, graph: bool = True) -> tuple[float, float | None]:
+    us = do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    us_graph = None
+    if graph:
+        try:
+            us_graph = do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+        except Exception as e:  # some references allocate or sync; they get do_bench only
+            print(f"  (no graph timing: {type(e).__name__})")
+    return us, us_graph
+
+
+def record(op: str, shape: str, nbytes: float, us: float, us_graph: float | None = None, **extra) -> None:
+    best = min(us, us_graph) if us_graph else us
+    row = dict(op=op, shape=shape, bytes=int(nbytes), us=round(us, 2))
+    row["us_graph"] = round(us_graph, 2) if us_graph else None
+    row["gbps"] = round(nbytes / us / 1e3, 1)
+    row["pct_peak"] = round(100 * nbytes / us / 1e3 / PEAK_GBPS, 1)
+    row["gbps_best"] = round(nbytes / best / 1e3, 1)
+    row.update(extra)
+    ROWS.append(row)
+    print(json.dumps(row))
+
+
+# ---- decode attention ------------------------------------------------------------------------
+
+
+def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool) -> None:
+    blocks = ctx // PAGE
+    perm = torch.randperm(pool_k.shape[0], device=DEV)[: bs * blocks]
+    block_tables = perm.view(bs, blocks).int()
+    q = torch.randn(bs, HQ, D, device=DEV, dtype=BF16)
+    out = torch.empty_like(q)
+    qsl = torch.arange(bs + 1, device=DEV, dtype=torch.int32)
+    seq_lens = torch.full((bs,), ctx, device=DEV, dtype=torch.int32)
+    scale = D**-0.5
+
+    def ours(**kw):
+        return lambda: paged_attention(q, pool_k, pool_v, out, qsl, seq_lens, block_tables, scale, 1, ctx, bs, **kw)
+
+    def gathered():  # what a torch fallback does: gather the pages, then SDPA
+        k = pool_k[block_tables].view(bs, ctx, HKV, D).transpose(1, 2)
+        v = pool_v[block_tables].view(bs, ctx, HKV, D).transpose(1, 2)
+        return F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)[:, :, 0]
+
+    ref = gathered()
+    ours()()
+    err = rel_err(out, ref)
+    assert err < 1e-2, f"decode bs={bs} ctx={ctx}: rel err {err}"
+    nbytes = 2 * bs * ctx * HKV * D * 2 + 2 * q.numel() * 2
+    shape = f"bs={bs} ctx={ctx}"
+    us, us_graph = timed(ours())
+    ref_us, _ = timed(gathered, graph=False)
+
+    # oracle: FlashAttention (torch SDPA flash backend) on contiguous K/V, no paging
+    k_c = pool_k[block_tables].view(bs, ctx, HKV, D).transpose(1, 2).contiguous()
+    v_c = pool_v[block_tables].view(bs, ctx, HKV, D).transpose(1, 2).contiguous()
+
+    def flash():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q[:, :, None], k_c, v_c, scale=scale, enable_gqa=True)
+
+    try:
+        flash_us = timed(flash, graph=False)[0]
+    except RuntimeError as e:
+        print(f"  flash oracle unavailable: {e}")
+        flash_us = None
+    extra = dict(rel_err=round(err, 5), sdpa_gathered_us=round(ref_us, 2))
+    extra["flash_contig_us"] = round(flash_us, 2) if flash_us else None
+    extra["vs_flash"] = round(us / flash_us, 2) if flash_us else None
+
+    if sweep:  # small grid over the tuning knobs; report the best
+        best = (us, "default")
+        for tile_n, warps, stages in itertools.product((16, 32, 64), (2, 4), (2, 3)):
+            try:
+                t = do_bench(ours(tile_n=tile_n, num_warps=warps, num_stages=stages), return_mode="median") * 1e3
+            except Exception as e:  # e.g. out of shared memory
+                print(f"  skip tile_n={tile_n} warps={warps} stages={stages}: {type(e).__name__}")
+                continue
+            if t < best[0]:
+                best = (t, f"tile_n={tile_n} warps={warps} stages={stages}")
+        for segs in (1, 2, 4, 8, 16, 32):
+            t = do_bench(ours(num_segments=segs), return_mode="median") * 1e3
+            if t < best[0]:
+                best = (t, f"segments={segs}")
+        extra.update(sweep_best_us=round(best[0], 2), sweep_best=best[1])
+    record("decode_attention", shape, nbytes, us, us_graph, **extra)
+
+
+def bench_decode(batches, contexts, sweep: bool) -> None:
+    need = max(b * c for b in batches for c in contexts) // PAGE
+    num_blocks = int(need * 1.25)  # a pool larger than the batch, so pages are scattered
+    pool_k = torch.randn(num_blocks, PAGE, HKV, D, device=DEV, dtype=BF16)
+    pool_v = torch.randn(num_blocks, PAGE, HKV, D, device=DEV, dtype=BF16)
+    for bs, ctx in itertools.product(batches, contexts):
+        decode_case(pool_k, pool_v, bs, ctx, sweep)
+        torch.cuda.empty_cache()
+
+
+def bench_prefill(lengths) -> None:
+    for n in lengths:
+        prefill_case(n)
+
+
+def prefill_case(n: int) -> None:
+    blocks = n // PAGE
+    k_cache = torch.randn(blocks, PAGE, HKV, D, device=DEV, dtype=BF16)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(n, HQ, D, device=DEV, dtype=BF16)
+    out = torch.empty_like(q)
+    bt = torch.arange(blocks, device=DEV, dtype=torch.int32)[None]
+    qsl = torch.tensor([0, n], device=DEV, dtype=torch.int32)
+    sl = torch.tensor([n], device=DEV, dtype=torch.int32)
+    fn = lambda: paged_attention(q, k_cache, v_cache, out, qsl, sl, bt, D**-0.5, n, n, 1)  # noqa: E731
+    k = k_cache.view(1, n, HKV, D).transpose(1, 2)
+    v = v_cache.view(1, n, HKV, D).transpose(1, 2)
+    qt = q.transpose(0, 1)[None]
+
+    def flash():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qt, k, v, is_causal=True, enable_gqa=True)
+
+    fn()
+    err = rel_err(out, flash()[0].transpose(0, 1))
+    assert err < 1e-2, f"prefill {n}: rel err {err}"
+    us = timed(fn, graph=False)[0]
+    flash_us = timed(flash, graph=False)[0]
+    flops = 2 * 2 * HQ * D * n * n / 2  # causal: half of QK^T and PV
+    nbytes = 2 * q.numel() * 2 + 2 * k_cache.numel() * 2
+    record(
+        "prefill_attention", f"len={n}", nbytes, us, None, rel_err=round(err, 5),
+        tflops=round(flops / us / 1e6, 1), flash_contig_us=round(flash_us, 2),
+        flash_tflops=round(flops / flash_us / 1e6, 1), vs_flash=round(us / flash_us, 2),
+    )  # fmt: skip
+
+
+# ---- fused elementwise kernels ----------------------------------------------------------------
+
+
+def bench_norm(tokens) -> None:
+    for t in tokens:
+        norm_case(t)
+
+
+def norm_case(t: int) -> None:
+    x, r = (torch.randn(t, HIDDEN, device=DEV, dtype=BF16) for _ in range(2))
+    w = torch.randn(HIDDEN, device=DEV, dtype=BF16)
+    out, res = torch.empty_like(x), torch.empty_like(x)
+
+    def torch_ref():
+        s = x + r
+        sf = s.float()
+        return w * (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(BF16), s
+
+    fused_add_rms_norm(x, r, w, 1e-5, out=out, residual_out=res)
+    ref, ref_res = torch_ref()
+    assert torch.equal(res, ref_res) and rel_err(out, ref) < 1e-2
+    us, us_graph = timed(lambda: fused_add_rms_norm(x, r, w, 1e-5, out=out, residual_out=res))
+    nbytes = 4 * x.numel() * 2 + w.numel() * 2
+    record(
+        "add_rms_norm",
+        f"T={t} H={HIDDEN}",
+        nbytes,
+        us,
+        us_graph,
+        torch_us=round(timed(torch_ref, False)[0], 2),
+    )
+
+
+def bench_rope(tokens) -> None:
+    for t in tokens:
+        rope_case(t)
+
+
+def rope_case(t: int) -> None:
+    cs = torch.randn(8192, D, device=DEV, dtype=torch.float32)
+    q = torch.randn(t, HQ, D, device=DEV, dtype=BF16)
+    k, v = (torch.randn(t, HKV, D, device=DEV, dtype=BF16) for _ in range(2))
+    num_blocks = max(64, 2 * t // PAGE)
+    kc, vc = (torch.zeros(num_blocks, PAGE, HKV, D, device=DEV, dtype=BF16) for _ in range(2))
+    pos = torch.randint(0, 8192, (t,), device=DEV)
+    slots = torch.randperm(num_blocks * PAGE, device=DEV)[:t]
+    fn = lambda: rope_and_write_kv(pos, q, k, v, cs, kc, vc, slots)  # noqa: E731
+    fn()
+    assert torch.equal(kc.view(-1, HKV, D)[slots], k) and torch.equal(vc.view(-1, HKV, D)[slots], v)
+    us, us_graph = timed(fn)
+    # read q, k, v, positions, slots and cos/sin rows; write q, k, and k, v into the cache
+    nbytes = (2 * q.numel() + 5 * k.numel()) * 2 + t * (16 + D * 4)
+    record("rope_kv_write", f"T={t}", nbytes, us, us_graph)
+
+
+def bench_silu(tokens) -> None:
+    for t in tokens:
+        silu_case(t)
+
+
+def silu_case(t: int) -> None:
+    x = torch.randn(t, 2 * INTER, device=DEV, dtype=BF16)
+    out = torch.empty(t, INTER, device=DEV, dtype=BF16)
+    torch_ref = lambda: F.silu(x[:, :INTER]) * x[:, INTER:]  # noqa: E731
+    silu_and_mul(x, out=out)
+    assert rel_err(out, torch_ref()) < 1e-2
+    us, us_graph = timed(lambda: silu_and_mul(x, out=out))
+    nbytes = x.numel() * 2 + out.numel() * 2
+    record(
+        "silu_and_mul",
+        f"T={t} I={INTER}",
+        nbytes,
+        us,
+        us_graph,
+        torch_us=round(timed(torch_ref, False)[0], 2),
+    )
+
+
+def markdown() -> str:
+    cols = [
+        "op",
+        "shape",
+        "us",
+        "us_graph",
+        "gbps",
+        "pct_peak",
+        "gbps_best",
+        "sdpa_gathered_us",
+        "flash_contig_us",
+        "vs_flash",
+    ]
+    cols += ["torch_us", "tflops", "sweep_best_us", "sweep_best"]
+    cols = [c for c in cols if any(r.get(c) is not None for r in ROWS)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in ROWS:
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--sweep", action="store_true", help="sweep decode tile/warps/stages")
+    ap.add_argument("--only", default="decode,prefill,norm,rope,silu")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    torch.manual_seed(0)
+    batches, contexts = ([1, 64], [1024, 16384]) if args.quick else ([1, 8, 64], [1024, 4096, 16384])
+    tokens = [1, 64, 4096]
+    if "decode" in only:
+        bench_decode(batches, contexts, args.sweep)
+    if "prefill" in only:
+        bench_prefill([1024] if args.quick else [1024, 4096])
+    if "norm" in only:
+        bench_norm(tokens)
+    if "rope" in only:
+        bench_rope(tokens)
+    if "silu" in only:
+        bench_silu(tokens)
+    meta = dict(
+        device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+        python=platform.python_version(), peak_gbps=PEAK_GBPS,
+    )  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(dict(meta=meta, results=ROWS), indent=1))
+    md = f"# Kernel microbenchmarks\n\n{meta}\n\n" + markdown()
+    args.out.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

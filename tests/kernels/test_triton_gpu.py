@@ -1,0 +1,137 @@
+"""Triton kernels vs torch references on CUDA in bf16 (plus Llama-like shapes and CUDA-graph capture)."""
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+from triton_kernel_cases import (  # noqa: E402
+    ATTN_CASES,
+    attention_reference,
+    cos_sin_cache,
+    make_batch,
+    rel_err,
+    rms_norm_reference,
+    rope_reference,
+    silu_and_mul_reference,
+)
+
+from atomc.ops.attention import write_kv_cache as write_kv_cache_reference  # noqa: E402
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+REL = 1e-2
+
+
+def kernels():
+    import atomc.kernels.triton as kt
+
+    return kt
+
+
+def run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=None):
+    q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, hq, hkv, d, BF16, DEV)
+    scale = d**-0.5
+    out = torch.full_like(q, float("nan"))
+    kernels().paged_attention(
+        q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
+        meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=num_segments,
+    )  # fmt: skip
+    ref = attention_reference(q, k_cache, v_cache, meta, scale)
+    t = meta.query_start_loc_host[-1]
+    assert not out[:t].isnan().any()
+    assert out[t:].isnan().all()
+    assert rel_err(out[:t], ref[:t]) < REL
+
+
+@pytest.mark.parametrize("segments", [1, 8])
+@pytest.mark.parametrize("case", list(ATTN_CASES))
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (32, 8, 128), (12, 2, 64)])
+def test_paged_attention(case, hq, hkv, d, segments):
+    run_attention(*ATTN_CASES[case], hq, hkv, d, num_segments=segments)
+
+
+@pytest.mark.parametrize("ctx", [1, 100, 1000, 5000])
+@pytest.mark.parametrize("bs", [1, 3, 40])
+def test_paged_attention_decode_llama(bs, ctx):
+    run_attention([1] * bs, [ctx + 7 * i for i in range(bs)], 32, 8, 128)
+
+
+def test_paged_attention_long_prefill():
+    run_attention([700, 1, 300], [1500, 900, 300], 32, 8, 128)
+
+
+def test_paged_attention_cuda_graph():
+    # decode captured once with an upper bound for max_seq_len, replayed on longer contexts
+    kt = kernels()
+    bs, bound = 4, 4096
+    q, k_cache, v_cache, meta = make_batch([1] * bs, [50, 300, 1200, 3000], 32, 8, 128, BF16, DEV, pad_tokens=0)
+    out = torch.empty_like(q)
+
+    def step():
+        kt.paged_attention(
+            q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.1,
+            1, bound, bs,
+        )  # fmt: skip
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lens in ([50, 300, 1200, 3000], [51, 301, 1201, 3001]):
+        meta.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        meta.seq_lens_host = lens
+        q.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out, attention_reference(q, k_cache, v_cache, meta, 0.1)) < REL
+
+
+def test_write_kv_cache():
+    k, v = (torch.randn(64, 8, 128, device=DEV, dtype=BF16) for _ in range(2))
+    slots = torch.randperm(256, device=DEV)[:64]
+    slots[::7] = -1
+    caches = [torch.full((16, 16, 8, 128), float("nan"), device=DEV, dtype=BF16) for _ in range(4)]
+    kernels().write_kv_cache(k, v, caches[0], caches[1], slots)
+    write_kv_cache_reference(k, v, caches[2], caches[3], slots)
+    torch.testing.assert_close(caches[0], caches[2], equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(caches[1], caches[3], equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("t", [1, 64, 4096])
+def test_rms_norm(t):
+    x, r = (torch.randn(t, 4096, device=DEV, dtype=BF16) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(4096, device=DEV)).to(BF16)
+    assert rel_err(kernels().rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5)) < REL
+    out, res = kernels().fused_add_rms_norm(x, r, w, 1e-5)
+    torch.testing.assert_close(res, x + r, atol=0, rtol=0)
+    assert rel_err(out, rms_norm_reference(x + r, w, 1e-5)) < REL
+
+
+@pytest.mark.parametrize("t", [1, 300])
+def test_rope_and_write_kv(t):
+    q = torch.randn(t, 32, 128, device=DEV, dtype=BF16)
+    k, v = (torch.randn(t, 8, 128, device=DEV, dtype=BF16) for _ in range(2))
+    positions = torch.randint(0, 8192, (t,), device=DEV)
+    cs = cos_sin_cache(8192, 128, DEV)
+    q_ref, k_ref = rope_reference(positions, q, cs), rope_reference(positions, k, cs)
+    slots = torch.randperm(2048, device=DEV)[:t]
+    slots[::5] = -1
+    kc, vc = (torch.full((128, 16, 8, 128), float("nan"), device=DEV, dtype=BF16) for _ in range(2))
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    write_kv_cache_reference(k_ref, v, kc_ref, vc_ref, slots)
+    kernels().rope_and_write_kv(positions, q, k, v, cs, kc, vc, slots)
+    assert rel_err(q, q_ref) < REL and rel_err(k, k_ref) < REL
+    assert torch.equal(kc.isnan(), kc_ref.isnan())
+    assert rel_err(kc.nan_to_num(), kc_ref.nan_to_num()) < REL
+    torch.testing.assert_close(vc, vc_ref, equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("t", [1, 64, 4096])
+def test_silu_and_mul(t):
+    x = torch.randn(t, 2 * 14336, device=DEV, dtype=BF16)
+    assert rel_err(kernels().silu_and_mul(x), silu_and_mul_reference(x)) < REL

@@ -1,0 +1,219 @@
+"""Triton kernels vs torch references on CPU, through the Triton interpreter (fp32 and fp16:
+the interpreter mishandles bf16). Sizes are tiny so the whole file runs in well under a minute."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():  # the interpreter setting is process-wide; test_triton_gpu.py covers CUDA
+    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    # triton's own @jit helpers (tl.cdiv, reductions) were built for a GPU at import time
+    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+from triton_kernel_cases import (  # noqa: E402
+    ATTN_CASES,
+    attention_reference,
+    cos_sin_cache,
+    make_batch,
+    rel_err,
+    rms_norm_reference,
+    rope_reference,
+    silu_and_mul_reference,
+)
+
+from atomc.kernels.triton import (  # noqa: E402
+    fused_add_rms_norm,
+    paged_attention,
+    rms_norm,
+    rope,
+    rope_and_write_kv,
+    silu_and_mul,
+    write_kv_cache,
+)
+from atomc.ops.attention import write_kv_cache as write_kv_cache_reference  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16]
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+@triton.jit
+def _loop_probe(p):
+    for _ in range(0, tl.load(p)):
+        pass
+
+
+def _interpreter_runs_tensor_loops() -> bool:
+    # triton 3.6's interpreter calls int() on a 1-element array for a tensor-bounded range(),
+    # which recent numpy rejects
+    try:
+        _loop_probe[(1,)](torch.ones(1, dtype=torch.int32))
+        return True
+    except Exception:
+        return False
+
+
+needs_loops = pytest.mark.skipif(
+    not _interpreter_runs_tensor_loops(), reason="this triton interpreter cannot run range() over a tensor bound"
+)
+
+
+def run_attention(case, dtype, hq, hkv, d, num_segments=None):
+    q_lens, seq_lens = ATTN_CASES[case]
+    q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, hq, hkv, d, dtype, "cpu")
+    scale = d**-0.5
+    out = torch.full_like(q, float("nan"))
+    paged_attention(
+        q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
+        meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=num_segments,
+    )  # fmt: skip
+    ref = attention_reference(q, k_cache, v_cache, meta, scale)
+    t = meta.query_start_loc_host[-1]
+    assert not out[:t].isnan().any(), "a query row was not written"
+    assert out[t:].isnan().all(), "padding rows must stay untouched"
+    assert rel_err(out[:t], ref[:t]) < TOL[dtype]
+    torch.testing.assert_close(out[:t].float(), ref[:t], atol=TOL[dtype] * 10, rtol=TOL[dtype] * 10)
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(ATTN_CASES))
+def test_paged_attention_2d(case, dtype):
+    run_attention(case, dtype, hq=4, hkv=2, d=32, num_segments=1)
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["decode", "mixed"])
+def test_paged_attention_split_kv(case, dtype):
+    # 4 segments: the 150-token sequence spans several, short ones leave segments empty
+    run_attention(case, dtype, hq=4, hkv=1, d=16, num_segments=4)
+
+
+@needs_loops
+@pytest.mark.parametrize("hq,hkv,d", [(6, 2, 16), (2, 2, 64)])
+def test_paged_attention_heads(hq, hkv, d):
+    # non-power-of-2 GQA group, plain MHA with a wider head; default path choice
+    run_attention("decode", torch.float32, hq, hkv, d)
+    run_attention("chunked_prefill", torch.float32, hq, hkv, d)
+
+
+@needs_loops
+def test_paged_attention_seq_len_upper_bound():
+    # CUDA-graph decode passes an upper bound for max_seq_len; results must not change
+    q, k_cache, v_cache, meta = make_batch([1, 1], [20, 90], 4, 2, 16, torch.float32, "cpu", pad_tokens=0)
+    ref = attention_reference(q, k_cache, v_cache, meta, 0.25)
+    for bound, segs in [(90, None), (4096, None), (4096, 8)]:
+        out = torch.full_like(q, float("nan"))
+        paged_attention(
+            q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.25,
+            1, bound, 2, num_segments=segs,
+        )  # fmt: skip
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_cache(dtype):
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(6, 2, 16, generator=g).to(dtype)
+    v = torch.randn(6, 2, 16, generator=g).to(dtype)
+    slots = torch.tensor([3, 17, -1, 40, 0, -1])
+    caches = [torch.full((4, 16, 2, 16), float("nan"), dtype=dtype) for _ in range(4)]
+    write_kv_cache(k, v, caches[0], caches[1], slots)
+    write_kv_cache_reference(k, v, caches[2], caches[3], slots)
+    torch.testing.assert_close(caches[0], caches[2], equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(caches[1], caches[3], equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [64, 100])
+def test_rms_norm(dtype, n):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, n, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+    out = torch.full_like(x, float("nan"))
+    rms_norm(x, w, 1e-6, out=out)
+    torch.testing.assert_close(out, rms_norm_reference(x, w, 1e-6), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm(dtype):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 96, generator=g).to(dtype)
+    r = torch.randn(5, 96, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(96, generator=g)).to(dtype)
+    new_r = x + r
+    ref = rms_norm_reference(new_r, w, 1e-5)
+    out, res = fused_add_rms_norm(x, r, w, 1e-5)
+    torch.testing.assert_close(res, new_r, atol=0, rtol=0)
+    torch.testing.assert_close(out, ref, atol=TOL[dtype], rtol=TOL[dtype])
+    # in place: out=x, residual_out=residual
+    fused_add_rms_norm(x, r, w, 1e-5, out=x, residual_out=r)
+    torch.testing.assert_close(r, new_r, atol=0, rtol=0)
+    torch.testing.assert_close(x, ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def _rope_inputs(dtype, d=32, t=5, hq=4, hkv=2):
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(t, hq, d, generator=g).to(dtype)
+    k = torch.randn(t, hkv, d, generator=g).to(dtype)
+    v = torch.randn(t, hkv, d, generator=g).to(dtype)
+    positions = torch.tensor([0, 7, 3, 63, 12])[:t]
+    return positions, q, k, v, cos_sin_cache(64, d, "cpu")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [32, 24])
+def test_rope(dtype, d):
+    positions, q, k, _, cs = _rope_inputs(dtype, d)
+    q_ref, k_ref = rope_reference(positions, q, cs), rope_reference(positions, k, cs)
+    rope(positions, q, k, cs)
+    torch.testing.assert_close(q, q_ref, atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(k, k_ref, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_and_write_kv(dtype):
+    positions, q, k, v, cs = _rope_inputs(dtype)
+    q_ref, k_ref = rope_reference(positions, q, cs), rope_reference(positions, k, cs)
+    slots = torch.tensor([5, -1, 33, 2])  # shorter than T: the last row is rotated, not written
+    kc, vc = (torch.full((3, 16, 2, 32), float("nan"), dtype=dtype) for _ in range(2))
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    write_kv_cache_reference(k_ref, v, kc_ref, vc_ref, slots)
+    rope_and_write_kv(positions, q, k, v, cs, kc, vc, slots)
+    torch.testing.assert_close(q, q_ref, atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(k, k_ref, atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(kc, kc_ref, atol=TOL[dtype], rtol=TOL[dtype], equal_nan=True)
+    torch.testing.assert_close(vc, vc_ref, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inter", [48, 1500])
+def test_silu_and_mul(dtype, inter):
+    g = torch.Generator().manual_seed(5)
+    x = (3 * torch.randn(3, 2 * inter, generator=g)).to(dtype)
+    out = torch.full((3, inter), float("nan"), dtype=dtype)
+    silu_and_mul(x, out=out)
+    torch.testing.assert_close(out, silu_and_mul_reference(x), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@needs_loops
+@pytest.mark.parametrize("segments", [1, 4])
+def test_paged_attention_empty_sequence(segments):
+    # a padding sequence (seq_len 0, as a padded CUDA-graph batch may carry) writes zeros, not NaN
+    q, k_cache, v_cache, meta = make_batch([1, 1], [20, 90], 4, 2, 16, torch.float32, "cpu", pad_tokens=0)
+    ref = attention_reference(q, k_cache, v_cache, meta, 0.25)
+    seq_lens = meta.seq_lens.clone()
+    seq_lens[1] = 0
+    out = torch.full_like(q, float("nan"))
+    paged_attention(
+        q, k_cache, v_cache, out, meta.query_start_loc, seq_lens, meta.block_tables, 0.25,
+        1, 90, 2, num_segments=segments,
+    )  # fmt: skip
+    torch.testing.assert_close(out[0], ref[0], atol=1e-5, rtol=1e-5)
+    assert (out[1] == 0).all()

@@ -1,0 +1,91 @@
+"""Shared inputs and torch references for the Triton kernel tests (CPU interpreter and CUDA)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from atomc.ops.attention import paged_attention_reference
+from atomc.runtime.forward_context import AttentionMetadata
+
+# (q_lens, seq_lens) per case; seq_len includes this step's q_len tokens
+ATTN_CASES = {
+    "prefill": ([5, 17, 1, 33], [5, 17, 1, 33]),
+    "chunked_prefill": ([7, 16, 3], [40, 16, 70]),
+    "decode": ([1, 1, 1, 1], [1, 15, 64, 150]),
+    "mixed": ([1, 9, 1, 20], [37, 9, 100, 52]),
+}
+
+
+def make_batch(q_lens, seq_lens, hq, hkv, d, dtype, device, page=16, pad_tokens=2, seed=0):
+    """A batch with its K/V already in a shuffled paged cache, plus `pad_tokens` padding rows."""
+    g = torch.Generator().manual_seed(seed)
+    num_seqs = len(q_lens)
+    blocks_per_seq = [(s + page - 1) // page for s in seq_lens]
+    max_blocks = max(blocks_per_seq)
+    num_blocks = sum(blocks_per_seq) + 3
+    perm = torch.randperm(num_blocks, generator=g)
+    block_tables = torch.zeros(num_seqs, max_blocks, dtype=torch.int32)
+    k_cache = torch.randn(num_blocks, page, hkv, d, generator=g).to(dtype)
+    v_cache = torch.randn(num_blocks, page, hkv, d, generator=g).to(dtype)
+    used = 0
+    for i, nb in enumerate(blocks_per_seq):
+        block_tables[i, :nb] = perm[used : used + nb].int()
+        used += nb
+    t = sum(q_lens)
+    q = torch.randn(t + pad_tokens, hq, d, generator=g).to(dtype)
+    qsl = [0]
+    for ql in q_lens:
+        qsl.append(qsl[-1] + ql)
+    meta = AttentionMetadata(
+        slot_mapping=torch.full((t + pad_tokens,), -1, dtype=torch.int64),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=block_tables,
+        query_start_loc_host=qsl,
+        seq_lens_host=list(seq_lens),
+        max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens),
+        num_seqs=num_seqs,
+    )
+    for i, (ql, sl) in enumerate(zip(q_lens, seq_lens, strict=True)):
+        for j in range(ql):
+            pos = sl - ql + j
+            meta.slot_mapping[qsl[i] + j] = int(block_tables[i, pos // page]) * page + pos % page
+    move = lambda x: x.to(device)  # noqa: E731
+    for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
+        setattr(meta, name, move(getattr(meta, name)))
+    return move(q), move(k_cache), move(v_cache), meta
+
+
+def attention_reference(q, k_cache, v_cache, meta, scale):
+    ref = torch.zeros_like(q, dtype=torch.float32)
+    paged_attention_reference(q.float(), k_cache.float(), v_cache.float(), ref, meta, scale)
+    return ref
+
+
+def rms_norm_reference(x, weight, eps):
+    xf = x.float()
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight.float() * y.float()).to(x.dtype)
+
+
+def rope_reference(positions, x, cos_sin):
+    cos, sin = cos_sin[positions].float().unsqueeze(1).chunk(2, dim=-1)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def cos_sin_cache(max_pos, d, device):
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.outer(torch.arange(max_pos).float(), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+
+
+def silu_and_mul_reference(x):
+    gate, up = x.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(x.dtype)
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)).item()
