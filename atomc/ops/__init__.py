@@ -4,8 +4,7 @@ Importing this package registers every `torch.ops.atomc.*` op (schema + fake imp
 """
 
 from atomc.ops import attention  # noqa: F401
-from atomc.ops import norm  # noqa: F401, E402
-from atomc.ops import activation  # noqa: F401, E402
-from atomc.ops import rope  # noqa: F401, E402
-from atomc.ops import rope_kv  # noqa: F401, E402
-from atomc.ops import paged_attention  # noqa: F401, E402
+
+# isort: split
+# ops the passes rewrite to
+from atomc.ops import activation, norm, paged_attention, rope, rope_kv  # noqa: F401

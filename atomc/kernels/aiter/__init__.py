@@ -1,0 +1,21 @@
+"""AITER (ROCm) kernels behind atomc ops. UNTESTED ON AMD HARDWARE: the wrappers follow AITER's
+documented signatures (keyword arguments, since positional order drifts between releases) and are
+checked only against a stand-in `aiter` module on CPU (tests/passes/test_aiter_wrappers.py)."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.cache
+def aiter_available() -> bool:
+    """ROCm torch and an importable aiter (the import JIT-builds modules and fails without ROCm)."""
+    import torch
+
+    if torch.version.hip is None:
+        return False
+    try:
+        import aiter  # noqa: F401
+    except Exception:  # ImportError, or AITER's own errors when ROCm pieces are missing
+        return False
+    return True

@@ -1,0 +1,107 @@
+"""`torch.ops.atomc_aiter.*`: atomc ops implemented with AITER (ROCm). Same schemas as the atomc ops,
+so lowering swaps targets only. Untested on AMD hardware (see atomc/kernels/aiter/__init__.py).
+
+Layouts: AITER RMSNorm takes 2-D rows; its RoPE takes [s, b, h, d] with cos/sin [max_pos, 1, 1, d/2]
+and positions [s, b]; reshape_and_cache_flash takes NHD pages [blocks, page, kvh, d] like atomc's cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atomc.runtime.forward_context import get_forward_context
+
+
+def _aiter():
+    import aiter
+
+    return aiter
+
+
+def _fake_as_atomc(name: str):
+    # calling the atomc op on fake tensors reaches its fake impl: one source of truth for shapes
+    torch.library.register_fake(f"atomc_aiter::{name}")(lambda *args: getattr(torch.ops.atomc, name).default(*args))
+
+
+@torch.library.custom_op("atomc_aiter::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return _aiter().rmsnorm2d_fwd(input=rows, weight=weight, epsilon=eps).view(x.shape)
+
+
+@torch.library.custom_op("atomc_aiter::fused_add_rms_norm", mutates_args=())
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    res = residual.reshape(-1, x.shape[-1]).contiguous()
+    out, res_out = torch.empty_like(rows), torch.empty_like(rows)
+    _aiter().rmsnorm2d_fwd_with_add(
+        out=out, input=rows, residual_in=res, residual_out=res_out, weight=weight, epsilon=eps
+    )
+    return out.view(x.shape), res_out.view(x.shape)
+
+
+@torch.library.custom_op("atomc_aiter::silu_and_mul", mutates_args=())
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
+    _aiter().silu_and_mul(out=out, input=x.contiguous())
+    return out
+
+
+def _rope(positions, q, k, cos_sin_cache):
+    half = cos_sin_cache.shape[-1] // 2
+    # neox halves: the first d/2 of the table are cos, the rest sin, reused for both halves of x
+    cos = cos_sin_cache[:, :half].to(q.dtype).view(-1, 1, 1, half)
+    sin = cos_sin_cache[:, half:].to(q.dtype).view(-1, 1, 1, half)
+    q_out, k_out = _aiter().rope_cached_positions_2c_fwd(
+        input_x=q.unsqueeze(1).contiguous(),  # [s, b=1, h, d]
+        input_y=k.unsqueeze(1).contiguous(),
+        cos=cos,
+        sin=sin,
+        positions=positions.view(-1, 1).contiguous(),
+        rotate_style=0,  # NEOX (rotate-half)
+        reuse_freqs_front_part=True,
+        nope_first=False,
+        transpose_output=False,
+    )
+    return q_out.squeeze(1), k_out.squeeze(1)
+
+
+@torch.library.custom_op("atomc_aiter::rope", mutates_args=())
+def rope(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rope(positions, q, k, cos_sin_cache)
+
+
+@torch.library.custom_op("atomc_aiter::rope_and_write_kv", mutates_args=())
+def rope_and_write_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    layer_idx: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # two AITER kernels (rope, then the cache write): AITER has no fused rope+cache-write entry we use
+    q_rot, k_rot = _rope(positions, q, k, cos_sin_cache)
+    ctx = get_forward_context()
+    if ctx.attn_metadata is not None and ctx.kv_caches:
+        k_cache, v_cache = ctx.kv_caches[layer_idx]
+        one = torch.ones(1, dtype=torch.float32, device=k.device)
+        _aiter().reshape_and_cache_flash(
+            key=k_rot,
+            value=v,
+            key_cache=k_cache,
+            value_cache=v_cache,
+            slot_mapping=ctx.attn_metadata.slot_mapping,
+            kv_cache_dtype="auto",
+            k_scale=one,
+            v_scale=one,
+        )
+    return q_rot, k_rot
+
+
+for _name in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope", "rope_and_write_kv"):
+    _fake_as_atomc(_name)

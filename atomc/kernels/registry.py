@@ -1,0 +1,208 @@
+"""One table: (atomc op, backend) -> the op a lowered graph calls.
+
+Backends: "torch" (the atomc op itself: reference body, any device), "triton" (CUDA and ROCm),
+"aiter" (ROCm, only when `import aiter` works). Each backend op has the atomc op's schema, so
+lowering only swaps a node's target. Backend ops are defined lazily (their kernel modules import
+triton/aiter); a process loading a lowered artifact must call `ensure_registered(platform)` first.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+import atomc.ops  # noqa: F401  (the atomc ops and their reference bodies)
+
+BACKENDS = ("torch", "triton", "aiter")
+# preference order per platform; "torch" is always last so every op has an implementation
+PLATFORM_BACKENDS = {"cpu": ("torch",), "cuda": ("triton", "torch"), "rocm": ("aiter", "triton", "torch")}
+
+# ops lowering handles; each has a torch entry (itself)
+OPS = (
+    "attention",
+    "paged_attention",
+    "rope_and_write_kv",
+    "rope",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "silu_mul",
+    "silu_and_mul",
+)
+# ops that read the forward context (KV cache, batch metadata): graph cut points for CUDA graphs
+CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv")
+
+# (op, backend) -> loader returning the op's overload in that backend's namespace
+_LOADERS: dict[tuple[str, str], Callable[[], object]] = {}
+
+
+def register(op: str, backend: str):
+    def deco(loader):
+        _LOADERS[(op, backend)] = loader
+        return loader
+
+    return deco
+
+
+def entries() -> list[tuple[str, str]]:
+    """Every (op, backend) pair the registry knows, available here or not."""
+    return sorted(_LOADERS)
+
+
+@functools.cache
+def backend_available(backend: str) -> bool:
+    if backend == "torch":
+        return True
+    if backend == "triton":
+        from atomc.kernels.triton import TRITON_AVAILABLE
+
+        return TRITON_AVAILABLE
+    if backend == "aiter":
+        from atomc.kernels.aiter import aiter_available
+
+        return aiter_available()
+    raise ValueError(f"unknown backend {backend!r} (valid: {', '.join(BACKENDS)})")
+
+
+def lookup(op: str, backend: str):
+    """The backend's overload for `op`, or None when the backend has no kernel for it."""
+    loader = _LOADERS.get((op, backend))
+    return None if loader is None else loader()
+
+
+def choose(op: str, platform: str) -> tuple[str, object]:
+    """(backend, overload) for `op` on `platform`: the first preferred backend that has it."""
+    for backend in PLATFORM_BACKENDS[platform]:
+        if (op, backend) in _LOADERS and backend_available(backend):
+            return backend, lookup(op, backend)
+    raise KeyError(f"no backend implements atomc::{op} on {platform}")
+
+
+def ensure_registered(platform: str) -> list[str]:
+    """Define every backend op `platform` may use (before loading an artifact that calls them)."""
+    return [f"{op}:{choose(op, platform)[0]}" for op in OPS]
+
+
+def splitting_op_names() -> list[str]:
+    """Qualified names ("atomc::attention", "atomc_triton::paged_attention", ...) of the ops that read
+    the forward context, in every backend namespace: the graph must be cut there."""
+    ns = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"}
+    return sorted(f"{ns[b]}::{op}" for op, b in _LOADERS if op in CONTEXT_OPS)
+
+
+# ---- torch: the atomc ops themselves ----
+for _op in OPS:
+    register(_op, "torch")(functools.partial(lambda name: getattr(torch.ops.atomc, name).default, _op))
+
+
+# ---- triton: custom ops around atomc/kernels/triton (defined on first use) ----
+@functools.cache
+def _triton_ops():
+    _define_triton_ops()
+    return torch.ops.atomc_triton
+
+
+for _op in OPS:
+    if _op != "silu_mul":  # separate gate/up: Inductor fuses silu*mul itself; keep the reference
+        register(_op, "triton")(functools.partial(lambda name: getattr(_triton_ops(), name).default, _op))
+
+
+def same_fake(qualname: str, atomc_name: str) -> None:
+    """A backend op's fake impl is the atomc op's: calling it on fake tensors reaches its fake."""
+    torch.library.register_fake(qualname)(lambda *args: getattr(torch.ops.atomc, atomc_name).default(*args))
+
+
+def _define_triton_ops() -> None:
+    from atomc.kernels import triton as tk
+    from atomc.ops.attention import causal_attention
+    from atomc.runtime.forward_context import get_forward_context
+
+    def custom(name: str, mutates=()):
+        def deco(fn):
+            torch.library.custom_op(f"atomc_triton::{name}", mutates_args=mutates)(fn)
+            same_fake(f"atomc_triton::{name}", name)
+            return fn
+
+        return deco
+
+    def cache_of(layer_idx):
+        ctx = get_forward_context()
+        if ctx.attn_metadata is None or not ctx.kv_caches:
+            return None, None
+        return ctx.attn_metadata, ctx.kv_caches[layer_idx]
+
+    def attend(q, out, meta, k_cache, v_cache, scale):
+        tk.paged_attention(
+            q.contiguous(), k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+            scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs,
+        )  # fmt: skip
+
+    @custom("rms_norm")
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return tk.rms_norm(x.contiguous(), weight, eps)
+
+    @custom("fused_add_rms_norm")
+    def fused_add_rms_norm(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return tk.fused_add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
+
+    @custom("silu_and_mul")
+    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+        return tk.silu_and_mul(x.contiguous())
+
+    @custom("rope")
+    def rope(
+        positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # the kernel rotates in place; the op is functional, so it rotates copies
+        return tk.rope(positions, q.contiguous().clone(), k.contiguous().clone(), cos_sin_cache)
+
+    @custom("rope_and_write_kv")
+    def rope_and_write_kv(
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        layer_idx: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k = q.contiguous().clone(), k.contiguous().clone()
+        meta, caches = cache_of(layer_idx)
+        if meta is None:
+            return tk.rope(positions, q, k, cos_sin_cache)
+        return tk.rope_and_write_kv(positions, q, k, v, cos_sin_cache, *caches, meta.slot_mapping)
+
+    @custom("paged_attention", mutates=("out",))
+    def paged_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
+    ) -> None:
+        meta, caches = cache_of(layer_idx)
+        if meta is None:
+            out.copy_(causal_attention(q, k, v, scale))
+            return
+        attend(q, out, meta, *caches, scale)
+
+    @custom("attention", mutates=("out",))
+    def attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
+    ) -> None:
+        meta, caches = cache_of(layer_idx)
+        if meta is None:
+            out.copy_(causal_attention(q, k, v, scale))
+            return
+        tk.write_kv_cache(k, v, *caches, meta.slot_mapping)
+        attend(q, out, meta, *caches, scale)
+
+
+# ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----
+@functools.cache
+def _aiter_ops():
+    from atomc.kernels.aiter import ops  # noqa: F401  (defines torch.ops.atomc_aiter.*)
+
+    return torch.ops.atomc_aiter
+
+
+for _op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope", "rope_and_write_kv"):
+    register(_op, "aiter")(functools.partial(lambda name: getattr(_aiter_ops(), name).default, _op))

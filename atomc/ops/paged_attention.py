@@ -1,0 +1,27 @@
+"""`atomc::paged_attention`: attention that only reads the paged KV cache (the write happened in
+`atomc::rope_and_write_kv`). k/v are taken for two reasons: the data dependency on the write, and
+the no-cache path (profiling, plain forward), where the batch is one causal sequence."""
+
+from __future__ import annotations
+
+import torch
+
+from atomc.ops.attention import causal_attention, paged_attention_reference
+from atomc.runtime.forward_context import get_forward_context
+
+
+@torch.library.custom_op("atomc::paged_attention", mutates_args=("out",))
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
+) -> None:
+    ctx = get_forward_context()
+    if ctx.attn_metadata is None or not ctx.kv_caches:
+        out.copy_(causal_attention(q, k, v, scale))
+        return
+    k_cache, v_cache = ctx.kv_caches[layer_idx]
+    paged_attention_reference(q, k_cache, v_cache, out, ctx.attn_metadata, scale)
+
+
+@paged_attention.register_fake
+def _(q, k, v, out, layer_idx, scale) -> None:
+    return None

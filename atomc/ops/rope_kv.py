@@ -1,0 +1,36 @@
+"""`atomc::rope_and_write_kv`: RoPE of q/k plus the KV-cache write of (rotated k, v), as one op.
+
+It returns the rotated (q, k); `atomc::paged_attention` consumes them, and that data dependency is
+what orders the cache write before the attention that reads it. The cache and slot mapping come from
+the forward context, like `atomc::attention`; with no cache set it only rotates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atomc.ops.attention import write_kv_cache
+from atomc.ops.rope import rope_reference
+from atomc.runtime.forward_context import get_forward_context
+
+
+@torch.library.custom_op("atomc::rope_and_write_kv", mutates_args=())
+def rope_and_write_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    layer_idx: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q_rot, k_rot = rope_reference(positions, q, k, cos_sin_cache)
+    ctx = get_forward_context()
+    if ctx.attn_metadata is not None and ctx.kv_caches:
+        k_cache, v_cache = ctx.kv_caches[layer_idx]
+        write_kv_cache(k_rot, v, k_cache, v_cache, ctx.attn_metadata.slot_mapping)
+    return q_rot, k_rot
+
+
+@rope_and_write_kv.register_fake
+def _(positions, q, k, v, cos_sin_cache, layer_idx):
+    return torch.empty_like(q), torch.empty_like(k)

@@ -1,0 +1,58 @@
+"""Swap each atomc op for the platform's backend implementation (atomc/kernels/registry.py):
+cpu -> torch (the reference bodies; nothing changes), cuda -> triton, rocm -> aiter, then triton.
+The backend ops share the atomc schemas, so only `node.target` changes."""
+
+from __future__ import annotations
+
+import torch
+
+from atomc.kernels import registry
+from atomc.passes.base import AtomcPass, PassResult
+
+
+def atomc_op_name(node: torch.fx.Node) -> str | None:
+    """'rms_norm' for a call to torch.ops.atomc.rms_norm(.default), else None."""
+    if node.op != "call_function":
+        return None
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        target = target.overloadpacket
+    if isinstance(target, torch._ops.OpOverloadPacket) and target._qualified_op_name.startswith("atomc::"):
+        return target._qualified_op_name.removeprefix("atomc::")
+    return None
+
+
+class Lowering(AtomcPass):
+    name = "lowering"
+    version = 1
+
+    def __init__(self, platform: str = "cpu"):
+        if platform not in registry.PLATFORM_BACKENDS:
+            valid = ", ".join(registry.PLATFORM_BACKENDS)
+            raise ValueError(f"unknown platform {platform!r} (valid: {valid})")
+        self.platform = platform
+
+    def uuid(self) -> str:
+        # the same graph lowers differently per platform, and the registry decides how
+        import hashlib
+        import inspect
+
+        h = hashlib.sha256(super().uuid().encode() + self.platform.encode())
+        h.update(inspect.getsource(registry).encode())
+        return h.hexdigest()
+
+    def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
+        matched = rewritten = 0
+        chosen: dict[str, str] = {}
+        for node in gm.graph.nodes:
+            op = atomc_op_name(node)
+            if op is None or op not in registry.OPS:
+                continue
+            matched += 1
+            backend, target = registry.choose(op, self.platform)
+            chosen[op] = backend
+            if target is not node.target:
+                node.target = target
+                rewritten += 1
+        notes = ", ".join(f"{op}->{b}" for op, b in sorted(chosen.items()))
+        return PassResult(matched, rewritten, notes)

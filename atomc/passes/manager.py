@@ -1,0 +1,88 @@
+"""Runs atomc's passes in order on the Dynamo graph and reports what each one did."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from atomc.passes.base import AtomcPass
+
+
+@dataclass
+class PassReport:
+    name: str
+    uuid: str
+    matched: int
+    rewritten: int
+    seconds: float
+    graph_after: str
+    notes: str = ""
+
+
+def default_passes(platform: str) -> list[AtomcPass]:
+    """The pipeline, in order. Each step relies on the one before it having normalised the graph."""
+    from atomc.passes.canonicalize import Canonicalize
+    from atomc.passes.fuse_add_rmsnorm import FuseAddRMSNorm
+    from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
+    from atomc.passes.fuse_silu_mul import FuseSiluMul
+    from atomc.passes.lowering import Lowering
+    from atomc.passes.merge_linears import MergeLinears
+    from atomc.passes.noop_elimination import NoopElimination
+
+    return [
+        MergeLinears(),
+        NoopElimination(),
+        Canonicalize(),
+        FuseAddRMSNorm(),
+        FuseSiluMul(),
+        FuseRopeKVWrite(),
+        Lowering(platform),
+    ]
+
+
+PLATFORMS = ("cpu", "cuda", "rocm")
+
+
+class PassManager:
+    def __init__(self, passes: list[AtomcPass]):
+        names = [p.name for p in passes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate pass names: {names}")
+        self.passes = list(passes)
+
+    @classmethod
+    def for_platform(cls, platform: str, disabled: Iterable[str] = ()) -> PassManager:
+        if platform not in PLATFORMS:
+            raise ValueError(f"unknown platform {platform!r} (valid: {', '.join(PLATFORMS)})")
+        passes = default_passes(platform)
+        valid = [p.name for p in passes]
+        unknown = sorted(set(disabled) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown pass name(s) {unknown} (valid: {', '.join(valid)})")
+        return cls([p for p in passes if p.name not in set(disabled)])
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.passes]
+
+    def uuids(self) -> list[tuple[str, str]]:
+        return [(p.name, p.uuid()) for p in self.passes]
+
+    def transform_module(self, model: torch.nn.Module) -> dict[str, int]:
+        return {p.name: p.transform_module(model) for p in self.passes}
+
+    def run(self, gm: torch.fx.GraphModule) -> list[PassReport]:
+        reports = []
+        for p in self.passes:
+            start = time.perf_counter()
+            result = p(gm)
+            gm.graph.lint()
+            gm.recompile()
+            seconds = time.perf_counter() - start
+            reports.append(
+                PassReport(p.name, p.uuid(), result.matched, result.rewritten, seconds, gm.code, result.notes)
+            )
+        return reports

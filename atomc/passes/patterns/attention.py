@@ -1,0 +1,18 @@
+"""Attention: models already call the opaque atomc::attention (it owns the KV cache), so this only
+counts it; fuse_rope_kv_write splits it later. A model calling SDPA directly would be matched here."""
+
+from __future__ import annotations
+
+import torch
+
+from atomc.passes.patterns.base import Pattern
+
+ATTENTION = (torch.ops.atomc.attention, torch.ops.atomc.attention.default)
+
+
+class AttentionPattern(Pattern):
+    name = "attention"
+
+    def apply(self, gm):
+        n = sum(1 for node in gm.graph.nodes if node.op == "call_function" and node.target in ATTENTION)
+        return n, 0

@@ -1,0 +1,79 @@
+import torch
+from pass_helpers import apply, arch, assert_same, capture, ops, run
+
+from atomc.passes.canonicalize import Canonicalize
+from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
+from atomc.passes.noop_elimination import NoopElimination
+from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from models.layers import RotaryEmbedding
+from models.llama import Attention
+
+A = arch()
+torch.manual_seed(0)
+ATTN, ROPE = Attention(A, 0), RotaryEmbedding(A.head_dim, 64, 10000.0, None)
+PAGE, BLOCKS = 4, [2, 0, 3, 1]  # one sequence over shuffled pages
+
+
+def graphs():
+    gm, inputs = capture(lambda p, x: ATTN(p, x, ROPE), torch.arange(5), torch.randn(5, A.hidden_size))
+    _, clean = apply(NoopElimination(), gm)
+    _, canon = apply(Canonicalize(), clean)
+    result, after = apply(FuseRopeKVWrite(), canon)
+    return gm, inputs, result, after, canon
+
+
+def context(start: int, n: int, caches) -> ForwardContext:
+    pos = list(range(start, start + n))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([BLOCKS[p // PAGE] * PAGE + p % PAGE for p in pos]),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+        seq_lens=torch.tensor([start + n], dtype=torch.int32),
+        block_tables=torch.tensor([BLOCKS], dtype=torch.int32),
+        query_start_loc_host=[0, n],
+        seq_lens_host=[start + n],
+        max_query_len=n,
+        max_seq_len=start + n,
+        num_seqs=1,
+    )
+    return ForwardContext(meta, [caches])
+
+
+def with_inputs(inputs, positions, x):
+    """The captured inputs with the positions and hidden states replaced (sizes follow)."""
+    out = []
+    for v in inputs:
+        if isinstance(v, torch.Tensor) and v.dtype == torch.int64 and v.dim() == 1:
+            out.append(positions)
+        elif isinstance(v, torch.Tensor) and v.shape[-1:] == (A.hidden_size,) and v.dim() == 2 and v.shape[0] == 5:
+            out.append(x)
+        elif isinstance(v, int) and v == 5:
+            out.append(positions.numel())
+        else:
+            out.append(v)
+    return out
+
+
+def test_attention_splits_into_rope_kv_write_and_paged_attention():
+    gm, inputs, result, after, canon = graphs()
+    assert ops(canon)["atomc.rope"] == 1 and ops(canon)["atomc.attention"] == 1
+    assert (result.matched, result.rewritten) == (1, 1)
+    counts = ops(after)
+    assert counts["atomc.rope_and_write_kv"] == 1 and counts["atomc.paged_attention"] == 1
+    assert counts["atomc.rope"] == 0 and counts["atomc.attention"] == 0
+    assert_same(run(gm, inputs), run(after, inputs))  # no cache: one causal sequence
+
+
+def test_same_cache_and_outputs_over_prefill_and_decode():
+    gm, inputs, _, after, _ = graphs()
+    shape = (len(BLOCKS), PAGE, A.num_kv_heads, A.head_dim)
+    caches = {g: (torch.zeros(shape), torch.zeros(shape)) for g in ("before", "after")}
+    x = torch.randn(7, A.hidden_size)
+    for start, n in ((0, 6), (6, 1)):  # prefill 6 tokens, then decode one
+        step = with_inputs(inputs, torch.arange(start, start + n), x[start : start + n])
+        outs = {}
+        for name, g in (("before", gm), ("after", after)):
+            with set_forward_context(context(start, n, caches[name])):
+                outs[name] = run(g, step)
+        assert_same(outs["before"], outs["after"])
+        assert_same(caches["before"], caches["after"])
+    assert caches["after"][0].abs().sum() > 0  # the fused op did write the cache
