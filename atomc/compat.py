@@ -1,0 +1,159 @@
+"""Version shims for torch's experimental compile APIs, in one place (atomc runs on torch 2.11 and 2.13).
+
+Everything here touches private or "experimental" torch surface; when a torch bump breaks
+something, this is the only file that should need to change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+
+def mark_unbacked(t: torch.Tensor, dim: int) -> None:
+    """Unbacked, not mark_dynamic: mark_dynamic adds a size>=2 guard that rejects a batch of one."""
+    from torch._dynamo.decorators import mark_unbacked as _mark
+
+    _mark(t, dim)
+
+
+@contextlib.contextmanager
+def aot_compile_enabled() -> Iterator[None]:
+    # torch 2.11 ships the flag off; 2.13 defaults it on
+    cfg = torch._dynamo.config
+    if hasattr(cfg, "enable_aot_compile"):
+        with cfg.patch(enable_aot_compile=True):
+            yield
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def static_but_marked() -> Iterator[None]:
+    """Only the dims we mark are dynamic. Automatic dynamic would otherwise turn weight shapes and
+    float constants dynamic when a second model of other shapes compiles the same forward in one
+    process (then aot_compile fails with TensorifyScalarRestartAnalysis)."""
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False, assume_static_by_default=True):
+        yield
+
+
+def inductor_partition_options(splitting_ops: list[str]) -> dict[str, Any]:
+    """Inductor config that cuts its graph at our splitting ops (for piecewise CUDA graphs)."""
+    cfg = torch._inductor.config
+    opts: dict[str, Any] = {}
+    if hasattr(cfg, "graph_partition"):
+        opts["graph_partition"] = True
+    if hasattr(cfg, "custom_should_partition_ops"):
+        opts["custom_should_partition_ops"] = list(splitting_ops)
+    return opts
+
+
+def aot_compile(fn: Callable, args: tuple, backend: Callable) -> Any:
+    """One Dynamo trace of `fn(*args)`; returns torch's AOTCompiledFunction (serializable)."""
+    with aot_compile_enabled(), static_but_marked():
+        compiled = torch.compile(fn, fullgraph=True, backend=backend)
+        return compiled.aot_compile((args, {}))
+
+
+def _backend_guards_only(entries) -> list[bool]:
+    # keep only the backend check (a guard on older torch): everything else the cache key pins, and
+    # tensor guards would reject inference-mode inputs and force a static re-trace
+    return [getattr(e, "guard_type", "") == "BACKEND_MATCH" for e in entries]
+
+
+def compile_unguarded(fn: Callable, backend: Callable, *args) -> Callable:
+    """torch.compile for the fallback format, traced now on `args`: one graph for every input, never
+    a recompile (no guards to fail)."""
+    compiled = torch.compile(fn, fullgraph=True, backend=backend, options={"guard_filter_fn": _backend_guards_only})
+    with static_but_marked(), torch.no_grad():
+        compiled(*args)
+    return compiled
+
+
+def save_compiled_function(compiled: Any, path: str) -> None:
+    compiled.save_compiled_function(path)
+
+
+def load_compiled_function(data: bytes) -> Callable:
+    """Load an aot_fn artifact with Dynamo's guards off: the cache key already pins everything they
+    would check, and their tensor guards reject inference-mode inputs (a dispatch-key mismatch)."""
+    with aot_compile_enabled():
+        fn = torch.compiler.load_compiled_function(io.BytesIO(data))
+    if hasattr(fn, "disable_guard_check"):
+        fn.disable_guard_check()
+    return fn
+
+
+def serializable_callable(compiled_fn: Callable) -> Any:
+    """Make an Inductor result picklable by aot_compile. 2.13 wraps results that carry `serialize`
+    itself (and would double-wrap ours); older torch needs the private wrapper from the backend."""
+    from torch._dynamo import aot_compile as _aot
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+
+    if isinstance(compiled_fn, BundledAOTAutogradSerializableCallable):
+        return compiled_fn
+    if 'hasattr(compiled_fn, "serialize")' in inspect.getsource(_aot.aot_compile_fullgraph):
+        return compiled_fn
+    return BundledAOTAutogradSerializableCallable(compiled_fn)
+
+
+def has_standalone_compile() -> bool:
+    fn = getattr(torch._inductor, "standalone_compile", None)
+    return fn is not None and "aot" in inspect.signature(fn).parameters
+
+
+def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+    return torch._inductor.standalone_compile(gm, example_inputs, dynamic_shapes="from_graph", aot=True)
+
+
+def load_standalone(path: str) -> Callable:
+    from torch._inductor import CompiledArtifact
+
+    return CompiledArtifact.load(path=path, format="binary")
+
+
+def torch_key() -> str:
+    """Digest of torch's own sources; torch itself refuses artifacts built under another one."""
+    try:
+        from torch._inductor.codecache import torch_key as _tk
+
+        return _tk().hex()
+    except Exception:  # moved between versions: the version string still enters the key
+        return ""
+
+
+@contextlib.contextmanager
+def inductor_cache_dir(path: str) -> Iterator[None]:
+    """Pin Inductor's on-disk cache under atomc's cache, so CPU kernels built at compile time survive
+    (a cold Inductor cache makes a warm load rebuild every C++ kernel)."""
+    from torch._inductor.utils import clear_caches
+
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    clear_caches()
+    try:
+        yield
+    finally:
+        clear_caches()
+        if saved is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+
+
+def compile_counters() -> dict[str, int]:
+    """Dynamo graphs captured and AOTAutograd/Inductor compiles so far (a hit leaves all unchanged).
+    Inductor's own counters are not used: a cache hit replays the pattern-matcher counts it saved."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "dynamo_calls_captured": int(counters["stats"]["calls_captured"]),
+        "dynamo_unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "aot_autograd_compiles": int(counters["aot_autograd"]["total"]),
+    }

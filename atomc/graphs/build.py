@@ -1,0 +1,285 @@
+"""Compile or load: the key lookup, the locked build, and the runtime entry `load_or_compile`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from atomc import compat
+from atomc.config import EngineConfig
+from atomc.graphs import artifact
+from atomc.graphs.cache_key import cache_key, collect_factors, format_diff, nearest, platform_name
+from atomc.graphs.cache_store import CacheStore, Entry
+from atomc.graphs.partition import resolve_capture_sizes, splitting_ops
+from atomc.graphs.trace import AtomcBackend, aot_trace, bind, example_inputs
+
+log = logging.getLogger(__name__)
+
+PRIMARY_FORMAT = "aot_fn"
+FALLBACK_FORMAT = "pieces"
+
+
+class ArtifactsMissing(RuntimeError):
+    """`--require-artifacts` and no entry matches; the message lists the factors that differ."""
+
+
+@dataclass
+class CompileResult:
+    key: str
+    entry_dir: Path
+    manifest: dict
+    hit: bool
+    forward: Callable | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def make_pass_manager(config: EngineConfig, device: str):
+    """The pass pipeline for this platform (a module-level hook: tests swap in their own)."""
+    from atomc.passes.manager import PassManager
+
+    return PassManager.for_platform(platform_name(device), disabled=config.compile.disabled_passes)
+
+
+def artifact_format() -> str:
+    return PRIMARY_FORMAT if hasattr(torch.compiler, "load_compiled_function") else FALLBACK_FORMAT
+
+
+@dataclass
+class Plan:
+    """Everything a lookup needs, computed before any tracing."""
+
+    factors: dict
+    key: str
+    store: CacheStore
+    capture_sizes: list[int]
+
+
+def plan_for(
+    model_dir: Path, config: EngineConfig, device: str, dtype: torch.dtype, pm, fmt: str | None = None
+) -> Plan:
+    sizes = resolve_capture_sizes(
+        config.compile.cudagraph_capture_sizes, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens
+    )
+    factors = collect_factors(
+        model_dir,
+        config,
+        device,
+        dtype,
+        pm.uuids(),
+        splitting_ops=splitting_ops(),
+        capture_sizes=sizes,
+        artifact_format=fmt or artifact_format(),
+    )
+    return Plan(factors, cache_key(factors), CacheStore(config.cache_path), sizes)
+
+
+def explain_miss(plan: Plan) -> str:
+    candidates = plan.store.ready_factors()
+    if not candidates:
+        return f"no compiled entries in {plan.store.root}"
+    key, rows = nearest(plan.factors, candidates)
+    return f"nearest entry {key} differs in {len(rows)} factor(s):\n{format_diff(rows)}"
+
+
+def load_or_compile(
+    model: torch.nn.Module, model_dir: Path, config: EngineConfig, device: str, dtype: torch.dtype
+) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], dict]:
+    """The compiled forward for `model` (weights already loaded) and an info dict (key, hit, timings)."""
+    res = compile_or_load(model, Path(model_dir), config, device, dtype, progress=False)
+    info = {
+        "key": res.key,
+        "hit": res.hit,
+        "timings": res.timings,
+        "entry": str(res.entry_dir),
+        "format": res.manifest.get("format"),
+    }
+    return res.forward, info
+
+
+def compile_or_load(
+    model,
+    model_dir: Path,
+    config: EngineConfig,
+    device: str,
+    dtype: torch.dtype,
+    *,
+    progress: bool = False,
+    pm=None,
+    fmt: str | None = None,
+    fail_after_save: bool = False,
+) -> CompileResult:
+    t0 = time.perf_counter()
+    pm = pm if pm is not None else make_pass_manager(config, device)
+    pm.transform_module(model)  # every load: artifacts hold no weights, the module must match the graph
+    plan = plan_for(model_dir, config, device, dtype, pm, fmt)
+    entry = plan.store.entry(plan.key)
+    res = _try_load(entry, model, pm, t0, raise_errors=config.compile.require_artifacts)
+    if res is not None:
+        return res
+    if config.compile.require_artifacts:
+        raise ArtifactsMissing(
+            f"--require-artifacts: no compiled entry for key {plan.key}; {explain_miss(plan)}\n"
+            f"run `atomc compile --model {model_dir}` with the same flags first"
+        )
+    with plan.store.lock(plan.key):
+        res = _try_load(entry, model, pm, t0)  # another process may have built it while we waited
+        if res is not None:
+            return res
+        manifest = _build(model, device, pm, plan, progress=progress, fail_after_save=fail_after_save)
+    res = _try_load(entry, model, pm, t0, raise_errors=True)
+    res.hit, res.timings = False, {**manifest["timings"], "total_s": time.perf_counter() - t0}
+    return res
+
+
+def _try_load(entry: Entry, model, pm, t0: float, raise_errors: bool = False) -> CompileResult | None:
+    if not entry.ready:
+        return None
+    problems = entry.verify()
+    if problems:
+        # never load a damaged artifact: report it, drop it, rebuild
+        if raise_errors:
+            raise artifact.ArtifactError(
+                f"compile cache entry {entry.key} is damaged ({'; '.join(problems)}); it was not loaded. "
+                f"`atomc cache clear {entry.key}` removes it"
+            )
+        log.warning("compile cache entry %s is damaged (%s); rebuilding", entry.key, "; ".join(problems))
+        with contextlib.suppress(OSError):
+            CacheStore(entry.root).remove(entry.key)
+        return None
+    manifest = entry.manifest()
+    t1 = time.perf_counter()
+    _register_backend_ops(manifest)
+    try:
+        with compat.inductor_cache_dir(str(CacheStore(entry.root).inductor_dir)):
+            fn = _load_format(manifest, entry, model, pm)
+    except artifact.ArtifactError:
+        if raise_errors:
+            raise
+        log.warning("compile cache entry %s failed to load; rebuilding", entry.key, exc_info=True)
+        CacheStore(entry.root).remove(entry.key)
+        return None
+    load_s = time.perf_counter() - t1
+    timings = {"load_s": load_s, "total_s": time.perf_counter() - t0}
+    return CompileResult(entry.key, entry.path, manifest, hit=True, forward=bind(fn, model), timings=timings)
+
+
+def _register_backend_ops(manifest: dict) -> None:
+    """The artifact calls backend ops (atomc_triton::...) by name: define them before unpickling."""
+    try:
+        from atomc.kernels.registry import ensure_registered
+    except ImportError:
+        return
+    ensure_registered(manifest["factors"]["system"]["platform"])
+
+
+def _load_format(manifest: dict, entry: Entry, model, pm) -> Callable:
+    if manifest["format"] == PRIMARY_FORMAT:
+        return artifact.load_aot(entry.path)
+    # pieces: re-trace with Dynamo (same passes), then swap the stored pieces in; Inductor never runs
+    backend = AtomcBackend(pm, compile_fn=artifact.load_pieces_backend(entry.path, manifest["pieces"]))
+    ids, pos = example_inputs(next(model.parameters()).device)
+    return compat.compile_unguarded(type(model).forward, backend, model, ids, pos)
+
+
+def _build(model, device: str, pm, plan: Plan, *, progress: bool, fail_after_save: bool) -> dict:
+    from atomc.graphs.progress import Phases
+
+    fmt = plan.factors["artifact_format"]
+    entry = plan.store.begin(plan.key)
+    bar = Phases(["trace", "passes", "inductor", "save", "commit"], enabled=progress)
+    files: list[str] = []
+    pieces: list[str] = []
+    compile_fn = artifact.compile_pieces(entry.path, files, pieces) if fmt == FALLBACK_FORMAT else None
+    backend = AtomcBackend(pm, on_phase=bar.done, compile_fn=compile_fn)
+    t0 = time.perf_counter()
+    with compat.inductor_cache_dir(str(plan.store.inductor_dir)):
+        if fmt == PRIMARY_FORMAT:
+            compiled = aot_trace(model, device, backend)
+            t1 = time.perf_counter()
+            files += artifact.save_aot(compiled, entry.path)
+        else:
+            compat.compile_unguarded(type(model).forward, backend, model, *example_inputs(device))
+            t1 = time.perf_counter()
+    rec = backend.record
+    timings = {**rec.timings, "save_s": time.perf_counter() - t1, "compile_total_s": time.perf_counter() - t0}
+    bar.done("save")
+    graph_files = _write_graphs(entry, rec)
+    if fail_after_save:  # tests: a compile killed after the artifact is written, before .ready
+        raise RuntimeError("injected failure before commit")
+    manifest = {
+        "key": plan.key,
+        "format": fmt,
+        "factors": plan.factors,
+        "passes": [
+            {
+                "name": r.name,
+                "uuid": r.uuid,
+                "matched": r.matched,
+                "rewritten": r.rewritten,
+                "seconds": r.seconds,
+                "graph": graph_files.get(r.name),
+            }
+            for r in rec.pass_reports
+        ],
+        "graph_before": graph_files.get("<before>"),
+        "partitions": rec.plan,
+        "splitting_ops": rec.splitting_ops,
+        "capture_sizes": plan.capture_sizes,
+        "flops": rec.flops,
+        "pieces": pieces,
+        "timings": timings,
+    }
+    manifest = plan.store.commit(entry, manifest, files)
+    bar.done("commit")
+    bar.close()
+    return manifest
+
+
+def _write_graphs(entry: Entry, rec) -> dict[str, str]:
+    """The graph before and after each pass as Python, for `atomc cache show --graph`."""
+    gdir = entry.path / "graphs"
+    gdir.mkdir(exist_ok=True)
+    out = {"<before>": "graphs/00_before.py"}
+    (entry.path / out["<before>"]).write_text(rec.graph_before)
+    for i, r in enumerate(rec.pass_reports, 1):
+        rel = f"graphs/{i:02d}_{r.name}.py"
+        (entry.path / rel).write_text(r.graph_after)
+        out[r.name] = rel
+    return out
+
+
+def resolve_target(config: EngineConfig) -> tuple[Path, str, torch.dtype]:
+    """(model dir, device, dtype) exactly as the engine resolves them, so keys agree with `serve`."""
+    from atomc.config import resolve_device
+    from atomc.serve.engine import resolve_dtype
+    from models.arch import ModelArch
+    from models.default_model import resolve_model_path
+
+    device = resolve_device(config.device)
+    model_dir = Path(resolve_model_path(config.model.model, config.cache_path))
+    return model_dir, device, resolve_dtype(config.model.dtype, ModelArch.from_dir(model_dir), device)
+
+
+def compile_model(config: EngineConfig, progress: bool = True) -> CompileResult:
+    """`atomc compile`: build the entry for this config (or report the existing one)."""
+    from models.loader import load_model
+
+    model_dir, device, dtype = resolve_target(config)
+    t0 = time.perf_counter()
+    model = load_model(model_dir, dtype, device)
+    load_s = time.perf_counter() - t0
+    res = compile_or_load(model, model_dir, config, device, dtype, progress=progress)
+    res.timings = {"load_weights_s": load_s, **res.timings}
+    return res
+
+
+def plan_from_config(config: EngineConfig) -> tuple[Plan, Path]:
+    """The key this config would use, without loading weights (for `atomc cache explain`)."""
+    model_dir, device, dtype = resolve_target(config)
+    return plan_for(model_dir, config, device, dtype, make_pass_manager(config, device)), model_dir

@@ -1,0 +1,186 @@
+"""The compile cache key: sha256 of a canonical JSON of every factor that changes the graph.
+
+A factor missing here means a stale artifact silently reused, so the list errs on the side of more.
+Weights are deliberately absent: artifacts hold no weights, one entry serves any checkpoint of the
+same config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from atomc import compat, env
+
+FORMAT_VERSION = 1
+
+_ROOT = Path(__file__).resolve().parents[2]
+# sources that decide what graph gets built: the model code, the ops, the passes, and the tracing code
+SOURCE_DIRS = ("models", "atomc/ops", "atomc/passes", "atomc/kernels")
+SOURCE_FILES = (
+    "atomc/compat.py",
+    "atomc/graphs/trace.py",
+    "atomc/graphs/partition.py",
+    "atomc/graphs/artifact.py",
+    "atomc/runtime/forward_context.py",
+)
+# config.json fields that do not shape the graph
+_CONFIG_NOISE = ("transformers_version", "_name_or_path")
+# env vars of torch's compiler stack that change generated code; cache dirs are pinned by atomc
+_FOREIGN_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TRITON_")
+_FOREIGN_ENV_SKIP = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def canonical_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def cache_key(factors: dict) -> str:
+    return hashlib.sha256(canonical_json(factors).encode()).hexdigest()[:24]
+
+
+def source_digest(root: Path = _ROOT, dirs=SOURCE_DIRS, files=SOURCE_FILES) -> str:
+    h = hashlib.sha256()
+    paths = [root / f for f in files]
+    for d in dirs:
+        paths += sorted((root / d).rglob("*.py")) if (root / d).is_dir() else []
+    for p in sorted(set(paths)):
+        if p.is_file():
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _cached_source_digest() -> str:
+    return source_digest()
+
+
+def model_config(model_dir: Path) -> dict:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return {k: v for k, v in cfg.items() if k not in _CONFIG_NOISE}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:
+        return None
+
+
+def system_factors(device: str) -> dict:
+    is_cuda = device.startswith("cuda")
+    gpu = None
+    if is_cuda and torch.cuda.is_available():
+        idx = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(idx)
+        gpu = {
+            "name": props.name,
+            "capability": list(torch.cuda.get_device_capability(idx)),
+            "arch": getattr(props, "gcnArchName", None),
+        }
+    rocm = torch.version.hip
+    return {
+        "python": platform.python_version(),
+        "python_impl": sys.implementation.name,
+        "torch": torch.__version__,
+        "torch_key": compat.torch_key(),
+        "triton": _version("triton") or _version("pytorch-triton-rocm"),
+        "cuda": torch.version.cuda if is_cuda and not rocm else None,
+        "rocm": rocm if is_cuda else None,
+        "gpu": gpu,
+        # kernel libraries are only a factor where they can be picked
+        "aiter": _version("aiter") if rocm and is_cuda else None,
+        "platform": platform_name(device),
+    }
+
+
+def platform_name(device: str) -> str:
+    if not device.startswith("cuda"):
+        return "cpu"
+    return "rocm" if torch.version.hip else "cuda"
+
+
+def env_factors() -> dict:
+    out = dict(env.snapshot())
+    for k, v in sorted(os.environ.items()):
+        if k.startswith(_FOREIGN_ENV_PREFIXES) and k not in _FOREIGN_ENV_SKIP:
+            out[k] = v
+    return out
+
+
+def collect_factors(
+    model_dir: Path,
+    config,
+    device: str,
+    dtype: torch.dtype,
+    pass_uuids,
+    *,
+    splitting_ops,
+    capture_sizes: list[int],
+    artifact_format: str,
+) -> dict:
+    """Every input to the build. `config` is an EngineConfig; pass_uuids is PassManager.uuids()."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    kv = config.cache.kv_cache_dtype
+    return {
+        "format_version": FORMAT_VERSION,
+        "artifact_format": artifact_format,
+        "atomc_sources": _cached_source_digest(),
+        "system": system_factors(device),
+        "device_type": torch.device(device).type,
+        "model_config": model_config(model_dir),
+        "dtype": dtype_name,
+        "kv_cache_dtype": dtype_name if kv == "auto" else kv,
+        "passes": [[name, uuid] for name, uuid in pass_uuids],
+        "splitting_ops": sorted(splitting_ops),
+        "capture_sizes": list(capture_sizes),
+        "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
+        "tp_size": config.parallel.tensor_parallel_size,
+        "tp_rank": config.parallel.rank,
+        "env": env_factors(),
+    }
+
+
+def flatten(factors: dict, prefix: str = "") -> dict:
+    """Dotted paths to leaf values, so diffs name the exact field ('model_config.hidden_size')."""
+    out = {}
+    for k, v in factors.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, path + "."))
+        else:
+            out[path] = v
+    return out
+
+
+def diff(a: dict, b: dict) -> list[tuple[str, object, object]]:
+    """(path, a value, b value) for every leaf that differs."""
+    fa, fb = flatten(a), flatten(b)
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+
+
+def nearest(factors: dict, candidates: dict[str, dict]) -> tuple[str | None, list]:
+    """The candidate key whose factors differ from `factors` in the fewest leaves."""
+    best, best_diff = None, []
+    for key, other in candidates.items():
+        d = diff(other, factors)
+        if best is None or len(d) < len(best_diff):
+            best, best_diff = key, d
+    return best, best_diff
+
+
+def format_diff(rows: list, left: str = "entry", right: str = "wanted") -> str:
+    def short(v):
+        s = canonical_json(v) if not isinstance(v, str) else v
+        return s if len(s) <= 60 else s[:57] + "..."
+
+    return "\n".join(f"  {path}: {left}={short(x)} {right}={short(y)}" for path, x, y in rows)

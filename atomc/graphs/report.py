@@ -1,0 +1,137 @@
+"""The compile report: per-pass matches/rewrites, partitions, FLOP share in rewritten kernels, timings.
+
+FLOPs are per token (the token dim is symbolic: shapes are evaluated at T=1): GEMMs 2*M*N*K,
+attention 4*ctx*Hq*D at a reference context of REF_CONTEXT tokens, other ops one per output element.
+"Rewritten" means inside an atomc op that was not in the graph before the passes ran.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+_MATMULS = {"linear", "mm", "addmm", "matmul", "bmm"}
+REF_CONTEXT = 1024
+
+
+def _num(x) -> int:
+    """Concrete value of a (possibly symbolic) size at one token."""
+    if isinstance(x, int):
+        return x
+    expr = x.node.expr
+    return int(expr.subs({s: 1 for s in expr.free_symbols}))
+
+
+def _shape(node) -> list[int] | None:
+    val = node.meta.get("example_value", node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
+    if isinstance(val, torch.Tensor):
+        return [_num(s) for s in val.shape]
+    return None
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return t._schema.name
+    if isinstance(t, torch._ops.OpOverloadPacket):
+        return t._qualified_op_name
+    return getattr(t, "__name__", str(t))
+
+
+def _numel(shape: list[int] | None) -> int:
+    n = 1
+    for d in shape or [0]:
+        n *= d
+    return n
+
+
+def _node_flops(node: torch.fx.Node) -> int:
+    full = _target_name(node)
+    name = full.split("::")[-1]
+    shapes = [_shape(a) for a in node.args if isinstance(a, torch.fx.Node)]
+    if name in _MATMULS and len(shapes) >= 2 and shapes[0] and shapes[1] and len(shapes[1]) == 2:
+        a, w = (shapes[1], shapes[2]) if name == "addmm" and len(shapes) > 2 and shapes[2] else (shapes[0], shapes[1])
+        return 2 * _numel(a[:-1]) * w[0] * w[1]
+    if "attention" in name and shapes and shapes[0] and len(shapes[0]) == 3:
+        t, hq, d = shapes[0]
+        return 4 * t * hq * d * REF_CONTEXT
+    weights = [
+        _shape(a)
+        for a in node.args
+        if isinstance(a, torch.fx.Node) and a.op in ("placeholder", "get_attr") and "weight" in a.name
+    ]
+    gemm = sum(2 * _numel(w) for w in weights if w and len(w) == 2)  # a fused op holding a linear
+    val = node.meta.get("example_value", node.meta.get("val"))
+    outs = val if isinstance(val, (tuple, list)) else [val]
+    elementwise = sum(_numel([_num(d) for d in o.shape]) for o in outs if isinstance(o, torch.Tensor))
+    return gemm + elementwise
+
+
+def graph_flops(gm: torch.fx.GraphModule, baseline: dict | None = None) -> dict:
+    """Per-token GEMM FLOPs: total, and the part inside atomc ops a pass introduced (not in baseline)."""
+    total, atomc, by_op = 0, 0, {}
+    before = set((baseline or {}).get("atomc_ops", []))
+    ops = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = _target_name(node)
+        try:
+            f = _node_flops(node)
+        except Exception:  # a shape we cannot evaluate: leave it out rather than fail the compile
+            f = 0
+        total += f
+        if name.startswith("atomc::"):
+            ops.add(name)
+            if name not in before:
+                atomc += f
+        if f:
+            by_op[name] = by_op.get(name, 0) + f
+    ref = (baseline or {}).get("total") or total
+    return {
+        "total_per_token": total,
+        "reference_context": REF_CONTEXT,
+        "rewritten_per_token": atomc,
+        "rewritten_share": (atomc / ref) if ref else 0.0,
+        "atomc_ops": sorted(ops),
+        "by_op": by_op,
+    }
+
+
+def format_report(manifest: dict) -> str:
+    """Human-readable compile report from a manifest."""
+    lines = [f"key        {manifest['key']}", f"format     {manifest['format']}"]
+    lines.append("passes     name                      matched  rewritten  seconds")
+    for p in manifest.get("passes", []):
+        lines.append(f"           {p['name']:<25} {p['matched']:>7}  {p['rewritten']:>9}  {p['seconds']:>7.3f}")
+    if not manifest.get("passes"):
+        lines.append("           (none)")
+    plan = manifest.get("partitions", [])
+    graphs = sum(1 for p in plan if p["kind"] == "graph")
+    splits = sorted({p["op"] for p in plan if p["kind"] == "split"})
+    lines.append(f"partitions {graphs} graph pieces, {len(plan) - graphs} splits at {', '.join(splits) or '-'}")
+    flops = manifest.get("flops", {})
+    lines.append(
+        f"flops      {flops.get('rewritten_share', 0.0):.1%} of per-token FLOPs in rewritten kernels "
+        f"(attention at a {flops.get('reference_context', REF_CONTEXT)}-token context)"
+    )
+    sizes = manifest.get("capture_sizes", [])
+    shown = ", ".join(map(str, sizes[:12])) + (" ..." if len(sizes) > 12 else "")
+    lines.append(f"capture    {len(sizes)} sizes: {shown}")
+    t = manifest.get("timings", {})
+    lines.append("timings    " + "  ".join(f"{k.removesuffix('_s')} {v:.2f}s" for k, v in t.items()))
+    lines.append(f"artifact   {human_bytes(manifest.get('artifact_bytes', 0))}")
+    return "\n".join(lines)
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def to_json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,101 @@
+"""`atomc cache ...` through typer's CliRunner, and `compile_command` on a hit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+from typer.testing import CliRunner
+
+from atomc.graphs.cli import cache_app, compile_command
+from tests.graphs.helpers import copy_entry, make_config
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(cache_app, [str(a) for a in args])
+
+
+def _second_entry(root, key, new_key="f" * 24, **factor_changes):
+    """A copy of an entry under another key with some factors changed (for diff/nearest)."""
+    dst = root / new_key
+    shutil.copytree(root / key, dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    m["key"] = new_key
+    m["factors"].update(factor_changes)
+    (dst / "manifest.json").write_text(json.dumps(m))
+    return new_key
+
+
+def test_ls_show_diff_verify(tmp_path, shared_root, compiled):
+    _, res = compiled
+    root = tmp_path / "c"
+    root.mkdir()
+    copy_entry(shared_root, res.key, root)
+    other = _second_entry(root, res.key, dtype="bfloat16")
+
+    out = invoke("ls", "--cache-dir", root)
+    assert out.exit_code == 0 and res.key in out.output and "LlamaForCausalLM L2 H64" in out.output
+    rows = json.loads(invoke("ls", "--cache-dir", root, "--json").output)
+    assert {r["key"] for r in rows} == {res.key, other} and all(r["ready"] for r in rows)
+
+    out = invoke("show", res.key[:8], "--cache-dir", root)
+    assert out.exit_code == 0 and "partitions" in out.output and "model_config" in out.output
+    assert json.loads(invoke("show", res.key, "--cache-dir", root, "--json").output)["key"] == res.key
+    out = invoke("show", res.key, "--graph", "before", "--cache-dir", root)
+    assert out.exit_code == 0 and "def forward" in out.output and "atomc.attention" in out.output
+    for p in res.manifest["passes"]:
+        assert invoke("show", res.key, "--graph", p["name"], "--cache-dir", root).exit_code == 0
+    assert invoke("show", res.key, "--graph", "no_such_pass", "--cache-dir", root).exit_code == 2
+    assert invoke("show", "zzz", "--cache-dir", root).exit_code == 2
+
+    out = invoke("diff", res.key, other, "--cache-dir", root)
+    assert out.exit_code == 0 and "dtype" in out.output and "float32" in out.output
+    assert "passes" not in out.output
+
+    assert invoke("verify", "--cache-dir", root).exit_code == 0
+    (root / other / "model.aot").write_bytes(b"junk")
+    out = invoke("verify", "--cache-dir", root)
+    assert out.exit_code == 1 and "BAD" in out.output and "ok" in out.output
+
+
+def test_explain_hit_and_miss(shared_root, compiled, llama_dir):
+    args = ["explain", "--model", llama_dir, "--device", "cpu", "--cache-dir", shared_root]
+    out = invoke(*args)
+    assert out.exit_code == 0 and out.output.startswith("hit:"), out.output
+    out = invoke(*args, "--cudagraph-capture-sizes", "1,2,3")
+    assert out.exit_code == 1 and "miss" in out.output and "capture_sizes" in out.output
+
+
+def test_clear(tmp_path, shared_root, compiled):
+    _, res = compiled
+    root = tmp_path / "c"
+    root.mkdir()
+    copy_entry(shared_root, res.key, root)
+    other = _second_entry(root, res.key, dtype="bfloat16")
+    assert invoke("clear", "--cache-dir", root).exit_code == 2  # needs exactly one selector
+    assert invoke("clear", other, "--cache-dir", root).exit_code == 0
+    assert not (root / other).exists() and (root / res.key).exists()
+    m = json.loads((root / res.key / "manifest.json").read_text())
+    m["created"] = time.time() - 3 * 86400
+    (root / res.key / "manifest.json").write_text(json.dumps(m))
+    assert "removed 0" in invoke("clear", "--older-than", 5, "--cache-dir", root).output
+    assert "removed 1" in invoke("clear", "--older-than", 2, "--cache-dir", root).output
+    copy_entry(shared_root, res.key, root)
+    (root / "inductor").mkdir()
+    assert invoke("clear", "--all", "--cache-dir", root).exit_code == 0
+    assert sorted(os.listdir(root)) == ["locks"]
+
+
+def test_compile_command_reports_a_hit(shared_root, compiled, llama_dir, capsys):
+    cfg = make_config(shared_root)
+    cfg.model.model = str(llama_dir)
+    assert compile_command(cfg, as_json=True) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["hit"] and report["key"] == compiled[1].key and "passes" in report and "partitions" in report
+    assert compile_command(cfg, as_json=False) == 0
+    text = capsys.readouterr().out
+    assert "cache hit" in text and "flops" in text and "partitions" in text
