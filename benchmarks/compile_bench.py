@@ -25,8 +25,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def write_checkpoint(out: Path, device: str, layers: int | None, hidden: int | None) -> Path:
-    """config.json + random bf16 safetensors shards, generated on `device` (fast on a GPU)."""
+def write_checkpoint(out: Path, device: str, layers: int | None, hidden: int | None, weights: bool = True) -> Path:
+    """config.json + random bf16 safetensors shards, generated on `device` (fast on a GPU).
+    Without `weights` only config.json is written and the children load random weights in memory."""
     import torch
     from checkpoints import CONFIGS
     from safetensors.torch import save_file
@@ -51,6 +52,8 @@ def write_checkpoint(out: Path, device: str, layers: int | None, hidden: int | N
         return ckpt
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / "config.json").write_text(json.dumps(cfg, indent=2))
+    if not weights:
+        return ckpt
     with torch.device("meta"):
         model = build_model(ModelArch.from_dict(cfg))
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
@@ -92,7 +95,8 @@ def child(args) -> None:
     cfg.compile.cache_dir = args.cache_dir
     cfg.scheduler.max_num_batched_tokens = args.max_num_batched_tokens
     t0 = time.perf_counter()
-    model = load_model(Path(args.model), dtype, args.device)
+    has_weights = (Path(args.model) / "model.safetensors.index.json").is_file()
+    model = load_model(Path(args.model), dtype, args.device, "safetensors" if has_weights else "dummy")
     t_weights = time.perf_counter() - t0
     before = compat.compile_counters()
     t0 = time.perf_counter()
@@ -156,6 +160,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=None, help="override num_hidden_layers (default 32)")
     p.add_argument("--hidden", type=int, default=None, help="smoke tests only: shrink the model")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--dummy-weights", action="store_true", help="write no weights; children load random ones")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", help=argparse.SUPPRESS)
@@ -165,7 +170,7 @@ def main() -> None:
 
     work = Path(args.work_dir)
     t0 = time.perf_counter()
-    model = write_checkpoint(work, args.device, args.layers, args.hidden)
+    model = write_checkpoint(work, args.device, args.layers, args.hidden, weights=not args.dummy_weights)
     ckpt_s = time.perf_counter() - t0
     cache = work / "cache"
     shutil.rmtree(cache, ignore_errors=True)

@@ -18,14 +18,6 @@ from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
-
-
-def default_capture_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [s for s in DEFAULT_SIZES if s < max_num_seqs]
-    return sorted(set(sizes + [max_num_seqs]))
-
-
 class DecodeGraphs:
     def __init__(
         self,

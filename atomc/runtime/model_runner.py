@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from atomc.config import EngineConfig
-from atomc.runtime.cudagraph import DecodeGraphs, default_capture_sizes
+from atomc.graphs.partition import resolve_capture_sizes
+from atomc.runtime.cudagraph import DecodeGraphs
 from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
 from atomc.runtime.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -195,9 +196,12 @@ class ModelRunner:
 
     def capture_decode_graphs(self, max_model_len: int) -> None:
         """Full CUDA graphs for pure-decode batches (CUDA only, not with enforce_eager)."""
-        sizes = self.config.compile.cudagraph_capture_sizes or default_capture_sizes(
-            self.config.scheduler.max_num_seqs
+        sched = self.config.scheduler
+        # the same sizes the compile plan recorded (they are a cache-key factor)
+        sizes = resolve_capture_sizes(
+            self.config.compile.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens
         )
+        sizes = [s for s in sizes if s <= sched.max_num_seqs]
         max_blocks = (max_model_len + self.block_size - 1) // self.block_size
         self.decode_graphs = DecodeGraphs(
             self.forward, self.model.compute_logits, self.kv_caches, sizes, max_blocks, max_model_len, self.device
