@@ -1,4 +1,4 @@
-"""Batch-1 decode (128 tokens in, 512 out): atomc next to transformers (static cache + torch.compile).
+"""Batch-1 decode (128 tokens in, 512 out): atomc next to transformers (static cache, auto torch.compile).
 
 Each engine runs in its own subprocess on the same GPU, one after the other. Weights are random
 (bf16) with the real model shape, so bytes moved per token are the real ones. The roofline is
@@ -79,7 +79,7 @@ def run_hf(model_dir: str) -> dict:
     t0 = time.perf_counter()
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    # a static cache makes generate() compile the forward itself (fullgraph, reduce-overhead)
     ids = torch.arange(1000, 1000 + PROMPT_LEN, device="cuda")[None]
     gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
     for _ in range(2):  # compile + capture
@@ -94,7 +94,47 @@ def run_hf(model_dir: str) -> dict:
         total = time.perf_counter() - t0
         runs.append({"total_s": total, "e2e_tok_s": OUTPUT_LEN / total})
     best = max(runs, key=lambda r: r["e2e_tok_s"])
-    return {"engine": "transformers static cache + torch.compile", "startup_s": startup, **best, "runs": runs}
+    return {"engine": "transformers static cache (generate compiles it)", "startup_s": startup, **best, "runs": runs}
+
+
+def run_hf_loop(model_dir: str) -> dict:
+    """gpt-fast style: a static cache and a hand-written decode loop over a torch.compile'd step."""
+    import torch
+    import transformers
+    from transformers import StaticCache
+
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    t0 = time.perf_counter()
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    cache = StaticCache(config=cfg, max_cache_len=PROMPT_LEN + OUTPUT_LEN + 8)
+
+    def step(ids, pos):
+        return model(input_ids=ids, cache_position=pos, past_key_values=cache, use_cache=True).logits[:, -1]
+
+    step_c = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    ids = torch.arange(1000, 1000 + PROMPT_LEN, device="cuda")[None]
+
+    @torch.inference_mode()
+    def generate() -> None:
+        cache.reset()
+        tok = step(ids, torch.arange(PROMPT_LEN, device="cuda")).argmax(-1, keepdim=True)
+        for i in range(OUTPUT_LEN - 1):
+            torch.compiler.cudagraph_mark_step_begin()
+            tok = step_c(tok, torch.tensor([PROMPT_LEN + i], device="cuda")).argmax(-1, keepdim=True).clone()
+        torch.cuda.synchronize()
+
+    for _ in range(2):
+        generate()
+    startup = time.perf_counter() - t0
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        generate()
+        total = time.perf_counter() - t0
+        runs.append({"total_s": total, "e2e_tok_s": OUTPUT_LEN / total})
+    best = max(runs, key=lambda r: r["e2e_tok_s"])
+    return {"engine": "transformers static cache + torch.compile loop", "startup_s": startup, **best, "runs": runs}
 
 
 def main() -> None:
@@ -111,6 +151,7 @@ def main() -> None:
             "atomc": lambda: run_atomc(model_dir, False),
             "atomc-eager": lambda: run_atomc(model_dir, True),
             "hf": lambda: run_hf(model_dir),
+            "hf-loop": lambda: run_hf_loop(model_dir),
         }[args.child]()
         print("RESULT " + json.dumps(res))
         return

@@ -85,7 +85,7 @@ def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
         for conc in args.conc:
             cfg = BenchConfig(
                 base_url=f"http://127.0.0.1:{port}", input_len=args.isl, output_len=args.osl,
-                num_prompts=max(conc * args.waves, 4 if conc == 1 else conc), max_concurrency=conc,
+                num_prompts=max(conc * args.waves, 2), max_concurrency=conc,
                 vocab_size=CONFIGS[args.model]["vocab_size"], show_progress=False,
             )  # fmt: skip
             res = run_benchmark(cfg)

@@ -18,6 +18,7 @@ from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set
 
 log = logging.getLogger(__name__)
 
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -99,25 +100,27 @@ class DecodeGraphs:
                 return size
         return None
 
-    def replay(self, input_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
-               tables: list[list[int]]) -> torch.Tensor:
+    def replay(
+        self, input_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int], tables: list[list[int]]
+    ) -> torch.Tensor:
         """Logits [bs, vocab] for a pure-decode batch of bs = len(input_ids) sequences."""
         bs = len(input_ids)
         size = self.padded_size(bs)
-        st = self.staging
-        st["input_ids"][:bs] = torch.as_tensor(input_ids)
-        st["positions"][:bs] = torch.as_tensor(positions)
-        st["slot_mapping"][:size].fill_(-1)
-        st["slot_mapping"][:bs] = torch.as_tensor(slots)
-        st["seq_lens"][:size].fill_(1)
-        st["seq_lens"][:bs] = torch.as_tensor(seq_lens, dtype=torch.int32)
         width = max(len(t) for t in tables)
-        bt = st["block_tables"]
-        bt[:size, :width].zero_()
-        for i, t in enumerate(tables):
-            bt[i, : len(t)] = torch.as_tensor(t, dtype=torch.int32)
+        st = self.staging
+        # numpy views of the pinned buffers: filling them is plain memory writes, no per-row tensors
+        st_np = {name: buf.numpy() for name, buf in st.items()}
+        st_np["input_ids"][:bs] = input_ids
+        st_np["positions"][:bs] = positions
+        st_np["slot_mapping"][:size] = -1
+        st_np["slot_mapping"][:bs] = slots
+        st_np["seq_lens"][:size] = 1
+        st_np["seq_lens"][:bs] = seq_lens
+        bt = st_np["block_tables"]
+        bt[:size, :width] = 0
+        bt[:bs, :width] = [t + [0] * (width - len(t)) for t in tables]
         for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
             getattr(self, name)[:size].copy_(st[name][:size], non_blocking=True)
-        self.block_tables[:size, :width].copy_(bt[:size, :width], non_blocking=True)
+        self.block_tables[:size, :width].copy_(st["block_tables"][:size, :width], non_blocking=True)
         self.graphs[size].replay()
         return self.logits[size][:bs]

@@ -43,9 +43,9 @@ def resolve_dtype(name: str, arch: ModelArch, device: str) -> torch.dtype:
 
 
 class _Request:
-    def __init__(self, request_id: str, prompt: str | None, seqs: list[Sequence], arrival: float):
+    def __init__(self, request_id: str, prompt: str | None, seqs: list[Sequence], arrival: float, tokenizer):
         self.request_id, self.prompt, self.seqs = request_id, prompt, seqs
-        self.detok = [DetokenizerState.after_prompt(s.num_prompt_tokens) for s in seqs]
+        self.detok = [DetokenizerState.start(tokenizer, s.prompt_token_ids, s.params.skip_special_tokens) for s in seqs]
         self.metrics = {"arrival_time": arrival}
 
     @property
@@ -132,7 +132,7 @@ class LLMEngine:
             if params.seed is not None:
                 gen = torch.Generator().manual_seed(params.seed + i)
             seqs.append(Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params, generator=gen))
-        req = _Request(request_id, text, seqs, arrival_time or time.perf_counter())
+        req = _Request(request_id, text, seqs, arrival_time or time.perf_counter(), self.tokenizer)
         self.requests[request_id] = req
         for seq in seqs:
             self.scheduler.add(seq)
