@@ -66,3 +66,15 @@ def test_engine_matches_transformers_greedy(default_model):
                     f"engine: {tok.decode(got)!r}\nhf:     {tok.decode(want)!r}"
                 )
                 break
+
+
+def test_cli_generate_default_model_answers_paris(default_model, model_cache_root):
+    """The README's command: no --model means the default model, resolved from the installed wheel."""
+    from typer.testing import CliRunner
+
+    from atomc.cli import app
+
+    args = ["generate", "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "16"]
+    result = CliRunner().invoke(app, [*args, "--enforce-eager", "--cache-dir", str(model_cache_root)])
+    assert result.exit_code == 0, result.output
+    assert "Paris" in result.output
