@@ -25,7 +25,7 @@ from atomc.serve.scheduler import Scheduler
 from atomc.serve.sequence import Sequence
 from atomc.serve.tokenizer import load_tokenizer
 from models.arch import ModelArch
-from models.default_model import resolve_model_path
+from models.default_model import DEFAULT_MODEL_NAME, resolve_model_path
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ class LLMEngine:
         self.arch = ModelArch.from_dir(self.model_dir)
         self.tokenizer = load_tokenizer(Path(config.model.tokenizer or self.model_dir))
         self.max_model_len = self._max_model_len()
-        self.model_name = config.model.served_model_name or (config.model.model or self.model_dir.name)
+        # like vLLM: the --model value is the served name; the default model goes by its own name
+        self.model_name = config.model.served_model_name or config.model.model or DEFAULT_MODEL_NAME
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
         self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype)
         self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)

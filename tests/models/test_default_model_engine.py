@@ -78,3 +78,8 @@ def test_cli_generate_default_model_answers_paris(default_model, model_cache_roo
     result = CliRunner().invoke(app, [*args, "--enforce-eager", "--cache-dir", str(model_cache_root)])
     assert result.exit_code == 0, result.output
     assert "Paris" in result.output
+
+
+def test_default_model_is_served_under_its_name(default_model, model_cache_root):
+    llm = LLM(model=None, device="cpu", enforce_eager=True, cache_dir=str(model_cache_root), max_model_len=256)
+    assert llm.engine.model_name == "SmolLM2-135M-Instruct"
