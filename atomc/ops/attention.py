@@ -87,12 +87,47 @@ def paged_attention_reference(
     meta: AttentionMetadata,
     scale: float,
 ) -> None:
-    """Torch reference for prefill, chunked prefill over a cached prefix, and decode, in one batch."""
+    """Torch reference for prefill, chunked prefill over a cached prefix, and decode, in one batch.
+
+    Decode rows (one query token) go through one batched call; prefill chunks loop per sequence."""
     starts = meta.query_start_loc_host
+    decode_rows = []
     for i, seq_len in enumerate(meta.seq_lens_host):
         qs, qe = starts[i], starts[i + 1]
-        if qe == qs:
-            continue
-        k = gather_kv(k_cache, meta.block_tables[i], seq_len)
-        v = gather_kv(v_cache, meta.block_tables[i], seq_len)
-        out[qs:qe] = attend(q[qs:qe], k, v, scale, q_offset=seq_len - (qe - qs))
+        if qe - qs == 1:
+            decode_rows.append(i)
+        elif qe > qs:
+            k = gather_kv(k_cache, meta.block_tables[i], seq_len)
+            v = gather_kv(v_cache, meta.block_tables[i], seq_len)
+            out[qs:qe] = attend(q[qs:qe], k, v, scale, q_offset=seq_len - (qe - qs))
+    if decode_rows:
+        decode_attention(q, k_cache, v_cache, out, meta, decode_rows, scale)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    meta: AttentionMetadata,
+    rows: list[int],
+    scale: float,
+) -> None:
+    """One query token per sequence in `rows`: gather every context into a padded batch, mask, attend."""
+    page = k_cache.shape[1]
+    lens = [meta.seq_lens_host[i] for i in rows]
+    longest = max(lens)
+    tables = meta.block_tables[rows, : (longest + page - 1) // page].long()  # [B, pages]
+    k = k_cache[tables].flatten(1, 2)[:, :longest]  # [B, L, Hkv, D]
+    v = v_cache[tables].flatten(1, 2)[:, :longest]
+    token = torch.tensor([meta.query_start_loc_host[i] for i in rows], device=q.device)
+    valid = torch.arange(longest, device=q.device)[None, :] < torch.tensor(lens, device=q.device)[:, None]
+    o = F.scaled_dot_product_attention(
+        q[token].unsqueeze(2).float(),  # [B, Hq, 1, D]
+        k.transpose(1, 2).float(),  # [B, Hkv, L, D]
+        v.transpose(1, 2).float(),
+        attn_mask=valid[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    out[token] = o.squeeze(2).to(out.dtype)
