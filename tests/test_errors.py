@@ -84,7 +84,28 @@ def test_cli_generate_prints_text_and_fails_cleanly(llama_dir, tmp_path):
         ["generate", "--model", str(llama_dir), "--prompt", "hello", "--max-tokens", "4", "--enforce-eager"],
     )
     assert ok.exit_code == 0, ok.output
-    bad = runner.invoke(
-        app, ["generate", "--model", str(tmp_path / "missing"), "--prompt", "x", "--enforce-eager"]
-    )
+    bad = runner.invoke(app, ["generate", "--model", str(tmp_path / "missing"), "--prompt", "x", "--enforce-eager"])
     assert bad.exit_code == 1 and "does not exist" in bad.output
+
+
+def test_sharded_fp16_checkpoint_loads_and_matches(llama_dir, tmp_path):
+    """A checkpoint saved in shards (index file) and in fp16 loads to the same logits (upcast to fp32)."""
+    import torch
+    import transformers
+
+    from models.loader import load_model
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float16)
+    out = tmp_path / "sharded"
+    hf.save_pretrained(out, max_shard_size="100KB")
+    assert (out / "model.safetensors.index.json").is_file() and len(list(out.glob("*.safetensors"))) > 1
+    ids = torch.arange(3, 40)
+    a = load_model(out, torch.float32, "cpu")
+    b = load_model(llama_dir, torch.float32, "cpu")
+    with torch.no_grad():
+        la, lb = (
+            a.compute_logits(a(ids, torch.arange(ids.numel()))),
+            b.compute_logits(b(ids, torch.arange(ids.numel()))),
+        )
+    assert (la - lb).abs().max().item() < 5e-2  # fp16 rounding of the stored weights only
+    assert a.model.embed_tokens.weight.dtype == torch.float32
