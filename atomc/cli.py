@@ -37,11 +37,12 @@ RequireArtifacts = Annotated[
     bool, typer.Option("--require-artifacts", help="fail on a compile-cache miss instead of compiling")
 ]
 GpuMem = Annotated[float, typer.Option("--gpu-memory-utilization")]
-KvBlocks = Annotated[
-    int | None, typer.Option("--num-kv-blocks", help="KV pool size in blocks (overrides sizing)")
-]
+KvBlocks = Annotated[int | None, typer.Option("--num-kv-blocks", help="KV pool size in blocks (overrides sizing)")]
 CaptureSizes = Annotated[
     str | None, typer.Option("--cudagraph-capture-sizes", help="comma-separated batch sizes, e.g. 1,2,4,8")
+]
+GenerationConfig = Annotated[
+    str, typer.Option("--generation-config", help="auto: sampling defaults from generation_config.json; none")
 ]
 LoadFormat = Annotated[str, typer.Option("--load-format", help="safetensors | dummy (random weights)")]
 DisablePass = Annotated[list[str] | None, typer.Option("--disable-pass", help="skip a compiler pass by name")]
@@ -65,6 +66,7 @@ def build_config(
     cudagraph_capture_sizes=None,
     disable_pass=None,
     load_format="safetensors",
+    generation_config="auto",
 ) -> EngineConfig:
     cfg = EngineConfig(device=device)
     cfg.model.model, cfg.model.dtype, cfg.model.max_model_len, cfg.model.seed = (
@@ -83,7 +85,7 @@ def build_config(
     if cudagraph_capture_sizes:
         cfg.compile.cudagraph_capture_sizes = parse_sizes(cudagraph_capture_sizes)
     cfg.compile.disabled_passes = list(disable_pass or [])
-    cfg.model.load_format = load_format
+    cfg.model.load_format, cfg.model.generation_config = load_format, generation_config
     return cfg
 
 
@@ -91,9 +93,7 @@ def parse_sizes(text: str) -> list[int]:
     try:
         sizes = sorted({int(s) for s in text.split(",") if s.strip()})
     except ValueError:
-        raise typer.BadParameter(
-            f"--cudagraph-capture-sizes wants comma-separated integers, got {text!r}"
-        ) from None
+        raise typer.BadParameter(f"--cudagraph-capture-sizes wants comma-separated integers, got {text!r}") from None
     if not sizes or sizes[0] < 1:
         raise typer.BadParameter("capture sizes must be positive integers")
     return sizes
@@ -111,9 +111,7 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 def generate(
     prompt: Annotated[str, typer.Option("--prompt", help="the prompt text")],
     model: Model = None,
-    chat: Annotated[
-        bool, typer.Option("--chat", help="wrap the prompt in the model's chat template")
-    ] = False,
+    chat: Annotated[bool, typer.Option("--chat", help="wrap the prompt in the model's chat template")] = False,
     max_tokens: Annotated[int, typer.Option("--max-tokens")] = 64,
     temperature: Annotated[float, typer.Option("--temperature")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
@@ -121,9 +119,7 @@ def generate(
     min_p: Annotated[float, typer.Option("--min-p")] = 0.0,
     repetition_penalty: Annotated[float, typer.Option("--repetition-penalty")] = 1.0,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="stop string (repeatable)")] = None,
-    sample_seed: Annotated[
-        int | None, typer.Option("--sample-seed", help="per-request sampling seed")
-    ] = None,
+    sample_seed: Annotated[int | None, typer.Option("--sample-seed", help="per-request sampling seed")] = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     max_model_len: MaxModelLen = None,
@@ -158,9 +154,7 @@ def generate(
             require_artifacts=require_artifacts,
         )
         llm = LLM(config=cfg)
-        outs = (
-            llm.chat([{"role": "user", "content": prompt}], params) if chat else llm.generate(prompt, params)
-        )
+        outs = llm.chat([{"role": "user", "content": prompt}], params) if chat else llm.generate(prompt, params)
     except (ValueError, FileNotFoundError, ModuleNotFoundError, RuntimeError) as e:
         raise fail(str(e)) from None
     typer.echo(outs[0].outputs[0].text)
@@ -176,9 +170,7 @@ def serve(
     port: Annotated[int, typer.Option("--port")] = 8000,
     api_key: Annotated[str | None, typer.Option("--api-key")] = None,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name")] = None,
-    chat_template: Annotated[
-        str | None, typer.Option("--chat-template", help="jinja file or inline text")
-    ] = None,
+    chat_template: Annotated[str | None, typer.Option("--chat-template", help="jinja file or inline text")] = None,
     device: Device = "auto",
     dtype: Dtype = "auto",
     max_model_len: MaxModelLen = None,
@@ -194,6 +186,7 @@ def serve(
     require_artifacts: RequireArtifacts = False,
     cudagraph_capture_sizes: CaptureSizes = None,
     load_format: LoadFormat = "safetensors",
+    generation_config: GenerationConfig = "auto",
     die_with_parent: Annotated[
         bool, typer.Option("--die-with-parent", help="exit when the process that started the server exits")
     ] = False,
@@ -220,6 +213,7 @@ def serve(
         num_kv_blocks=num_kv_blocks,
         cudagraph_capture_sizes=cudagraph_capture_sizes,
         load_format=load_format,
+        generation_config=generation_config,
     )
     cfg.serve.host, cfg.serve.port, cfg.serve.api_key = host, port, api_key
     cfg.serve.die_with_parent = die_with_parent

@@ -21,6 +21,9 @@ class ModelConfig:
     seed: int = 0
     served_model_name: str | None = None
     load_format: str = "safetensors"  # safetensors | dummy (random weights; for benchmarks)
+    # auto: the checkpoint's generation_config.json supplies default sampling values (as vLLM does);
+    # none: atomc's own defaults (temperature 1, top_p 1, ...)
+    generation_config: str = "auto"
 
 
 @dataclass

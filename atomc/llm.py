@@ -34,6 +34,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         cache_dir: str | None = None,
         load_format: str = "safetensors",
+        generation_config: str = "auto",
         config: EngineConfig | None = None,
     ):
         if config is None:
@@ -54,7 +55,7 @@ class LLM:
             )
             c.gpu_memory_utilization = gpu_memory_utilization
             config.compile.enforce_eager = enforce_eager
-            m.load_format = load_format
+            m.load_format, m.generation_config = load_format, generation_config
             if cache_dir is not None:
                 config.compile.cache_dir = cache_dir
         self.config = config
@@ -72,7 +73,7 @@ class LLM:
     ) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.engine.default_sampling_params()
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
@@ -96,7 +97,7 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.engine.default_sampling_params()
         order = []
         for conv in conversations:
             text = self.engine.apply_chat_template(conv, chat_template)

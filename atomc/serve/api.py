@@ -359,7 +359,7 @@ async def create_completion(request: Request) -> Response:
     srv = _srv(request)
     req = parse_request(CompletionRequest, await read_json(request, srv.config.serve.max_request_bytes))
     srv.check_model(req.model)
-    params = req.sampling_params()
+    params = req.sampling_params(srv.engine.sampling_defaults)
     prompts = req.prompts()
     request_id = f"cmpl-{uuid.uuid4().hex}"
     stream = await srv.submit(request_id, prompts, params)
@@ -371,7 +371,7 @@ async def create_chat_completion(request: Request) -> Response:
     srv = _srv(request)
     req = parse_request(ChatCompletionRequest, await read_json(request, srv.config.serve.max_request_bytes))
     srv.check_model(req.model)
-    params = req.sampling_params()
+    params = req.sampling_params(srv.engine.sampling_defaults)
     prompt = ChatPrompt(req.template_messages(), srv.chat_template)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     stream = await srv.submit(request_id, [prompt], params)

@@ -21,6 +21,7 @@ from atomc.runtime.block_manager import BlockManager
 from atomc.runtime.model_runner import ModelRunner
 from atomc.sampling_params import SamplingParams
 from atomc.serve.detokenizer import DetokenizerState, decode_rest, decode_step
+from atomc.serve.generation_defaults import generation_defaults
 from atomc.serve.scheduler import Scheduler
 from atomc.serve.sequence import Sequence
 from atomc.serve.tokenizer import load_tokenizer
@@ -75,6 +76,8 @@ class LLMEngine:
         if self.device.startswith("cuda") and not config.compile.enforce_eager:
             self.runner.capture_decode_graphs(self.max_model_len)
         self.eos_token_ids = self._eos_token_ids()
+        # sampling values a request does not set come from here (see generation_defaults.py)
+        self.sampling_defaults = generation_defaults(self.model_dir, config.model.generation_config)
         self.requests: dict[str, _Request] = {}
         self.last_step: dict = {}
         self._seq_ids = itertools.count()
@@ -101,6 +104,9 @@ class LLMEngine:
         return sorted(ids)
 
     # -- requests ------------------------------------------------------------------------------------
+
+    def default_sampling_params(self) -> SamplingParams:
+        return SamplingParams(**self.sampling_defaults)
 
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]

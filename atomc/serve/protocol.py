@@ -76,7 +76,10 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None):
+    def _sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None, defaults: dict
+    ):
+        """`defaults`: the model's values for fields the request leaves unset (generation_config.json)."""
         if self.n is not None and not 1 <= self.n <= MAX_N:
             raise bad_request(f"n must be in [1, {MAX_N}], got {self.n}", "n")
         if self.logit_bias:
@@ -85,13 +88,13 @@ class _SamplingRequest(BaseModel):
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         kw: dict[str, Any] = dict(
             n=self.n if self.n is not None else 1,
-            temperature=_default(self.temperature, 1.0),
-            top_p=_default(self.top_p, 1.0),
-            top_k=_default(self.top_k, 0),
-            min_p=_default(self.min_p, 0.0),
+            temperature=_default(self.temperature, defaults.get("temperature", 1.0)),
+            top_p=_default(self.top_p, defaults.get("top_p", 1.0)),
+            top_k=_default(self.top_k, defaults.get("top_k", 0)),
+            min_p=_default(self.min_p, defaults.get("min_p", 0.0)),
             presence_penalty=_default(self.presence_penalty, 0.0),
             frequency_penalty=_default(self.frequency_penalty, 0.0),
-            repetition_penalty=_default(self.repetition_penalty, 1.0),
+            repetition_penalty=_default(self.repetition_penalty, defaults.get("repetition_penalty", 1.0)),
             seed=self.seed,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -136,14 +139,14 @@ class CompletionRequest(_SamplingRequest):
                 raise bad_request("prompt token ids must be non-negative", "prompt")
         return prompts
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, defaults: dict | None = None) -> SamplingParams:
         if self.suffix:
             raise bad_request("suffix is not supported", "suffix")
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise bad_request("best_of other than n is not supported", "best_of")
         # echo + logprobs also scores the prompt tokens (what lm-eval's loglikelihood reads)
         prompt_lp = self.logprobs if self.echo and self.logprobs is not None else None
-        return self._sampling_params(self.max_tokens, self.logprobs, prompt_lp)
+        return self._sampling_params(self.max_tokens, self.logprobs, prompt_lp, defaults or {})
 
 
 class ContentPart(BaseModel):
@@ -180,7 +183,7 @@ class ChatCompletionRequest(_SamplingRequest):
             raise bad_request("messages must not be empty", "messages")
         return [m.to_template() for m in self.messages]
 
-    def sampling_params(self) -> SamplingParams:
+    def sampling_params(self, defaults: dict | None = None) -> SamplingParams:
         if self.tools:
             raise bad_request("tools are not supported", "tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -193,7 +196,7 @@ class ChatCompletionRequest(_SamplingRequest):
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
         try:
-            return self._sampling_params(max_tokens, logprobs, None)
+            return self._sampling_params(max_tokens, logprobs, None, defaults or {})
         except APIError as e:
             if e.param == "max_tokens":
                 e.param = param

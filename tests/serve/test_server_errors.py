@@ -220,7 +220,7 @@ def test_still_healthy_and_nothing_leaked(server, http, model):
 class ExplodingEngine:
     """Same API as LLMEngine; `step()` raises once two requests are in flight."""
 
-    model_name, max_model_len, tokenizer = "fake", 64, None
+    model_name, max_model_len, tokenizer, sampling_defaults = "fake", 64, None, {}
 
     def __init__(self):
         self.live: dict[str, int] = {}
@@ -292,7 +292,7 @@ from atomc.serve.async_engine import AsyncEngine
 from atomc.serve.server import prepare_process, serve_app
 
 class SlowEngine:
-    model_name, max_model_len, tokenizer = "slow", 1024, None
+    model_name, max_model_len, tokenizer, sampling_defaults = "slow", 1024, None, {}
     def __init__(self):
         self.live = {}
     def add_request(self, request_id, prompt, params, arrival_time=None):
