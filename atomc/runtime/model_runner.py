@@ -32,9 +32,16 @@ log = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(
-        self, config: EngineConfig, model_dir: Path, arch: ModelArch, device: str, dtype: torch.dtype
+        self,
+        config: EngineConfig,
+        model_dir: Path,
+        arch: ModelArch,
+        device: str,
+        dtype: torch.dtype,
+        max_model_len: int,
     ):
         self.config, self.arch, self.device, self.dtype = config, arch, device, dtype
+        self.max_model_len = max_model_len
         self.block_size = config.cache.block_size
         t0 = time.perf_counter()
         self.model = load_model(model_dir, dtype, device, config.model.load_format)
@@ -47,9 +54,7 @@ class ModelRunner:
             t0 = time.perf_counter()
             self.forward, self.compile_info = load_or_compile(self.model, model_dir, config, device, dtype)
             self.timings["compile_or_load_s"] = time.perf_counter() - t0
-        self.kv_dtype = (
-            dtype if config.cache.kv_cache_dtype == "auto" else getattr(torch, config.cache.kv_cache_dtype)
-        )
+        self.kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else getattr(torch, config.cache.kv_cache_dtype)
         self.num_blocks = self._num_kv_blocks()
         self.kv_caches = allocate_kv_cache(
             arch.num_layers,
@@ -75,22 +80,56 @@ class ModelRunner:
         return max(1, int(self.config.cache.cpu_kv_cache_gib * 2**30) // per_block)
 
     @torch.inference_mode()
+    def profile_run(self) -> int:
+        """One forward at the largest batch the scheduler can form, through the paged-attention path:
+        `max_num_batched_tokens` prompt tokens in sequences of at most `max_model_len`, with a
+        temporary KV cache just big enough for them, plus logits for `max_num_seqs` rows.
+        Returns the bytes of that temporary cache (the caller leaves them out of the activation peak)."""
+        sched, bs = self.config.scheduler, self.block_size
+        total = sched.max_num_batched_tokens
+        longest = min(self.max_model_len, total)
+        lens = [longest] * (total // longest) + ([total % longest] if total % longest else [])
+        tables, slots, starts, first_block = [], [], [0], 0
+        for n in lens:
+            blocks = list(range(first_block, first_block + (n + bs - 1) // bs))
+            first_block += len(blocks)
+            tables.append(blocks)
+            slots.extend(blocks[p // bs] * bs + p % bs for p in range(n))
+            starts.append(starts[-1] + n)
+        width = max(len(t) for t in tables)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
+            query_start_loc_host=starts,
+            seq_lens_host=lens,
+            max_query_len=longest,
+            max_seq_len=longest,
+            num_seqs=len(lens),
+        )
+        a = self.arch
+        scratch = allocate_kv_cache(a.num_layers, first_block, bs, a.num_kv_heads, a.head_dim, self.kv_dtype, dev)
+        ids = torch.zeros(total, dtype=torch.long, device=dev)
+        positions = torch.cat([torch.arange(n, device=dev) for n in lens])
+        with set_forward_context(ForwardContext(meta, scratch)):
+            hidden = self.forward(ids, positions)
+        self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
+        return bytes_per_block(a.num_layers, bs, a.num_kv_heads, a.head_dim, self.kv_dtype) * first_block
+
     def _profile_cuda_blocks(self, per_block: int) -> int:
         """Blocks that fit in `gpu_memory_utilization` of the card after a forward at the largest batch."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        tokens = min(self.config.scheduler.max_num_batched_tokens, 2048)  # no-cache attention is O(T^2)
-        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(tokens, device=self.device) % self.arch.max_position_embeddings
-        hidden = self.forward(ids, pos)
-        self.model.compute_logits(hidden[-min(tokens, self.config.scheduler.max_num_seqs) :])
+        before = torch.cuda.memory_allocated()
+        scratch_bytes = self.profile_run()
         torch.cuda.synchronize()
+        activations = torch.cuda.max_memory_allocated() - before - scratch_bytes  # peak working memory
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info()
-        peak = torch.cuda.max_memory_allocated()
-        in_use = total - free
-        budget = (
-            total * self.config.cache.gpu_memory_utilization - in_use - (peak - torch.cuda.memory_allocated())
-        )
+        in_use = total - free  # weights, CUDA context, library workspaces
+        budget = total * self.config.cache.gpu_memory_utilization - in_use - max(activations, 0)
         blocks = int(budget // per_block)
         if blocks < 1:
             raise RuntimeError(

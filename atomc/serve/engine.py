@@ -65,7 +65,7 @@ class LLMEngine:
         # like vLLM: the --model value is the served name; the default model goes by its own name
         self.model_name = config.model.served_model_name or config.model.model or DEFAULT_MODEL_NAME
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
-        self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype)
+        self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
         self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         if self.blocks.blocks_needed(self.max_model_len) > self.blocks.num_blocks:
             raise ValueError(

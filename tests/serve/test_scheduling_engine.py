@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from atomc import LLM, SamplingParams
 
@@ -190,3 +191,17 @@ def test_prompt_logprobs_score_every_prompt_token(llama_dir):
         entry = out.prompt_logprobs[p]
         assert ids[p] in entry and 2 <= len(entry) <= 3
         assert entry[ids[p]] == pytest.approx(ref[p - 1, ids[p]].item(), abs=1e-4)
+
+
+def test_profile_run_covers_the_largest_batch(llama_dir):
+    """The KV-sizing forward: max_num_batched_tokens tokens in sequences of at most max_model_len,
+    through the paged-attention path with a scratch cache; the real pool is left untouched."""
+    llm = make(llama_dir, max_model_len=64, max_num_batched_tokens=150, num_kv_blocks=16)
+    runner = llm.engine.runner
+    pool_before = [k.clone() for k, _ in runner.kv_caches]
+    scratch_bytes = runner.profile_run()
+    a = runner.arch
+    blocks = 4 + 4 + 2  # sequences of 64, 64 and 22 tokens in 16-token blocks
+    assert scratch_bytes == blocks * 2 * a.num_layers * 16 * a.num_kv_heads * a.head_dim * 4
+    assert all(torch.equal(k, b) for (k, _), b in zip(runner.kv_caches, pool_before, strict=True))
+    assert_pool_free(llm)
