@@ -89,6 +89,14 @@ def build_config(
     return cfg
 
 
+_CONFIG_FLAGS = tuple(build_config.__code__.co_varnames[: build_config.__code__.co_argcount])
+
+
+def config_from(flags: dict) -> EngineConfig:
+    """build_config from a command's locals(): each command passes the engine flags it declares."""
+    return build_config(**{k: v for k, v in flags.items() if k in _CONFIG_FLAGS})
+
+
 def parse_sizes(text: str) -> list[int]:
     try:
         sizes = sorted({int(s) for s in text.split(",") if s.strip()})
@@ -143,16 +151,7 @@ def generate(
             stop=stop,
             seed=sample_seed,
         )
-        cfg = build_config(
-            model=model,
-            device=device,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            seed=seed,
-            enforce_eager=enforce_eager,
-            cache_dir=cache_dir,
-            require_artifacts=require_artifacts,
-        )
+        cfg = config_from(locals())
         llm = LLM(config=cfg)
         outs = llm.chat([{"role": "user", "content": prompt}], params) if chat else llm.generate(prompt, params)
     except (ValueError, FileNotFoundError, ModuleNotFoundError, RuntimeError) as e:
@@ -187,6 +186,7 @@ def serve(
     cudagraph_capture_sizes: CaptureSizes = None,
     load_format: LoadFormat = "safetensors",
     generation_config: GenerationConfig = "auto",
+    disable_pass: DisablePass = None,
     die_with_parent: Annotated[
         bool, typer.Option("--die-with-parent", help="exit when the process that started the server exits")
     ] = False,
@@ -196,25 +196,7 @@ def serve(
 
     from atomc.serve.server import run_server
 
-    cfg = build_config(
-        model=model,
-        device=device,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size,
-        seed=seed,
-        enforce_eager=enforce_eager,
-        enable_prefix_caching=enable_prefix_caching,
-        cache_dir=cache_dir,
-        require_artifacts=require_artifacts,
-        gpu_memory_utilization=gpu_memory_utilization,
-        num_kv_blocks=num_kv_blocks,
-        cudagraph_capture_sizes=cudagraph_capture_sizes,
-        load_format=load_format,
-        generation_config=generation_config,
-    )
+    cfg = config_from(locals())
     cfg.serve.host, cfg.serve.port, cfg.serve.api_key = host, port, api_key
     cfg.serve.die_with_parent = die_with_parent
     cfg.model.served_model_name = served_model_name
@@ -247,17 +229,7 @@ def compile_(
     """Trace the model once, run atomc's passes, and write build artifacts into the cache."""
     from atomc.graphs.cli import compile_command
 
-    cfg = build_config(
-        model=model,
-        device=device,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        cache_dir=cache_dir,
-        cudagraph_capture_sizes=cudagraph_capture_sizes,
-        disable_pass=disable_pass,
-    )
+    cfg = config_from(locals())
     try:
         code = compile_command(cfg, as_json)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
