@@ -116,7 +116,7 @@ def same_fake(qualname: str, atomc_name: str) -> None:
 def _define_triton_ops() -> None:
     from atomc.kernels import triton as tk
     from atomc.ops.attention import causal_attention
-    from atomc.runtime.forward_context import get_forward_context
+    from atomc.runtime.forward_context import layer_cache
 
     def custom(name: str, mutates=()):
         def deco(fn):
@@ -125,12 +125,6 @@ def _define_triton_ops() -> None:
             return fn
 
         return deco
-
-    def cache_of(layer_idx):
-        ctx = get_forward_context()
-        if ctx.attn_metadata is None or not ctx.kv_caches:
-            return None, None
-        return ctx.attn_metadata, ctx.kv_caches[layer_idx]
 
     def attend(q, out, meta, k_cache, v_cache, scale):
         tk.paged_attention(
@@ -169,31 +163,33 @@ def _define_triton_ops() -> None:
         layer_idx: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         q, k = q.contiguous().clone(), k.contiguous().clone()
-        meta, caches = cache_of(layer_idx)
-        if meta is None:
+        cache = layer_cache(layer_idx)
+        if cache is None:
             return tk.rope(positions, q, k, cos_sin_cache)
-        return tk.rope_and_write_kv(positions, q, k, v, cos_sin_cache, *caches, meta.slot_mapping)
+        meta, k_cache, v_cache = cache
+        return tk.rope_and_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
 
     @custom("paged_attention", mutates=("out",))
     def paged_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
     ) -> None:
-        meta, caches = cache_of(layer_idx)
-        if meta is None:
+        cache = layer_cache(layer_idx)
+        if cache is None:
             out.copy_(causal_attention(q, k, v, scale))
             return
-        attend(q, out, meta, *caches, scale)
+        attend(q, out, *cache, scale)
 
     @custom("attention", mutates=("out",))
     def attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
     ) -> None:
-        meta, caches = cache_of(layer_idx)
-        if meta is None:
+        cache = layer_cache(layer_idx)
+        if cache is None:
             out.copy_(causal_attention(q, k, v, scale))
             return
-        tk.write_kv_cache(k, v, *caches, meta.slot_mapping)
-        attend(q, out, meta, *caches, scale)
+        meta, k_cache, v_cache = cache
+        tk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        attend(q, out, *cache, scale)
 
 
 # ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from atomc.runtime.forward_context import AttentionMetadata, get_forward_context
+from atomc.runtime.forward_context import AttentionMetadata, layer_cache
 
 
 @torch.library.custom_op("atomc::attention", mutates_args=("out",))
@@ -17,9 +17,8 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
 ) -> None:
     """q/out: [T, Hq, D]; k/v: [T, Hkv, D]. Reads the KV cache and batch metadata from the forward context."""
-    ctx = get_forward_context()
-    if ctx.attn_metadata is None or not ctx.kv_caches:
-        # no cache (profiling or a plain forward): the batch is one causal sequence
+    cache = layer_cache(layer_idx)
+    if cache is None:
         out.copy_(causal_attention(q, k, v, scale))
         return
     if q.is_cuda:
@@ -30,9 +29,9 @@ def attention(
         if impl is not torch.ops.atomc.attention.default:
             impl(q, k, v, out, layer_idx, scale)
             return
-    k_cache, v_cache = ctx.kv_caches[layer_idx]
-    write_kv_cache(k, v, k_cache, v_cache, ctx.attn_metadata.slot_mapping)
-    paged_attention_reference(q, k_cache, v_cache, out, ctx.attn_metadata, scale)
+    meta, k_cache, v_cache = cache
+    write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+    paged_attention_reference(q, k_cache, v_cache, out, meta, scale)
 
 
 @attention.register_fake

@@ -7,19 +7,19 @@ from __future__ import annotations
 import torch
 
 from atomc.ops.attention import causal_attention, paged_attention_reference
-from atomc.runtime.forward_context import get_forward_context
+from atomc.runtime.forward_context import layer_cache
 
 
 @torch.library.custom_op("atomc::paged_attention", mutates_args=("out",))
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
 ) -> None:
-    ctx = get_forward_context()
-    if ctx.attn_metadata is None or not ctx.kv_caches:
+    cache = layer_cache(layer_idx)
+    if cache is None:
         out.copy_(causal_attention(q, k, v, scale))
         return
-    k_cache, v_cache = ctx.kv_caches[layer_idx]
-    paged_attention_reference(q, k_cache, v_cache, out, ctx.attn_metadata, scale)
+    meta, k_cache, v_cache = cache
+    paged_attention_reference(q, k_cache, v_cache, out, meta, scale)
 
 
 @paged_attention.register_fake

@@ -11,7 +11,7 @@ import torch
 
 from atomc.ops.attention import write_kv_cache
 from atomc.ops.rope import rope_reference
-from atomc.runtime.forward_context import get_forward_context
+from atomc.runtime.forward_context import layer_cache
 
 
 @torch.library.custom_op("atomc::rope_and_write_kv", mutates_args=())
@@ -24,10 +24,10 @@ def rope_and_write_kv(
     layer_idx: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     q_rot, k_rot = rope_reference(positions, q, k, cos_sin_cache)
-    ctx = get_forward_context()
-    if ctx.attn_metadata is not None and ctx.kv_caches:
-        k_cache, v_cache = ctx.kv_caches[layer_idx]
-        write_kv_cache(k_rot, v, k_cache, v_cache, ctx.attn_metadata.slot_mapping)
+    cache = layer_cache(layer_idx)
+    if cache is not None:
+        meta, k_cache, v_cache = cache
+        write_kv_cache(k_rot, v, k_cache, v_cache, meta.slot_mapping)
     return q_rot, k_rot
 
 

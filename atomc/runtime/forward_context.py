@@ -43,6 +43,16 @@ def get_forward_context() -> ForwardContext:
     return _current
 
 
+def layer_cache(layer_idx: int) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor] | None:
+    """(metadata, k_cache, v_cache) of one layer for this step, or None when no cache is set
+    (profiling without a cache, a plain forward): then the batch is one causal sequence."""
+    ctx = _current
+    if ctx.attn_metadata is None or not ctx.kv_caches:
+        return None
+    k_cache, v_cache = ctx.kv_caches[layer_idx]
+    return ctx.attn_metadata, k_cache, v_cache
+
+
 @contextlib.contextmanager
 def set_forward_context(ctx: ForwardContext):
     global _current

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from atomc.runtime.forward_context import get_forward_context
+from atomc.runtime.forward_context import layer_cache
 
 
 def _aiter():
@@ -86,16 +86,16 @@ def rope_and_write_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # two AITER kernels (rope, then the cache write): AITER has no fused rope+cache-write entry we use
     q_rot, k_rot = _rope(positions, q, k, cos_sin_cache)
-    ctx = get_forward_context()
-    if ctx.attn_metadata is not None and ctx.kv_caches:
-        k_cache, v_cache = ctx.kv_caches[layer_idx]
+    cache = layer_cache(layer_idx)
+    if cache is not None:
+        meta, k_cache, v_cache = cache
         one = torch.ones(1, dtype=torch.float32, device=k.device)
         _aiter().reshape_and_cache_flash(
             key=k_rot,
             value=v,
             key_cache=k_cache,
             value_cache=v_cache,
-            slot_mapping=ctx.attn_metadata.slot_mapping,
+            slot_mapping=meta.slot_mapping,
             kv_cache_dtype="auto",
             k_scale=one,
             v_scale=one,
