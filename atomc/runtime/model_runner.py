@@ -8,6 +8,7 @@ the weights and of the KV heads (see docs/architecture.md).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -89,30 +90,16 @@ class ModelRunner:
         total = sched.max_num_batched_tokens
         longest = min(self.max_model_len, total)
         lens = [longest] * (total // longest) + ([total % longest] if total % longest else [])
-        tables, slots, starts, first_block = [], [], [0], 0
-        for n in lens:
-            blocks = list(range(first_block, first_block + (n + bs - 1) // bs))
-            first_block += len(blocks)
-            tables.append(blocks)
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(n))
-            starts.append(starts[-1] + n)
-        width = max(len(t) for t in tables)
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
-            query_start_loc_host=starts,
-            seq_lens_host=lens,
-            max_query_len=longest,
-            max_seq_len=longest,
-            num_seqs=len(lens),
-        )
+        chunks, first_block = [], 0
+        for n in lens:  # whole prompts, each in fresh consecutive blocks of the scratch cache
+            table = list(range(first_block, first_block + (n + bs - 1) // bs))
+            first_block += len(table)
+            chunks.append(([0] * n, 0, n, table))
+        ids, positions, meta = device_batch(flat_batch(chunks, bs), self.device)
         a = self.arch
-        scratch = allocate_kv_cache(a.num_layers, first_block, bs, a.num_kv_heads, a.head_dim, self.kv_dtype, dev)
-        ids = torch.zeros(total, dtype=torch.long, device=dev)
-        positions = torch.cat([torch.arange(n, device=dev) for n in lens])
+        scratch = allocate_kv_cache(
+            a.num_layers, first_block, bs, a.num_kv_heads, a.head_dim, self.kv_dtype, self.device
+        )
         with set_forward_context(ForwardContext(meta, scratch)):
             hidden = self.forward(ids, positions)
         self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
@@ -141,44 +128,15 @@ class ModelRunner:
     # -- one step ------------------------------------------------------------------------------------
 
     def host_batch(self, scheduled: list[ScheduledSeq]) -> dict[str, list]:
-        """The flat batch as host lists: token ids, positions, KV slots, query starts, lengths, tables."""
-        bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        seq_lens: list[int] = []
-        for item in scheduled:
-            seq, begin = item.seq, item.seq.num_computed_tokens
-            end = begin + item.num_new_tokens
-            ids.extend(seq.token_ids[begin:end])
-            positions.extend(range(begin, end))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(begin, end))
-            starts.append(starts[-1] + item.num_new_tokens)
-            seq_lens.append(end)
-        tables = [item.seq.block_table for item in scheduled]
-        return dict(ids=ids, positions=positions, slots=slots, starts=starts, seq_lens=seq_lens, tables=tables)
+        chunks = [
+            (item.seq.token_ids, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_new_tokens,
+             item.seq.block_table)
+            for item in scheduled
+        ]  # fmt: skip
+        return flat_batch(chunks, self.block_size)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        b = self.host_batch(scheduled)
-        width = max(len(t) for t in b["tables"])
-        tables = [t + [0] * (width - len(t)) for t in b["tables"]]
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(b["slots"], dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(b["starts"], dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(b["seq_lens"], dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            query_start_loc_host=b["starts"],
-            seq_lens_host=b["seq_lens"],
-            max_query_len=max(item.num_new_tokens for item in scheduled),
-            max_seq_len=max(b["seq_lens"]),
-            num_seqs=len(scheduled),
-        )
-        input_ids = torch.tensor(b["ids"], dtype=torch.long, device=dev)
-        pos = torch.tensor(b["positions"], dtype=torch.long, device=dev)
-        return input_ids, pos, meta
+        return device_batch(self.host_batch(scheduled), self.device)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> SamplerOutput | None:
@@ -247,3 +205,41 @@ class ModelRunner:
         )
         self.decode_graphs.capture()
         self.timings["cudagraph_capture_s"] = self.decode_graphs.capture_seconds
+
+
+def flat_batch(chunks: list[tuple[list[int], int, int, list[int]]], block_size: int) -> dict[str, list]:
+    """The flat batch as host lists. Each chunk is (token ids, begin, end, block table): the tokens
+    begin..end-1 of one sequence are computed this step, after the `begin` already in the cache."""
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    seq_lens: list[int] = []
+    for token_ids, begin, end, table in chunks:
+        ids.extend(token_ids[begin:end])
+        positions.extend(range(begin, end))
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(begin, end))
+        starts.append(starts[-1] + end - begin)
+        seq_lens.append(end)
+    tables = [table for *_, table in chunks]
+    return dict(ids=ids, positions=positions, slots=slots, starts=starts, seq_lens=seq_lens, tables=tables)
+
+
+def device_batch(b: dict[str, list], device: str) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Input ids, positions and attention metadata on `device` for a batch from flat_batch()."""
+    width = max(len(t) for t in b["tables"])
+    starts = b["starts"]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(b["slots"], dtype=torch.long, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(b["seq_lens"], dtype=torch.int32, device=device),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in b["tables"]], dtype=torch.int32, device=device),
+        query_start_loc_host=starts,
+        seq_lens_host=b["seq_lens"],
+        max_query_len=max(end - begin for begin, end in itertools.pairwise(starts)),
+        max_seq_len=max(b["seq_lens"]),
+        num_seqs=len(b["seq_lens"]),
+    )
+    input_ids = torch.tensor(b["ids"], dtype=torch.long, device=device)
+    positions = torch.tensor(b["positions"], dtype=torch.long, device=device)
+    return input_ids, positions, meta

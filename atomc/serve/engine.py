@@ -183,6 +183,7 @@ class LLMEngine:
         if not scheduled:
             return []
         t1 = time.perf_counter()
+        samplers = [item.seq for item in scheduled if item.samples]  # the runner's rows, in its order
         sampled = self.runner.execute(scheduled)
         t2 = time.perf_counter()
         for item in scheduled:
@@ -190,7 +191,6 @@ class LLMEngine:
                 item.seq.prompt_logprobs.extend(self.runner.prompt_logprobs[item.seq.seq_id])
         self.scheduler.commit_computed(scheduled)
         touched: dict[str, _Request] = {}
-        samplers = [item.seq for item in scheduled if item.seq.num_computed_tokens == item.seq.num_tokens]
         now = time.perf_counter()
         for k, seq in enumerate(samplers):
             req = self.requests[seq.request_id]
