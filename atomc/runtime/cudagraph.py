@@ -47,6 +47,8 @@ class DecodeGraphs:
             for name, buf in self._buffers().items()
             if name != "query_start_loc"
         }
+        # numpy views of the pinned buffers: filling them per step is plain memory writes
+        self.staging_np = {name: buf.numpy() for name, buf in self.staging.items()}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -107,9 +109,7 @@ class DecodeGraphs:
         bs = len(input_ids)
         size = self.padded_size(bs)
         width = max(len(t) for t in tables)
-        st = self.staging
-        # numpy views of the pinned buffers: filling them is plain memory writes, no per-row tensors
-        st_np = {name: buf.numpy() for name, buf in st.items()}
+        st, st_np = self.staging, self.staging_np
         st_np["input_ids"][:bs] = input_ids
         st_np["positions"][:bs] = positions
         st_np["slot_mapping"][:size] = -1
