@@ -44,8 +44,7 @@ def decode_step(tokenizer, ids: list[int], state: DetokenizerState, skip_special
             return ""
         state.prefix_offset, state.read_offset = max(state.read_offset, len(ids) - CONTEXT_TOKENS), len(ids)
         return chunk
-    prefix = tokenizer.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip_special_tokens)
-    window = tokenizer.decode(ids[state.prefix_offset :], skip_special_tokens=skip_special_tokens)
+    prefix, window = _decode_window(tokenizer, ids, state, skip_special_tokens)
     if len(window) > len(prefix) and not window.endswith("\ufffd"):
         state.prefix_offset, state.read_offset = state.read_offset, len(ids)
         return window[len(prefix) :]
@@ -56,7 +55,12 @@ def decode_rest(tokenizer, ids: list[int], state: DetokenizerState, skip_special
     """At the end of a sequence: whatever is still held back, partial characters included."""
     if state.read_offset >= len(ids):
         return ""
-    prefix = tokenizer.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip_special_tokens)
-    window = tokenizer.decode(ids[state.prefix_offset :], skip_special_tokens=skip_special_tokens)
+    prefix, window = _decode_window(tokenizer, ids, state, skip_special_tokens)
     state.prefix_offset = state.read_offset = len(ids)
     return window[len(prefix) :] if window.startswith(prefix) else ""
+
+
+def _decode_window(tokenizer, ids: list[int], state: DetokenizerState, skip: bool) -> tuple[str, str]:
+    """Text of the stable part of the window (ids already emitted) and of the whole window."""
+    prefix = tokenizer.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip)
+    return prefix, tokenizer.decode(ids[state.prefix_offset :], skip_special_tokens=skip)
