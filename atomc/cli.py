@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from typing import Annotated
@@ -89,7 +90,7 @@ def build_config(
     return cfg
 
 
-_CONFIG_FLAGS = tuple(build_config.__code__.co_varnames[: build_config.__code__.co_argcount])
+_CONFIG_FLAGS = frozenset(inspect.signature(build_config).parameters)
 
 
 def config_from(flags: dict) -> EngineConfig:
