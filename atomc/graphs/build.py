@@ -14,10 +14,11 @@ import torch
 from atomc import compat
 from atomc.config import EngineConfig
 from atomc.graphs import artifact
-from atomc.graphs.cache_key import cache_key, collect_factors, format_diff, nearest, platform_name
+from atomc.graphs.cache_key import cache_key, collect_factors, format_diff, nearest
 from atomc.graphs.cache_store import CacheStore, Entry
 from atomc.graphs.partition import resolve_capture_sizes, splitting_ops
 from atomc.graphs.trace import AtomcBackend, aot_trace, bind, example_inputs
+from atomc.kernels.registry import platform_of
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def make_pass_manager(config: EngineConfig, device: str):
     """The pass pipeline for this platform (a module-level hook: tests swap in their own)."""
     from atomc.passes.manager import PassManager
 
-    return PassManager.for_platform(platform_name(device), disabled=config.compile.disabled_passes)
+    return PassManager.for_platform(platform_of(device), disabled=config.compile.disabled_passes)
 
 
 def artifact_format() -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from atomc import compat, env
+from atomc.kernels.registry import platform_of
 
 FORMAT_VERSION = 1
 
@@ -99,14 +100,8 @@ def system_factors(device: str) -> dict:
         "gpu": gpu,
         # kernel libraries are only a factor where they can be picked
         "aiter": _version("aiter") if rocm and is_cuda else None,
-        "platform": platform_name(device),
+        "platform": platform_of(device),
     }
-
-
-def platform_name(device: str) -> str:
-    if not device.startswith("cuda"):
-        return "cpu"
-    return "rocm" if torch.version.hip else "cuda"
 
 
 def env_factors() -> dict:

@@ -45,6 +45,13 @@ def register(op: str, backend: str):
     return deco
 
 
+def platform_of(device: str) -> str:
+    """The platform whose backends serve `device`: cpu, cuda, or rocm (a ROCm torch calls its GPUs cuda)."""
+    if not str(device).startswith("cuda"):
+        return "cpu"
+    return "rocm" if torch.version.hip else "cuda"
+
+
 def entries() -> list[tuple[str, str]]:
     """Every (op, backend) pair the registry knows, available here or not."""
     return sorted(_LOADERS)

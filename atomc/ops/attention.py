@@ -25,7 +25,7 @@ def attention(
         # eager on a GPU: the platform's kernel (the compiler's lowering pass does this for graphs)
         from atomc.kernels import registry
 
-        _, impl = registry.choose("attention", "rocm" if torch.version.hip else "cuda")
+        _, impl = registry.choose("attention", registry.platform_of(str(q.device)))
         if impl is not torch.ops.atomc.attention.default:
             impl(q, k, v, out, layer_idx, scale)
             return
