@@ -12,54 +12,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
+from atomc.serve.bench.sweep import free_port, server_command, stop_process_group, wait_until_healthy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import CONFIGS, make_checkpoint, weight_bytes  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model_dir: str, port: int, max_seqs: int, max_len: int, log_path: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable, "-m", "atomc.cli", "serve", "--model", model_dir, "--port", str(port),
+    """`atomc serve` with random 8B weights, launched and awaited as `atomc bench sweep` does."""
+    engine_args = [
         "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", str(max_len),
-        "--max-num-seqs", str(max_seqs), "--max-num-batched-tokens", "8192", "--die-with-parent",
+        "--max-num-seqs", str(max_seqs), "--max-num-batched-tokens", "8192",
     ]  # fmt: skip
     log = open(log_path, "w")  # noqa: SIM115 (lives as long as the server)
+    cmd = server_command(model_dir, port, engine_args)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 900
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}; see {log_path}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError("server did not become healthy")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    wait_until_healthy(f"http://127.0.0.1:{port}", proc, 900, log_path)
+    return proc
 
 
 def kv_bytes_per_token(name: str) -> int:
@@ -97,7 +71,7 @@ def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
                 flush=True,
             )
     finally:
-        stop(proc)
+        stop_process_group(proc)
     for r in rows:
         r["server_startup_s"] = startup
     return rows
