@@ -14,6 +14,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if not torch.cuda.is_available():
+    # Triton runs only interpreted here, and the mode is fixed when triton is first imported:
+    # set it before any test module (or atomc code it imports) brings triton in
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
