@@ -191,6 +191,13 @@ def serve(
     die_with_parent: Annotated[
         bool, typer.Option("--die-with-parent", help="exit when the process that started the server exits")
     ] = False,
+    engine_process: Annotated[
+        bool,
+        typer.Option(
+            "--engine-process/--no-engine-process",
+            help="run the engine loop in its own process (default) or on a thread of the server process",
+        ),
+    ] = True,
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     from pathlib import Path
@@ -200,6 +207,7 @@ def serve(
     cfg = config_from(locals())
     cfg.serve.host, cfg.serve.port, cfg.serve.api_key = host, port, api_key
     cfg.serve.die_with_parent = die_with_parent
+    cfg.serve.engine_process = engine_process
     cfg.model.served_model_name = served_model_name
     if chat_template is not None:
         path = Path(chat_template)

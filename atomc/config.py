@@ -68,6 +68,8 @@ class ServeConfig:
     max_request_bytes: int = 8 * 1024 * 1024
     drain_timeout_s: float = 30.0
     die_with_parent: bool = False  # SIGTERM when the parent process exits (harnesses that spawn a server)
+    # the engine loop in its own process: HTTP/SSE work then never holds the GIL the engine needs
+    engine_process: bool = True
 
 
 @dataclass

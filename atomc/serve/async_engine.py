@@ -1,5 +1,8 @@
 """The engine on its own thread, so the HTTP event loop never waits on compute.
 
+The engine is an in-process `LLMEngine` or an `EngineProcessClient` (engine_process.py) with the
+same interface, whose `step()` waits for the engine process's next step instead of computing it.
+
 `LLMEngine` is synchronous and not thread-safe, so one background thread owns it: it drains a
 command queue (add / abort / stop), runs `step()` while there is work, and posts each
 `RequestOutput` to the asyncio side with `loop.call_soon_threadsafe`. Outputs are cumulative, so
@@ -151,7 +154,8 @@ class AsyncEngine:
     @property
     def healthy(self) -> bool:
         t = self._thread
-        return t is not None and t.is_alive() and self._error is None and not self._stopping
+        engine_alive = getattr(self.engine, "alive", True)  # an engine process can die while idle
+        return t is not None and t.is_alive() and engine_alive and self._error is None and not self._stopping
 
     @property
     def error(self) -> BaseException | None:
@@ -162,6 +166,8 @@ class AsyncEngine:
             raise EngineDeadError(f"engine failed: {self._error!r}")
         if self._thread is None or not self._thread.is_alive():
             raise EngineDeadError("engine is not running")
+        if not getattr(self.engine, "alive", True):
+            raise EngineDeadError("the engine process is not running")
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Abort whatever is still running, stop the thread and wait for it (bounded)."""
@@ -318,6 +324,12 @@ class AsyncEngine:
         self._streams.clear()
         self._stopping = True
         self._answer_dead(gone)
+        close = getattr(self.engine, "close", None)  # an engine process is stopped and joined here
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                logger.exception("stopping the engine failed")
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> None:

@@ -22,6 +22,7 @@ from atomc.runtime.model_runner import ModelRunner
 from atomc.sampling_params import SamplingParams
 from atomc.serve.detokenizer import DetokenizerState, decode_rest, decode_step
 from atomc.serve.generation_defaults import generation_defaults
+from atomc.serve.inputs import InputProcessor
 from atomc.serve.scheduler import Scheduler
 from atomc.serve.sequence import Sequence
 from atomc.serve.tokenizer import load_tokenizer
@@ -62,6 +63,9 @@ class LLMEngine:
         self.arch = ModelArch.from_dir(self.model_dir)
         self.tokenizer = load_tokenizer(Path(config.model.tokenizer or self.model_dir))
         self.max_model_len = self._max_model_len()
+        self.inputs = InputProcessor(
+            self.tokenizer, self.arch.vocab_size, self.max_model_len, config.serve.chat_template
+        )
         # like vLLM: the --model value is the served name; the default model goes by its own name
         self.model_name = config.model.served_model_name or config.model.model or DEFAULT_MODEL_NAME
         self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
@@ -109,15 +113,10 @@ class LLMEngine:
         return SamplingParams(**self.sampling_defaults)
 
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
+        return self.inputs.tokenize(prompt, add_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], chat_template: str | None = None) -> str:
-        template = chat_template or self.config.serve.chat_template
-        if template is None and not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model has no chat template; pass one with --chat-template")
-        return self.tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=True
-        )
+        return self.inputs.apply_chat_template(messages, chat_template)
 
     def add_request(
         self,
@@ -130,8 +129,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
-        ids = self.tokenize(prompt, add_special_tokens) if isinstance(prompt, str) else list(prompt)
-        self._check_prompt(ids, params)
+        ids = self.inputs.prompt_ids(prompt, params, add_special_tokens)
         params.eos_token_ids = self.eos_token_ids
         seqs = []
         for i in range(params.n):
@@ -143,24 +141,6 @@ class LLMEngine:
         self.requests[request_id] = req
         for seq in seqs:
             self.scheduler.add(seq)
-
-    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.arch.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len} "
-                "(prompt plus at least one generated token must fit)"
-            )
-        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of "
-                f"{self.max_model_len} tokens"
-            )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its KV blocks; returns its final output (None if unknown)."""

@@ -8,8 +8,8 @@ process exits with status 0.
 Parent death: with `--die-with-parent` (ServeConfig.die_with_parent) the server asks Linux
 (prctl PR_SET_PDEATHSIG) for a SIGTERM when its parent exits, so a harness that spawns
 `atomc serve` and is killed leaves no server behind. It is opt-in because `nohup atomc serve &`
-from a shell that then exits must keep serving. The engine runs in a thread, so there are no
-grandchildren to clean up.
+from a shell that then exits must keep serving. The engine process (when `serve.engine_process`)
+exits by itself when the server's end of its pipe closes, so it never outlives the server.
 """
 
 from __future__ import annotations
@@ -70,12 +70,22 @@ def uvicorn_config(app, config: EngineConfig, **overrides) -> uvicorn.Config:
 
 
 def build_server_app(config: EngineConfig):
-    """Load the model (slow) and wrap it in the app; the engine thread starts with the app."""
+    """Load the model (slow) and wrap it in the app; the engine thread starts with the app.
+
+    With `serve.engine_process` the model lives in a spawned engine process (engine_process.py)
+    and this process keeps only the tokenizer and the HTTP side.
+    """
     from atomc.serve.api import build_app
     from atomc.serve.async_engine import AsyncEngine
-    from atomc.serve.engine import LLMEngine
 
-    engine = LLMEngine(config)
+    if config.serve.engine_process:
+        from atomc.serve.engine_process import EngineProcessClient
+
+        engine = EngineProcessClient(config)
+    else:
+        from atomc.serve.engine import LLMEngine
+
+        engine = LLMEngine(config)
     return build_app(AsyncEngine(engine), config)
 
 

@@ -1,0 +1,54 @@
+"""Prompts in: text or token ids -> checked token ids, and chat messages -> prompt text.
+
+One place for the checks a prompt must pass (not empty, ids in the vocabulary, fits the context with
+its max_tokens), shared by the engine and by the server's front end. With the engine in its own
+process, the front end runs them before anything crosses the pipe, so a bad prompt is a 400 at
+once and the engine process only ever sees good ones.
+"""
+
+from __future__ import annotations
+
+from atomc.sampling_params import SamplingParams
+
+
+class InputProcessor:
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, chat_template: str | None = None):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.chat_template = chat_template  # --chat-template; the tokenizer's own when None
+
+    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
+
+    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None) -> str:
+        template = chat_template or self.chat_template
+        if template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template; pass one with --chat-template")
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=True
+        )
+
+    def prompt_ids(self, prompt: str | list[int], params: SamplingParams, add_special_tokens: bool = True) -> list[int]:
+        """The prompt's token ids, checked; raises ValueError with a message fit for the user."""
+        ids = self.tokenize(prompt, add_special_tokens) if isinstance(prompt, str) else list(prompt)
+        self.check(ids, params)
+        return ids
+
+    def check(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len} "
+                "(prompt plus at least one generated token must fit)"
+            )
+        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context of "
+                f"{self.max_model_len} tokens"
+            )
