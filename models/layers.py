@@ -50,12 +50,14 @@ def merge_linears(linears: list[nn.Linear]) -> nn.Linear:
     """One nn.Linear whose output is the concatenation of `linears`' outputs (same input)."""
     first = linears[0]
     has_bias = first.bias is not None
-    out = nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=has_bias)
-    out = out.to(device=first.weight.device, dtype=first.weight.dtype)
+    # built on the meta device: a real nn.Linear would first run its random init on the CPU, which
+    # for an 8B model's 32 gate_up projections alone takes tens of seconds at every start
+    out = nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=has_bias, device="meta")
+    grad = first.weight.requires_grad
     with torch.no_grad():
-        out.weight.copy_(torch.cat([m.weight for m in linears], dim=0))
+        out.weight = nn.Parameter(torch.cat([m.weight for m in linears], dim=0), requires_grad=grad)
         if has_bias:
-            out.bias.copy_(torch.cat([m.bias for m in linears], dim=0))
+            out.bias = nn.Parameter(torch.cat([m.bias for m in linears], dim=0), requires_grad=grad)
     return out
 
 
