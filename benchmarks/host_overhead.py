@@ -1,7 +1,13 @@
-"""Host time per decode step at 64 and 256 running requests (8B shape, bf16, decode CUDA graphs).
+"""Host time per decode step at 64 and 256 running requests (8B shape, bf16, decode CUDA graphs),
+and whether launches keep the GPU busy on mixed steps (prefill chunk + decodes) outside graphs.
 
 Host time = step wall time - GPU time of the same step, where the GPU time is the replay of the
 captured graph of that size, timed alone with CUDA events.
+
+Mixed steps run the compiled forward without a CUDA graph. `launch_ms` is the CPU time to enqueue
+one forward; `gpu_ms` is the GPU time per forward over 10 back-to-back forwards (the CPU runs ahead,
+so launches are hidden there). launch_ms well below gpu_ms means the GPU never waits for the CPU on
+such steps, so a piecewise CUDA graph could save at most the launch time that is not hidden.
 
     python benchmarks/host_overhead.py --out host.json
 """
@@ -27,7 +33,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--root", default="/tmp/atomc-bench-models")
-    ap.add_argument("--sizes", default="64,256")
+    ap.add_argument("--sizes", default="1,64,256")
+    ap.add_argument("--mixed-prompts", default="128,1024,8000", help="prefill chunk sizes next to 64 decodes")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -37,7 +44,7 @@ def main() -> None:
         dtype="bfloat16",
         device="cuda",
         load_format="dummy",
-        max_model_len=512,
+        max_model_len=8192,
         max_num_seqs=max(sizes),
         max_num_batched_tokens=8192,
     )
@@ -74,10 +81,49 @@ def main() -> None:
         }  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if n == 64:
+            for p in (int(x) for x in args.mixed_prompts.split(",") if x):
+                row = mixed_step(eng, p)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
         for i in range(n):
             eng.abort_request(f"{n}-{i}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
+
+
+def mixed_step(eng, prompt_len: int) -> dict:
+    """Launch vs GPU time of the compiled forward on one step: the running decodes + a prompt chunk."""
+    import torch
+
+    from atomc import SamplingParams
+    from atomc.runtime.forward_context import ForwardContext, set_forward_context
+
+    eng.add_request("mixed", [10 + i % 300 for i in range(prompt_len)], SamplingParams(max_tokens=1))
+    scheduled = eng.scheduler.schedule()
+    runner = eng.runner
+    ids, pos, meta = runner.prepare(scheduled)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.inference_mode(), set_forward_context(ForwardContext(meta, runner.kv_caches)):
+        runner.forward(ids, pos)
+        torch.cuda.synchronize()
+        launches = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            runner.forward(ids, pos)
+            launches.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        start.record()
+        for _ in range(10):
+            runner.forward(ids, pos)
+        end.record()
+        torch.cuda.synchronize()
+    eng.abort_request("mixed")  # the scheduled chunk never commits; its blocks go back here
+    return {
+        "mixed_tokens": int(ids.shape[0]), "decodes": sum(1 for s in scheduled if s.num_new_tokens == 1),
+        "prefill_chunk": max(s.num_new_tokens for s in scheduled),
+        "launch_ms": 1e3 * statistics.median(launches), "gpu_ms": start.elapsed_time(end) / 10,
+    }  # fmt: skip
 
 
 if __name__ == "__main__":
