@@ -158,10 +158,13 @@ class ModelRunner:
             last = torch.tensor([meta.query_start_loc_host[i + 1] - 1 for i in rows], device=self.device)
             logits = self.model.compute_logits(hidden[last])
         seqs = [scheduled[i].seq for i in rows]
+        # token histories are copied only for the rows that read them (penalties, min_tokens):
+        # copying every row's prompt and output each step costs O(context) host time per sequence
+        hist = [_reads_history(s.params) for s in seqs]
         batch = SamplingBatch(
             params=[s.params for s in seqs],
-            prompt_token_ids=[s.prompt_token_ids for s in seqs],
-            output_token_ids=[s.output_token_ids for s in seqs],
+            prompt_token_ids=[s.prompt_token_ids if h else [] for s, h in zip(seqs, hist, strict=True)],
+            output_token_ids=[s.output_token_ids if h else [] for s, h in zip(seqs, hist, strict=True)],
             generators=[s.generator for s in seqs],
         )
         return self.sampler(logits, batch)
@@ -205,6 +208,11 @@ class ModelRunner:
         )
         self.decode_graphs.capture()
         self.timings["cudagraph_capture_s"] = self.decode_graphs.capture_seconds
+
+
+def _reads_history(p) -> bool:
+    """Does the sampler read this row's token history (penalties, min_tokens)?"""
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.min_tokens > 0
 
 
 def flat_batch(chunks: list[tuple[list[int], int, int, list[int]]], block_size: int) -> dict[str, list]:

@@ -47,6 +47,7 @@ def resolve_dtype(name: str, arch: ModelArch, device: str) -> torch.dtype:
 class _Request:
     def __init__(self, request_id: str, prompt: str | None, seqs: list[Sequence], arrival: float, tokenizer):
         self.request_id, self.prompt, self.seqs = request_id, prompt, seqs
+        self.prompt_token_ids = seqs[0].prompt_token_ids  # sliced once, not at every output
         self.detok = [DetokenizerState.start(tokenizer, s.prompt_token_ids, s.params.skip_special_tokens) for s in seqs]
         self.metrics = {"arrival_time": arrival}
 
@@ -234,12 +235,12 @@ class LLMEngine:
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
-            prompt_token_ids=first.prompt_token_ids,
+            prompt_token_ids=req.prompt_token_ids,
             outputs=[
                 CompletionOutput(
                     index=s.index,
                     text=s.text,
-                    token_ids=list(s.output_token_ids),
+                    token_ids=s.output_token_ids,  # a fresh slice: the caller may keep it
                     finish_reason=s.finish_reason,
                     stop_reason=s.stop_reason,
                     logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
