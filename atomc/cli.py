@@ -42,6 +42,10 @@ KvBlocks = Annotated[int | None, typer.Option("--num-kv-blocks", help="KV pool s
 CaptureSizes = Annotated[
     str | None, typer.Option("--cudagraph-capture-sizes", help="comma-separated batch sizes, e.g. 1,2,4,8")
 ]
+MixedMaxTokens = Annotated[
+    int,
+    typer.Option("--cudagraph-mixed-max-tokens", help="CUDA graphs for mixed batches up to this many tokens (0: off)"),
+]
 GenerationConfig = Annotated[
     str, typer.Option("--generation-config", help="auto: sampling defaults from generation_config.json; none")
 ]
@@ -65,6 +69,7 @@ def build_config(
     gpu_memory_utilization=0.9,
     num_kv_blocks=None,
     cudagraph_capture_sizes=None,
+    cudagraph_mixed_max_tokens=1024,
     disable_pass=None,
     load_format="safetensors",
     generation_config="auto",
@@ -85,6 +90,7 @@ def build_config(
         cfg.compile.cache_dir = cache_dir
     if cudagraph_capture_sizes:
         cfg.compile.cudagraph_capture_sizes = parse_sizes(cudagraph_capture_sizes)
+    cfg.compile.cudagraph_mixed_max_tokens = cudagraph_mixed_max_tokens
     cfg.compile.disabled_passes = list(disable_pass or [])
     cfg.model.load_format, cfg.model.generation_config = load_format, generation_config
     return cfg
@@ -185,6 +191,7 @@ def serve(
     cache_dir: CacheDir = None,
     require_artifacts: RequireArtifacts = False,
     cudagraph_capture_sizes: CaptureSizes = None,
+    cudagraph_mixed_max_tokens: MixedMaxTokens = 1024,
     load_format: LoadFormat = "safetensors",
     generation_config: GenerationConfig = "auto",
     disable_pass: DisablePass = None,

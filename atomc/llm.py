@@ -35,6 +35,7 @@ class LLM:
         cache_dir: str | None = None,
         load_format: str = "safetensors",
         generation_config: str = "auto",
+        cudagraph_mixed_max_tokens: int = 1024,
         config: EngineConfig | None = None,
     ):
         if config is None:
@@ -55,6 +56,7 @@ class LLM:
             )
             c.gpu_memory_utilization = gpu_memory_utilization
             config.compile.enforce_eager = enforce_eager
+            config.compile.cudagraph_mixed_max_tokens = cudagraph_mixed_max_tokens
             m.load_format, m.generation_config = load_format, generation_config
             if cache_dir is not None:
                 config.compile.cache_dir = cache_dir

@@ -4,10 +4,10 @@ and whether launches keep the GPU busy on mixed steps (prefill chunk + decodes) 
 Host time = step wall time - GPU time of the same step, where the GPU time is the replay of the
 captured graph of that size, timed alone with CUDA events.
 
-Mixed steps run the compiled forward without a CUDA graph. `launch_ms` is the CPU time to enqueue
-one forward; `gpu_ms` is the GPU time per forward over 10 back-to-back forwards (the CPU runs ahead,
-so launches are hidden there). launch_ms well below gpu_ms means the GPU never waits for the CPU on
-such steps, so a piecewise CUDA graph could save at most the launch time that is not hidden.
+Mixed steps: `launch_ms` is the CPU time to enqueue one compiled forward without a graph; `gpu_ms`
+the time per forward over 10 back-to-back forwards (the CPU runs ahead, so this is the larger of GPU
+and launch time); `graph_wall_ms` the wall time of the same step replayed from its mixed-batch CUDA
+graph (staging copies, one launch, sync), for steps within the captured sizes.
 
     python benchmarks/host_overhead.py --out host.json
 """
@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/atomc-bench-models")
     ap.add_argument("--sizes", default="1,64,256")
     ap.add_argument("--mixed-prompts", default="128,1024,8000", help="prefill chunk sizes next to 64 decodes")
+    ap.add_argument("--prompt-len", type=int, default=32, help="context of the decoding requests")
+    ap.add_argument("--profile-out", default=None, help="kernel time table of the 64-request decode graph")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -53,7 +55,9 @@ def main() -> None:
     for n in sizes:
         for i in range(n):
             eng.add_request(
-                f"{n}-{i}", list(range(100 + i, 132 + i)), SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
+                f"{n}-{i}",
+                list(range(100 + i, 100 + i + args.prompt_len)),
+                SamplingParams(temperature=0, max_tokens=80, ignore_eos=True),
             )
         while any(s.num_computed_tokens < s.num_tokens - 1 for s in eng.scheduler.running) or eng.scheduler.waiting:
             eng.step()
@@ -79,8 +83,11 @@ def main() -> None:
             "schedule_ms": 1e3 * statistics.median(p["schedule_s"] for p in parts),
             "postprocess_ms": 1e3 * statistics.median(p["postprocess_s"] for p in parts),
         }  # fmt: skip
+        row["context"] = args.prompt_len
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if n == 64 and args.profile_out:
+            profile_graph(graphs.graphs[size], Path(args.profile_out))
         if n == 64:
             for p in (int(x) for x in args.mixed_prompts.split(",") if x):
                 row = mixed_step(eng, p)
@@ -90,6 +97,18 @@ def main() -> None:
             eng.abort_request(f"{n}-{i}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
+
+
+def profile_graph(graph, out: Path) -> None:
+    """GPU time per kernel over 10 replays of one captured decode graph, as a table."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            graph.replay()
+        torch.cuda.synchronize()
+    out.write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90))
 
 
 def mixed_step(eng, prompt_len: int) -> dict:
@@ -118,12 +137,24 @@ def mixed_step(eng, prompt_len: int) -> dict:
             runner.forward(ids, pos)
         end.record()
         torch.cuda.synchronize()
-    eng.abort_request("mixed")  # the scheduled chunk never commits; its blocks go back here
-    return {
+    row = {
         "mixed_tokens": int(ids.shape[0]), "decodes": sum(1 for s in scheduled if s.num_new_tokens == 1),
         "prefill_chunk": max(s.num_new_tokens for s in scheduled),
         "launch_ms": 1e3 * statistics.median(launches), "gpu_ms": start.elapsed_time(end) / 10,
     }  # fmt: skip
+    graphs = runner.mixed_graphs
+    if graphs is not None and graphs.fits(row["mixed_tokens"], len(scheduled)):
+        # the same forward replayed from its mixed-batch CUDA graph: staging copies + one launch + sync
+        b = runner.host_batch(scheduled)
+        walls = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            graphs.replay(b)
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+        row["graph_wall_ms"] = 1e3 * statistics.median(walls)
+    eng.abort_request("mixed")  # the scheduled chunk never commits; its blocks go back here
+    return row
 
 
 if __name__ == "__main__":

@@ -23,11 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import CONFIGS, make_checkpoint, weight_bytes  # noqa: E402
 
 
-def start_server(model_dir: str, port: int, max_seqs: int, max_len: int, log_path: Path) -> subprocess.Popen:
+def start_server(
+    model_dir: str, port: int, max_seqs: int, max_len: int, log_path: Path, extra: list[str]
+) -> subprocess.Popen:
     """`atomc serve` with random 8B weights, launched and awaited as `atomc bench sweep` does."""
     engine_args = [
         "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", str(max_len),
-        "--max-num-seqs", str(max_seqs), "--max-num-batched-tokens", "8192",
+        "--max-num-seqs", str(max_seqs), "--max-num-batched-tokens", "8192", *extra,
     ]  # fmt: skip
     log = open(log_path, "w")  # noqa: SIM115 (lives as long as the server)
     cmd = server_command(model_dir, port, engine_args)
@@ -52,7 +54,9 @@ def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
     port = free_port()
     max_seqs = max(args.conc)
     t0 = time.perf_counter()
-    proc = start_server(model_dir, port, max_seqs, args.isl + args.osl + 16, out_dir / "server.log")
+    proc = start_server(
+        model_dir, port, max_seqs, args.isl + args.osl + 16, out_dir / "server.log", args.server_args.split()
+    )
     startup = time.perf_counter() - t0
     rows = []
     try:
@@ -114,6 +118,7 @@ def main() -> None:
     ap.add_argument("--hf-osl", type=int, default=128, help="transformers is slow: fewer output tokens")
     ap.add_argument("--bandwidth", type=float, default=4.3e12)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--server-args", default="", help="extra `atomc serve` flags, e.g. '--no-engine-process'")
     ap.add_argument("--out", default="serving.json")
     args = ap.parse_args()
     args.conc = [int(c) for c in args.conc.split(",")]

@@ -18,7 +18,7 @@ import torch
 
 from atomc.config import EngineConfig
 from atomc.graphs.partition import resolve_capture_sizes
-from atomc.runtime.cudagraph import DecodeGraphs
+from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
 from atomc.runtime.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -68,6 +68,7 @@ class ModelRunner:
         )
         self.sampler = Sampler(seed=config.model.seed)
         self.decode_graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
         self.prompt_logprobs: dict[int, list[dict[int, float]]] = {}
 
     def _num_kv_blocks(self) -> int:
@@ -149,13 +150,18 @@ class ModelRunner:
             b = self.host_batch(scheduled)
             logits = self.decode_graphs.replay(b["ids"], b["positions"], b["slots"], b["seq_lens"], b["tables"])
         else:
-            input_ids, positions, meta = self.prepare(scheduled)
-            with set_forward_context(ForwardContext(meta, self.kv_caches)):
-                hidden = self.forward(input_ids, positions)
-            self._prompt_logprobs(scheduled, hidden, meta.query_start_loc_host)
+            b = self.host_batch(scheduled)
+            if self.mixed_graphs is not None and self.mixed_graphs.fits(len(b["ids"]), len(scheduled)):
+                hidden = self.mixed_graphs.replay(b)
+            else:
+                input_ids, positions, meta = device_batch(b, self.device)
+                with set_forward_context(ForwardContext(meta, self.kv_caches)):
+                    hidden = self.forward(input_ids, positions)
+            starts = b["starts"]
+            self._prompt_logprobs(scheduled, hidden, starts)
             if not rows:
                 return None
-            last = torch.tensor([meta.query_start_loc_host[i + 1] - 1 for i in rows], device=self.device)
+            last = torch.tensor([starts[i + 1] - 1 for i in rows], device=self.device)
             logits = self.model.compute_logits(hidden[last])
         seqs = [scheduled[i].seq for i in rows]
         # token histories are copied only for the rows that read them (penalties, min_tokens):
@@ -194,20 +200,33 @@ class ModelRunner:
             item.num_new_tokens == 1 and item.samples for item in scheduled
         )
 
-    def capture_decode_graphs(self, max_model_len: int) -> None:
-        """Full CUDA graphs for pure-decode batches (CUDA only, not with enforce_eager)."""
-        sched = self.config.scheduler
-        # the same sizes the compile plan recorded (they are a cache-key factor)
-        sizes = resolve_capture_sizes(
-            self.config.compile.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens
-        )
-        sizes = [s for s in sizes if s <= sched.max_num_seqs]
+    def capture_graphs(self, max_model_len: int) -> None:
+        """Full CUDA graphs (CUDA only, not with enforce_eager): mixed batches first (the larger
+        graphs), then pure-decode batches, all in one memory pool."""
+        sched, comp = self.config.scheduler, self.config.compile
         max_blocks = (max_model_len + self.block_size - 1) // self.block_size
+        use_graphs = self.device.startswith("cuda")
+        pool = None
+        mixed = default_mixed_sizes(comp.cudagraph_mixed_max_tokens, sched.max_num_batched_tokens)
+        if mixed:
+            self.mixed_graphs = MixedGraphs(
+                self.forward, self.kv_caches, mixed, sched.max_num_seqs, max_blocks, max_model_len, self.device,
+                capture=use_graphs,
+            )  # fmt: skip
+            if use_graphs:
+                self.mixed_graphs.capture()
+                pool = self.mixed_graphs.pool
+                self.timings["cudagraph_capture_mixed_s"] = self.mixed_graphs.capture_seconds
+        # the same sizes the compile plan recorded (they are a cache-key factor)
+        sizes = resolve_capture_sizes(comp.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens)
+        sizes = [s for s in sizes if s <= sched.max_num_seqs]
         self.decode_graphs = DecodeGraphs(
-            self.forward, self.model.compute_logits, self.kv_caches, sizes, max_blocks, max_model_len, self.device
-        )
-        self.decode_graphs.capture()
-        self.timings["cudagraph_capture_s"] = self.decode_graphs.capture_seconds
+            self.forward, self.model.compute_logits, self.kv_caches, sizes, max_blocks, max_model_len, self.device,
+            capture=use_graphs,
+        )  # fmt: skip
+        if use_graphs:
+            self.decode_graphs.capture(pool)
+            self.timings["cudagraph_capture_s"] = self.decode_graphs.capture_seconds
 
 
 def _reads_history(p) -> bool:

@@ -79,7 +79,7 @@ class LLMEngine:
             )
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         if self.device.startswith("cuda") and not config.compile.enforce_eager:
-            self.runner.capture_decode_graphs(self.max_model_len)
+            self.runner.capture_graphs(self.max_model_len)
         self.eos_token_ids = self._eos_token_ids()
         # sampling values a request does not set come from here (see generation_defaults.py)
         self.sampling_defaults = generation_defaults(self.model_dir, config.model.generation_config)

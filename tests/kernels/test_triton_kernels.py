@@ -217,3 +217,26 @@ def test_paged_attention_empty_sequence(segments):
     )  # fmt: skip
     torch.testing.assert_close(out[0], ref[0], atol=1e-5, rtol=1e-5)
     assert (out[1] == 0).all()
+
+
+@needs_loops
+@pytest.mark.parametrize("case", ["mixed", "chunked_prefill"])
+def test_paged_attention_mixed_graph_layout(case):
+    """The layout a mixed-batch CUDA graph replays: metadata for `max_seqs` sequences where the ones
+    after the real ones are empty (start = end = real tokens, seq_len 0), extra padded tokens owned
+    by no sequence, num_seqs = max_seqs and max_query_len > 1. Real rows match the unpadded call;
+    padded rows stay untouched."""
+    q_lens, seq_lens = ATTN_CASES[case]
+    q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, 4, 2, 16, torch.float32, "cpu", pad_tokens=5)
+    t, n, max_seqs = meta.query_start_loc_host[-1], len(seq_lens), len(seq_lens) + 6
+    qsl = torch.full((max_seqs + 1,), t, dtype=torch.int32)
+    qsl[: n + 1] = meta.query_start_loc
+    lens = torch.zeros(max_seqs, dtype=torch.int32)
+    lens[:n] = meta.seq_lens
+    tables = torch.zeros(max_seqs, meta.block_tables.shape[1], dtype=torch.int32)
+    tables[:n] = meta.block_tables
+    ref = attention_reference(q, k_cache, v_cache, meta, 0.25)
+    out = torch.full_like(q, float("nan"))
+    paged_attention(q, k_cache, v_cache, out, qsl, lens, tables, 0.25, 2, 4096, max_seqs)
+    torch.testing.assert_close(out[:t], ref[:t], atol=1e-5, rtol=1e-5)
+    assert out[t:].isnan().all()

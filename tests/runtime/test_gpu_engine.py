@@ -41,3 +41,27 @@ def test_gpu_bf16_batch_matches_one_at_a_time(checkpoints):
     # bf16 rounding differs with batch shape; require most tokens to agree, all sequences to finish
     agree = sum(a == b for x, y in zip(together, alone, strict=True) for a, b in zip(x, y, strict=True))
     assert agree >= 0.8 * sum(len(x) for x in together)
+
+
+def test_gpu_mixed_graphs_match_eager(checkpoints):
+    """Chunked prefill sharing steps with decodes, replayed from mixed-batch CUDA graphs, gives the
+    eager engine's tokens (fp32), and the graphs were actually used."""
+    d = str(checkpoints["llama"])
+    prompts = [list(range(5, 5 + n)) for n in (3, 70, 9, 150, 33)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    kw = dict(model=d, dtype="float32", device="cuda", max_num_seqs=8, max_num_batched_tokens=48)
+
+    def run(llm):
+        return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+
+    expected = run(LLM(enforce_eager=True, **kw))
+    llm = LLM(**kw)
+    mixed = llm.engine.runner.mixed_graphs
+    assert mixed is not None and mixed.graphs and max(mixed.sizes) == 48
+    replays = []
+    launch = mixed._launch
+    mixed._launch = lambda size: replays.append(size) or launch(size)
+    assert run(llm) == expected
+    assert replays
+    stats = llm.engine.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
