@@ -44,7 +44,10 @@ CaptureSizes = Annotated[
 ]
 MixedMaxTokens = Annotated[
     int,
-    typer.Option("--cudagraph-mixed-max-tokens", help="CUDA graphs for mixed batches up to this many tokens (0: off)"),
+    typer.Option(
+        "--cudagraph-mixed-max-tokens",
+        help="experimental: CUDA graphs for mixed batches up to N tokens (default 0: off)",
+    ),
 ]
 GenerationConfig = Annotated[
     str, typer.Option("--generation-config", help="auto: sampling defaults from generation_config.json; none")
@@ -69,7 +72,7 @@ def build_config(
     gpu_memory_utilization=0.9,
     num_kv_blocks=None,
     cudagraph_capture_sizes=None,
-    cudagraph_mixed_max_tokens=1024,
+    cudagraph_mixed_max_tokens=0,
     disable_pass=None,
     load_format="safetensors",
     generation_config="auto",
@@ -191,7 +194,7 @@ def serve(
     cache_dir: CacheDir = None,
     require_artifacts: RequireArtifacts = False,
     cudagraph_capture_sizes: CaptureSizes = None,
-    cudagraph_mixed_max_tokens: MixedMaxTokens = 1024,
+    cudagraph_mixed_max_tokens: MixedMaxTokens = 0,
     load_format: LoadFormat = "safetensors",
     generation_config: GenerationConfig = "auto",
     disable_pass: DisablePass = None,

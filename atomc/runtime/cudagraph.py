@@ -88,6 +88,9 @@ class _StaticBatchGraphs:
         self.pool = None
         self.capture_seconds = 0.0
         self._host_meta: tuple[list[int], list[int]] = ([], [])  # only the CPU reference path reads it
+        # the staging buffers may be rewritten only once the GPU has read them: a step that samples
+        # nothing never syncs, so the next step could otherwise overwrite a copy still in the queue
+        self._staging_read = torch.cuda.Event() if pin else None
 
     def _buffers(self) -> dict[str, torch.Tensor]:
         return {
@@ -135,7 +138,13 @@ class _StaticBatchGraphs:
                 return size
         return None
 
+    def _wait_staging_free(self) -> None:
+        if self._staging_read is not None:
+            self._staging_read.synchronize()
+
     def _launch(self, size: int) -> torch.Tensor:
+        if self._staging_read is not None:
+            self._staging_read.record()  # after the copies, before the graph: they are all queued
         if self.use_graphs:
             self.graphs[size].replay()
             return self.outputs[size]
@@ -181,6 +190,7 @@ class DecodeGraphs(_StaticBatchGraphs):
         bs = len(input_ids)
         size = self.padded_size(bs)
         width = max(len(t) for t in tables)
+        self._wait_staging_free()
         st_np = self.staging_np
         st_np["input_ids"][:bs] = input_ids
         st_np["positions"][:bs] = positions
@@ -229,6 +239,7 @@ class MixedGraphs(_StaticBatchGraphs):
         t, n = len(b["ids"]), len(b["seq_lens"])
         size = self.padded_size(t)
         width = max(len(x) for x in b["tables"])
+        self._wait_staging_free()
         st_np = self.staging_np
         st_np["input_ids"][:t] = b["ids"]
         st_np["input_ids"][t:size] = 0

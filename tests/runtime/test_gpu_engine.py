@@ -55,7 +55,7 @@ def test_gpu_mixed_graphs_match_eager(checkpoints):
         return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
 
     expected = run(LLM(enforce_eager=True, **kw))
-    llm = LLM(**kw)
+    llm = LLM(cudagraph_mixed_max_tokens=48, **kw)
     mixed = llm.engine.runner.mixed_graphs
     assert mixed is not None and mixed.graphs and max(mixed.sizes) == 48
     replays = []
