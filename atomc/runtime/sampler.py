@@ -30,6 +30,18 @@ class SamplingBatch:
     generators: list[torch.Generator | None]
 
 
+def _plain_greedy(p: SamplingParams, num_outputs: int) -> bool:
+    """Greedy with nothing that edits the logits first (penalties, min_tokens) and no logprobs."""
+    return (
+        p.greedy
+        and p.logprobs is None
+        and p.repetition_penalty == 1.0
+        and p.frequency_penalty == 0.0
+        and p.presence_penalty == 0.0
+        and num_outputs >= p.min_tokens
+    )
+
+
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
@@ -178,6 +190,10 @@ class Sampler:
             raise ValueError(f"sampling batch has {len(params)} rows but logits have {n_rows}")
         if n_rows == 0:
             return SamplerOutput([], [])
+        if all(_plain_greedy(p, len(out)) for p, out in zip(params, batch.output_token_ids, strict=True)):
+            # the common serving case: one argmax kernel and one copy back, nothing per row
+            token_list = logits.argmax(dim=-1).tolist()
+            return SamplerOutput(token_list, [None] * n_rows)
         device = logits.device
         x = logits.to(torch.float32, copy=True)  # never modify the caller's logits (logprobs need them raw)
 

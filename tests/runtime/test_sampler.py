@@ -306,3 +306,24 @@ def test_draw_edges_never_pick_zero_probability_tokens():
 def test_empty_batch():
     res = Sampler()(torch.zeros(0, 10), make_batch([]))
     assert res.token_ids == [] and res.logprobs == []
+
+
+def test_all_greedy_fast_path_matches_general_path(monkeypatch):
+    """A batch of plain greedy rows takes one argmax; the tokens equal the general path's, and a
+    row with pending min_tokens still sends the batch through the masks (eos forbidden)."""
+    import atomc.runtime.sampler as sampler_module
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3))
+    logits[0, 7] = 100.0  # row 0 would pick token 7
+    params = [SP(temperature=0) for _ in range(6)]
+    fast = Sampler()(logits, make_batch(params))
+    calls = []
+    monkeypatch.setattr(sampler_module, "_plain_greedy", lambda p, n: calls.append(1) and False)
+    general = Sampler()(logits, make_batch(params))
+    assert calls and fast.token_ids == general.token_ids
+    assert fast.token_ids == logits.argmax(-1).tolist() and fast.logprobs == [None] * 6
+    monkeypatch.undo()
+    held = [SP(temperature=0, min_tokens=2)] + params[1:]
+    held[0].eos_token_ids = [7]
+    out = Sampler()(logits, make_batch(held, outputs=[[1]] + [[] for _ in range(5)]))
+    assert out.token_ids[0] != 7 and out.token_ids[1:] == fast.token_ids[1:]
