@@ -202,12 +202,12 @@ def serve(
         bool, typer.Option("--die-with-parent", help="exit when the process that started the server exits")
     ] = False,
     engine_process: Annotated[
-        bool,
+        str,
         typer.Option(
-            "--engine-process/--no-engine-process",
-            help="run the engine loop in its own process (default) or on a thread of the server process",
+            "--engine-process",
+            help="auto | on | off: the engine loop in its own process (auto: on a GPU) or on a server thread",
         ),
-    ] = True,
+    ] = "auto",
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     from pathlib import Path

@@ -71,8 +71,9 @@ class ServeConfig:
     max_request_bytes: int = 8 * 1024 * 1024
     drain_timeout_s: float = 30.0
     die_with_parent: bool = False  # SIGTERM when the parent process exits (harnesses that spawn a server)
-    # the engine loop in its own process: HTTP/SSE work then never holds the GIL the engine needs
-    engine_process: bool = True
+    # the engine loop in its own process (HTTP/SSE work then never holds the GIL the engine needs):
+    # "on", "off", or "auto" = on when the engine runs on a GPU (see docs/serving.md for why not on CPU)
+    engine_process: str = "auto"
 
 
 @dataclass

@@ -20,6 +20,7 @@ from atomc.sampling_params import SamplingParams
 from atomc.serve.async_engine import AsyncEngine, EngineDeadError
 from atomc.serve.engine import LLMEngine
 from atomc.serve.engine_process import EngineProcessClient, OutputDeltas, _Assembly
+from atomc.serve.server import uses_engine_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,7 +153,8 @@ def test_serve_sigterm_to_the_group_drains_and_leaves_no_engine(llama_dir):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "atomc.cli", "serve", "--model", str(llama_dir), "--device", "cpu",
-           "--enforce-eager", "--max-model-len", "128", "--num-kv-blocks", "64", "--port", str(port)]  # fmt: skip
+           "--enforce-eager", "--max-model-len", "128", "--num-kv-blocks", "64", "--port", str(port),
+           "--engine-process", "on"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -188,3 +190,13 @@ def test_serve_sigterm_to_the_group_drains_and_leaves_no_engine(llama_dir):
     left = subprocess.run(["ps", "-o", "pid,args", "-g", str(proc.pid)], capture_output=True, text=True).stdout
     os.killpg(proc.pid, signal.SIGKILL)
     pytest.fail(f"processes left in the server's group:\n{left}")
+
+
+def test_engine_process_setting():
+    cfg = EngineConfig(device="cpu")
+    assert not uses_engine_process(cfg)  # auto: a thread on the CPU
+    cfg.serve.engine_process = "on"
+    assert uses_engine_process(cfg)
+    cfg.serve.engine_process = "sometimes"
+    with pytest.raises(ValueError, match="auto, on or off"):
+        uses_engine_process(cfg)

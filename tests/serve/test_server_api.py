@@ -27,6 +27,7 @@ def make_config(model_dir, **serve) -> EngineConfig:
     cfg.compile.enforce_eager = True
     cfg.cache.num_kv_blocks = 512  # 64 streams x ~3 blocks each fit without preemption
     cfg.scheduler.max_num_seqs = 64
+    cfg.serve.engine_process = "on"  # this suite runs through the engine process; the errors suite, a thread
     for k, v in serve.items():
         setattr(cfg.serve, k, v)
     return cfg

@@ -1,0 +1,109 @@
+"""Host-side cost of one engine step, without the model: where the CPU time of a decode step goes.
+
+The model runner's forward and sampler are replaced by a stub that returns a token per sampling row
+at once; everything else a serving step does on the host runs for real: scheduling, the flat batch
+(ids, positions, KV slots, block tables), appending tokens, detokenizing, stop checks, building the
+outputs, and, as the engine process does, encoding the per-step deltas and pickling them for the
+pipe. Runs on any machine (CPU); the numbers are CPU time the GPU would otherwise wait for.
+
+    python benchmarks/engine_host_cpu.py --running 64,256 --context 1024 [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pickle
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def stub_execute(runner):
+    from atomc.runtime.sampler import SamplerOutput
+
+    def execute(scheduled):
+        b = runner.host_batch(scheduled)  # the real host-side batch build
+        rows = [item for item in scheduled if item.samples]
+        tokens = [(len(b["ids"]) + i) % 300 + 10 for i in range(len(rows))]
+        runner.prompt_logprobs = {}
+        return SamplerOutput(tokens, [None] * len(rows))
+
+    return execute
+
+
+def main() -> None:
+    from conftest import build_checkpoint
+
+    from atomc import SamplingParams
+    from atomc.config import EngineConfig
+    from atomc.serve.engine import LLMEngine
+    from atomc.serve.engine_process import OutputDeltas
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--running", default="64,256")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--work-dir", default="/tmp/atomc-engine-host")
+    args = ap.parse_args()
+    model_dir = build_checkpoint("llama", Path(args.work_dir))
+    cfg_path = model_dir / "config.json"  # the tiny test model: allow long contexts (RoPE has no limit)
+    cfg_json = json.loads(cfg_path.read_text())
+    cfg_json["max_position_embeddings"] = 1 << 16
+    cfg_path.write_text(json.dumps(cfg_json))
+    rows = []
+    for n in (int(x) for x in args.running.split(",")):
+        cfg = EngineConfig(device="cpu")
+        cfg.model.model, cfg.model.max_model_len = str(model_dir), args.context + args.steps + 64
+        cfg.compile.enforce_eager = True
+        cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens = n, 1 << 20
+        cfg.cache.num_kv_blocks = n * ((args.context + args.steps + 64) // 16 + 2)
+        eng = LLMEngine(cfg)
+        eng.runner.execute = stub_execute(eng.runner)
+        params = SamplingParams(temperature=0, max_tokens=args.steps + 10, ignore_eos=True)
+        for i in range(n):
+            eng.add_request(str(i), [10 + (i + j) % 300 for j in range(args.context)], params)
+        eng.step()  # the whole prefill in one step
+        deltas = OutputDeltas()
+        steps, encodes = [], []
+        prof = cProfile.Profile() if args.profile else None
+        for _ in range(args.steps):
+            if prof:
+                prof.enable()
+            t0 = time.perf_counter()
+            outs = eng.step()
+            t1 = time.perf_counter()
+            pickle.dumps([deltas.encode(o) for o in outs], protocol=pickle.HIGHEST_PROTOCOL)
+            t2 = time.perf_counter()
+            if prof:
+                prof.disable()
+            steps.append(t1 - t0)
+            encodes.append(t2 - t1)
+        row = {
+            "running": n,
+            "context": args.context,
+            "step_ms": 1e3 * statistics.median(steps),
+            "encode_pickle_ms": 1e3 * statistics.median(encodes),
+            "schedule_ms": 1e3 * eng.last_step["schedule_s"],
+            "execute_ms": 1e3 * eng.last_step["execute_s"],
+            "postprocess_ms": 1e3 * eng.last_step["postprocess_s"],
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if prof:
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
+            print(s.getvalue())
+
+
+if __name__ == "__main__":
+    main()
