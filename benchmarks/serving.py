@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--hf-osl", type=int, default=128, help="transformers is slow: fewer output tokens")
     ap.add_argument("--bandwidth", type=float, default=4.3e12)
     ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--server-args", default="", help="extra `atomc serve` flags, e.g. '--no-engine-process'")
+    ap.add_argument("--server-args", default="", help="extra `atomc serve` flags, e.g. '--engine-process off'")
     ap.add_argument("--out", default="serving.json")
     args = ap.parse_args()
     args.conc = [int(c) for c in args.conc.split(",")]
