@@ -24,7 +24,7 @@ from atomc.serve.detokenizer import DetokenizerState, decode_rest, decode_step
 from atomc.serve.generation_defaults import generation_defaults
 from atomc.serve.inputs import InputProcessor
 from atomc.serve.scheduler import Scheduler
-from atomc.serve.sequence import Sequence
+from atomc.serve.sequence import SeqStatus, Sequence
 from atomc.serve.tokenizer import load_tokenizer
 from models.arch import ModelArch
 from models.default_model import DEFAULT_MODEL_NAME, resolve_model_path
@@ -53,7 +53,11 @@ class _Request:
 
     @property
     def finished(self) -> bool:
-        return all(s.finished for s in self.seqs)
+        # runs for every touched request each step: a plain loop, no generator per call
+        for s in self.seqs:
+            if s.status is not SeqStatus.FINISHED:
+                return False
+        return True
 
 
 class LLMEngine:
@@ -191,10 +195,11 @@ class LLMEngine:
                 )
         outputs = []
         for request_id, req in touched.items():
-            if req.finished:
+            done = req.finished
+            if done:
                 req.metrics["finish_time"] = now
                 del self.requests[request_id]
-            outputs.append(self._output(req))
+            outputs.append(self._output(req, done))
         # wall-clock split of the last step, for host-overhead measurements (benchmarks/host_overhead.py)
         self.last_step = {
             "num_seqs": len(scheduled),
@@ -230,7 +235,7 @@ class LLMEngine:
             return self.scheduler.finish(seq, "length")
         return None
 
-    def _output(self, req: _Request) -> RequestOutput:
+    def _output(self, req: _Request, finished: bool | None = None) -> RequestOutput:
         first = req.seqs[0]
         return RequestOutput(
             request_id=req.request_id,
@@ -248,7 +253,7 @@ class LLMEngine:
                 )
                 for s in req.seqs
             ],
-            finished=req.finished,
+            finished=req.finished if finished is None else finished,
             num_cached_tokens=first.num_cached_tokens,
             prompt_logprobs=list(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None,
             metrics=dict(req.metrics),
