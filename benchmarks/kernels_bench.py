@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
 from atomc.kernels.triton import fused_add_rms_norm, paged_attention, rope_and_write_kv, silu_and_mul
+from atomc.kernels.triton.gemv import gemv
 
 PEAK_GBPS = 4300.0
 HQ, HKV, D, HIDDEN, INTER, PAGE = 32, 8, 128, 4096, 14336, 16
@@ -250,6 +251,50 @@ def silu_case(t: int) -> None:
     )
 
 
+# ---- skinny GEMM (decode linears) -----------------------------------------------------------
+
+GEMV_SHAPES = {  # Llama-3.1-8B: name -> (N, K)
+    "qkv": (HQ * D + 2 * HKV * D, HIDDEN),
+    "o": (HIDDEN, HQ * D),
+    "gate_up": (2 * INTER, HIDDEN),
+    "down": (HIDDEN, INTER),
+    "lm_head": (128256, HIDDEN),
+}
+
+
+def bench_gemv(ms, sweep: bool) -> None:
+    for name, (n, k) in GEMV_SHAPES.items():
+        w = torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5
+        for m in ms:
+            gemv_case(name, w, m, sweep)
+
+
+def gemv_case(name: str, w: torch.Tensor, m: int, sweep: bool) -> None:
+    n, k = w.shape
+    x = torch.randn(m, k, device=DEV, dtype=BF16)
+    ref = F.linear(x, w)
+    assert rel_err(gemv(x, w), ref) < 1e-2
+    nbytes = w.numel() * 2 + x.numel() * 2 + m * n * 2
+    cublas_us, cublas_graph = timed(lambda: F.linear(x, w))
+    us, us_graph = timed(lambda: gemv(x, w))
+    extra = {}
+    if sweep:
+        best = (us_graph or us, "default")
+        for bn, bk, sk, nw in itertools.product([16, 32, 64], [256, 512], [1, 2, 4], [4, 8]):
+            kw = dict(block_n=bn, block_k=bk, split_k=sk, num_warps=nw)
+            assert rel_err(gemv(x, w, **kw), ref) < 1e-2
+            t = timed(lambda kw=kw: gemv(x, w, **kw))[1]
+            if t is not None and t < best[0]:
+                best = (t, f"bn{bn} bk{bk} sk{sk} w{nw}")
+        extra = dict(sweep_best_us=round(best[0], 2), sweep_best=best[1])
+    cublas_best = min(t for t in (cublas_us, cublas_graph) if t)
+    record(
+        f"gemv {name}", f"M={m} N={n} K={k}", nbytes, us, us_graph,
+        cublas_us=round(cublas_best, 2), cublas_pct_peak=round(100 * nbytes / cublas_best / 1e3 / PEAK_GBPS, 1),
+        **extra,
+    )  # fmt: skip
+
+
 def markdown() -> str:
     cols = [
         "op",
@@ -263,7 +308,7 @@ def markdown() -> str:
         "flash_contig_us",
         "vs_flash",
     ]
-    cols += ["torch_us", "tflops", "sweep_best_us", "sweep_best"]
+    cols += ["torch_us", "cublas_us", "cublas_pct_peak", "tflops", "sweep_best_us", "sweep_best"]
     cols = [c for c in cols if any(r.get(c) is not None for r in ROWS)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in ROWS:
@@ -276,7 +321,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--sweep", action="store_true", help="sweep decode tile/warps/stages")
-    ap.add_argument("--only", default="decode,prefill,norm,rope,silu")
+    ap.add_argument("--only", default="decode,prefill,norm,rope,silu,gemv")
     args = ap.parse_args()
     only = set(args.only.split(","))
     torch.manual_seed(0)
@@ -292,6 +337,8 @@ def main() -> None:
         bench_rope(tokens)
     if "silu" in only:
         bench_silu(tokens)
+    if "gemv" in only:
+        bench_gemv([1, 8] if args.quick else [1, 4, 8, 16], args.sweep)
     meta = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         python=platform.python_version(), peak_gbps=PEAK_GBPS,

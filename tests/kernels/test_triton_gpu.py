@@ -135,3 +135,13 @@ def test_rope_and_write_kv(t):
 def test_silu_and_mul(t):
     x = torch.randn(t, 2 * 14336, device=DEV, dtype=BF16)
     assert rel_err(kernels().silu_and_mul(x), silu_and_mul_reference(x)) < REL
+
+
+@pytest.mark.parametrize("m,n,k,split_k", [(1, 6144, 4096, 1), (8, 4096, 14336, 4), (16, 28672, 4096, 2)])
+def test_gemv(m, n, k, split_k):
+    from atomc.kernels.triton.gemv import gemv
+
+    x = torch.randn(m, k, device=DEV, dtype=BF16)
+    w = torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5
+    b = torch.randn(n, device=DEV, dtype=BF16)
+    assert rel_err(gemv(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b)) < REL

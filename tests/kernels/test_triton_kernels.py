@@ -240,3 +240,27 @@ def test_paged_attention_mixed_graph_layout(case):
     paged_attention(q, k_cache, v_cache, out, qsl, lens, tables, 0.25, 2, 4096, max_seqs)
     torch.testing.assert_close(out[:t], ref[:t], atol=1e-5, rtol=1e-5)
     assert out[t:].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 48, 64), (3, 100, 200), (16, 33, 520)])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_gemv(dtype, m, n, k, split_k):
+    from atomc.kernels.triton.gemv import gemv
+
+    g = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    for bias in (None, b):
+        out = gemv(x, w, bias, block_n=16, block_k=64, split_k=split_k)
+        ref = torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float())
+        assert out.shape == (m, n) and out.dtype == dtype
+        torch.testing.assert_close(out.float(), ref, atol=TOL[dtype] * 10, rtol=TOL[dtype] * 10)
+
+
+def test_gemv_rejects_wide_batches():
+    from atomc.kernels.triton.gemv import gemv
+
+    with pytest.raises(ValueError, match="M<=16"):
+        gemv(torch.zeros(17, 8), torch.zeros(4, 8))

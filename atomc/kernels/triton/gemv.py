@@ -1,0 +1,91 @@
+"""Skinny GEMM for decode: y[M, N] = x[M, K] @ W[N, K]^T (+ bias) for M <= 16, bandwidth-bound.
+
+At batch 1 the 8B model's time is its weight reads; cuBLAS reaches 55-74% of HBM bandwidth on the
+qkv and o shapes at M = 1 (see docs/kernels.md). Here each program streams a [BLOCK_N, BLOCK_K] tile
+of W along K (contiguous, coalesced) and multiplies it with the M rows of x padded to 16 (one
+tensor-core dot: the padding costs no memory traffic). `split_k` > 1 cuts K across programs that add
+fp32 partial sums with atomics, for more loads in flight when N is small.
+
+Not used by the model yet: it replaces F.linear only where it wins a measurement
+(`benchmarks/kernels_bench.py --only gemv`), as the kernels guide says of every GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_M = 16
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    k_lo = pid_k * k_per_split
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k_per_split, BLOCK_K):
+        offs_k = k_lo + k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]
+        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if IEEE:  # fp32 inputs: exact fp32 products, not TF32
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        acc += bias[None, :] * (pid_k == 0).to(tl.float32)  # added by the first K split only
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
+    if ATOMIC:
+        tl.atomic_add(y_ptrs, acc, mask=ok)
+    else:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    block_n: int = 16,
+    block_k: int = 512,
+    split_k: int = 1,
+    num_warps: int = 4,
+    num_stages: int = 4,
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [M, K] with M <= 16 and a row-major weight [N, K]."""
+    m, k = x.shape
+    n, k_w = weight.shape
+    if m > MAX_M or k != k_w:
+        raise ValueError(f"gemv takes x [M<={MAX_M}, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}")
+    assert x.stride(-1) == 1 and weight.stride(-1) == 1
+    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    splits = triton.cdiv(k, k_per_split)
+    atomic = splits > 1
+    # split K adds fp32 partial sums into a zeroed buffer; one split writes the output directly
+    y = torch.zeros(m, n, dtype=torch.float32, device=x.device) if atomic else x.new_empty(m, n)
+    _gemv_kernel[(triton.cdiv(n, block_n), splits)](
+        x, weight, bias if bias is not None else weight, y,
+        m, n, k, k_per_split,
+        x.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, ATOMIC=atomic, IEEE=x.dtype == torch.float32,
+        BLOCK_M=MAX_M, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return y.to(x.dtype) if atomic else y
