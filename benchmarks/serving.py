@@ -48,6 +48,10 @@ def roofline(name: str, conc: int, isl: int, osl: int, bandwidth: float) -> floa
     return conc * bandwidth / (weight_bytes(name) + conc * kv)
 
 
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f} ms"
+
+
 def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
     from atomc.serve.bench.serve import BenchConfig, run_benchmark
 
@@ -69,6 +73,15 @@ def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
             res = run_benchmark(cfg)
             res["conc"] = conc
             rows.append(res)
+            if res["completed"] < res["num_prompts"] or proc.poll() is not None:
+                # keep the cells measured so far; a dead server fails every later cell anyway
+                state = "exited" if proc.poll() is not None else "running"
+                print(
+                    f"atomc CONC={conc}: {res['failed']} of {res['num_prompts']} requests failed "
+                    f"(server {state}); see server.log",
+                    flush=True,
+                )
+                break
             print(
                 f"atomc CONC={conc}: {res['output_throughput']:.0f} tok/s, "
                 f"median TPOT {res['median_tpot_ms']:.2f} ms, median TTFT {res['median_ttft_ms']:.0f} ms",
@@ -140,8 +153,8 @@ def main() -> None:
     for r in result["atomc"]:
         print(
             f"  atomc CONC={r['conc']:4d}  {r['output_throughput']:8.0f} tok/s  "
-            f"({r['roofline_pct']:.0f}% of {r['roofline_tok_s']:.0f})  TPOT p50 {r['median_tpot_ms']:.2f} ms  "
-            f"TTFT p50 {r['median_ttft_ms']:.0f} ms  completed {r['completed']}/{r['num_prompts']}"
+            f"({r['roofline_pct']:.0f}% of {r['roofline_tok_s']:.0f})  TPOT p50 {_ms(r['median_tpot_ms'])}  "
+            f"TTFT p50 {_ms(r['median_ttft_ms'])}  completed {r['completed']}/{r['num_prompts']}"
         )
     print(f"  transformers: {json.dumps(result.get('hf'))}")
 
