@@ -69,5 +69,10 @@ class SamplingParams:
             bad("stop strings must be non-empty")
 
     @property
+    def has_penalties(self) -> bool:
+        """Repetition, frequency or presence penalty: the sampler must see the token history."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5

@@ -231,7 +231,7 @@ class ModelRunner:
 
 def _reads_history(p) -> bool:
     """Does the sampler read this row's token history (penalties, min_tokens)?"""
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.min_tokens > 0
+    return p.has_penalties or p.min_tokens > 0
 
 
 def flat_batch(chunks: list[tuple[list[int], int, int, list[int]]], block_size: int) -> dict[str, list]:

@@ -32,14 +32,7 @@ class SamplingBatch:
 
 def _plain_greedy(p: SamplingParams, num_outputs: int) -> bool:
     """Greedy with nothing that edits the logits first (penalties, min_tokens) and no logprobs."""
-    return (
-        p.greedy
-        and p.logprobs is None
-        and p.repetition_penalty == 1.0
-        and p.frequency_penalty == 0.0
-        and p.presence_penalty == 0.0
-        and num_outputs >= p.min_tokens
-    )
+    return p.greedy and p.logprobs is None and not p.has_penalties and num_outputs >= p.min_tokens
 
 
 @dataclass
@@ -197,11 +190,7 @@ class Sampler:
         device = logits.device
         x = logits.to(torch.float32, copy=True)  # never modify the caller's logits (logprobs need them raw)
 
-        pen = [
-            i
-            for i, p in enumerate(params)
-            if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-        ]
+        pen = [i for i, p in enumerate(params) if p.has_penalties]
         if pen:
             idx = torch.tensor(pen, device=device)
             x[idx] = apply_penalties(
