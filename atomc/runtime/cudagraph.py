@@ -205,7 +205,8 @@ class DecodeGraphs(_StaticBatchGraphs):
         for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
             getattr(self, name)[:size].copy_(st[name][:size], non_blocking=True)
         self.block_tables[:size, :width].copy_(st["block_tables"][:size, :width], non_blocking=True)
-        self._host_meta = ([], list(seq_lens))
+        if not self.use_graphs:
+            self._host_meta = ([], list(seq_lens))
         return self._launch(size)[:bs]
 
 
@@ -259,5 +260,6 @@ class MixedGraphs(_StaticBatchGraphs):
         self.query_start_loc.copy_(st["query_start_loc"], non_blocking=True)
         self.seq_lens.copy_(st["seq_lens"], non_blocking=True)
         self.block_tables[:n, :width].copy_(st["block_tables"][:n, :width], non_blocking=True)
-        self._host_meta = (list(b["starts"]), list(b["seq_lens"]))
+        if not self.use_graphs:
+            self._host_meta = (list(b["starts"]), list(b["seq_lens"]))
         return self._launch(size)[:t]

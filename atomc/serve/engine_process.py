@@ -45,7 +45,6 @@ class EngineInfo:
     max_model_len: int
     vocab_size: int
     tokenizer_dir: str
-    chat_template: str | None
     sampling_defaults: dict
     stats: dict
     startup_s: float
@@ -116,7 +115,6 @@ def run_engine_process(config: EngineConfig, conn) -> None:
             max_model_len=engine.max_model_len,
             vocab_size=engine.arch.vocab_size,
             tokenizer_dir=str(Path(config.model.tokenizer or engine.model_dir)),
-            chat_template=config.serve.chat_template,
             sampling_defaults=dict(engine.sampling_defaults),
             stats=engine.stats(),
             startup_s=time.perf_counter() - t0,
@@ -227,12 +225,11 @@ class EngineProcessClient:
         self._proc.start()
         child.close()
         info = self._wait_ready()
-        self.info = info
         self.model_name = info.model_name
         self.max_model_len = info.max_model_len
         self.sampling_defaults = info.sampling_defaults
         self.tokenizer = load_tokenizer(Path(info.tokenizer_dir))
-        self.inputs = InputProcessor(self.tokenizer, info.vocab_size, info.max_model_len, info.chat_template)
+        self.inputs = InputProcessor(self.tokenizer, info.vocab_size, info.max_model_len, config.serve.chat_template)
         self._stats = info.stats
         self._live: dict[str, _Assembly] = {}
         self._unacked = 0  # commands sent that no step message has acknowledged yet
@@ -256,9 +253,6 @@ class EngineProcessClient:
         return self._proc.is_alive()
 
     # -- the LLMEngine interface ---------------------------------------------------------------------
-
-    def default_sampling_params(self) -> SamplingParams:
-        return SamplingParams(**self.sampling_defaults)
 
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         return self.inputs.tokenize(prompt, add_special_tokens)
