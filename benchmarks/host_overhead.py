@@ -117,11 +117,12 @@ def mixed_step(eng, prompt_len: int) -> dict:
 
     from atomc import SamplingParams
     from atomc.runtime.forward_context import ForwardContext, set_forward_context
+    from atomc.runtime.model_runner import device_batch
 
     eng.add_request("mixed", [10 + i % 300 for i in range(prompt_len)], SamplingParams(max_tokens=1))
     scheduled = eng.scheduler.schedule()
     runner = eng.runner
-    ids, pos, meta = runner.prepare(scheduled)
+    ids, pos, meta = device_batch(runner.host_batch(scheduled), runner.device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.inference_mode(), set_forward_context(ForwardContext(meta, runner.kv_caches)):
         runner.forward(ids, pos)

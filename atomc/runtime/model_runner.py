@@ -136,9 +136,6 @@ class ModelRunner:
         ]  # fmt: skip
         return flat_batch(chunks, self.block_size)
 
-    def prepare(self, scheduled: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        return device_batch(self.host_batch(scheduled), self.device)
-
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> SamplerOutput | None:
         """Run the forward for this step; sample one token for each sequence whose chunk ends its tokens.
