@@ -49,6 +49,13 @@ MixedMaxTokens = Annotated[
         help="experimental: CUDA graphs for mixed batches up to N tokens (default 0: off)",
     ),
 ]
+AsyncScheduling = Annotated[
+    bool,
+    typer.Option(
+        "--async-scheduling/--no-async-scheduling",
+        help="launch each step before the previous step's tokens are read back (default on)",
+    ),
+]
 GenerationConfig = Annotated[
     str, typer.Option("--generation-config", help="auto: sampling defaults from generation_config.json; none")
 ]
@@ -73,6 +80,7 @@ def build_config(
     num_kv_blocks=None,
     cudagraph_capture_sizes=None,
     cudagraph_mixed_max_tokens=0,
+    async_scheduling=True,
     disable_pass=None,
     load_format="safetensors",
     generation_config="auto",
@@ -86,6 +94,7 @@ def build_config(
     )
     cfg.scheduler.max_num_seqs = max_num_seqs
     cfg.scheduler.max_num_batched_tokens = max_num_batched_tokens
+    cfg.scheduler.async_scheduling = async_scheduling
     cfg.cache.block_size, cfg.cache.enable_prefix_caching = block_size, enable_prefix_caching
     cfg.cache.gpu_memory_utilization, cfg.cache.num_kv_blocks = gpu_memory_utilization, num_kv_blocks
     cfg.compile.enforce_eager, cfg.compile.require_artifacts = enforce_eager, require_artifacts
@@ -195,6 +204,7 @@ def serve(
     require_artifacts: RequireArtifacts = False,
     cudagraph_capture_sizes: CaptureSizes = None,
     cudagraph_mixed_max_tokens: MixedMaxTokens = 0,
+    async_scheduling: AsyncScheduling = True,
     load_format: LoadFormat = "safetensors",
     generation_config: GenerationConfig = "auto",
     disable_pass: DisablePass = None,

@@ -42,6 +42,9 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
+    # schedule and launch step N+1 before reading step N's sampled tokens back (they reach the GPU
+    # inputs on the GPU), so the host work of a step overlaps the GPU work of the one before it
+    async_scheduling: bool = True
 
 
 @dataclass

@@ -36,6 +36,7 @@ class LLM:
         load_format: str = "safetensors",
         generation_config: str = "auto",
         cudagraph_mixed_max_tokens: int = 0,
+        async_scheduling: bool = True,
         config: EngineConfig | None = None,
     ):
         if config is None:
@@ -49,6 +50,7 @@ class LLM:
                 seed,
             )
             s.max_num_seqs, s.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+            s.async_scheduling = async_scheduling
             c.block_size, c.enable_prefix_caching, c.num_kv_blocks = (
                 block_size,
                 enable_prefix_caching,

@@ -74,5 +74,11 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
+    def reads_history(self) -> bool:
+        """Does sampling read this row's earlier tokens (penalties, min_tokens)? Such a row cannot be
+        sampled before the previous step's token is back on the host."""
+        return self.has_penalties or self.min_tokens > 0
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5

@@ -27,17 +27,19 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def stub_execute(runner):
-    from atomc.runtime.sampler import SamplerOutput
+def stub_launch(runner):
+    import torch
 
-    def execute(scheduled):
+    from atomc.runtime.sampler import PendingSample
+
+    def launch(scheduled):
         b = runner.host_batch(scheduled)  # the real host-side batch build
         rows = [item for item in scheduled if item.samples]
         tokens = [(len(b["ids"]) + i) % 300 + 10 for i in range(len(rows))]
         runner.prompt_logprobs = {}
-        return SamplerOutput(tokens, [None] * len(rows))
+        return PendingSample(torch.tensor(tokens), [], [], []) if rows else None
 
-    return execute
+    return launch
 
 
 def main() -> None:
@@ -68,7 +70,7 @@ def main() -> None:
         cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens = n, 1 << 20
         cfg.cache.num_kv_blocks = n * ((args.context + args.steps + 64) // 16 + 2)
         eng = LLMEngine(cfg)
-        eng.runner.execute = stub_execute(eng.runner)
+        eng.runner.launch = stub_launch(eng.runner)
         params = SamplingParams(temperature=0, max_tokens=args.steps + 10, ignore_eos=True)
         for i in range(n):
             eng.add_request(str(i), [10 + (i + j) % 300 for j in range(args.context)], params)
@@ -94,8 +96,8 @@ def main() -> None:
             "step_ms": 1e3 * statistics.median(steps),
             "encode_pickle_ms": 1e3 * statistics.median(encodes),
             "schedule_ms": 1e3 * eng.last_step["schedule_s"],
-            "execute_ms": 1e3 * eng.last_step["execute_s"],
-            "postprocess_ms": 1e3 * eng.last_step["postprocess_s"],
+            "launch_ms": 1e3 * eng.last_step["launch_s"],
+            "complete_ms": 1e3 * eng.last_step["complete_s"],
         }
         rows.append(row)
         print(json.dumps(row), flush=True)

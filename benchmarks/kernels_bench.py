@@ -282,7 +282,10 @@ def gemv_case(name: str, w: torch.Tensor, m: int, sweep: bool) -> None:
         best = (us_graph or us, "default")
         for bn, bk, sk, nw in itertools.product([16, 32, 64], [256, 512], [1, 2, 4], [4, 8]):
             kw = dict(block_n=bn, block_k=bk, split_k=sk, num_warps=nw)
-            assert rel_err(gemv(x, w, **kw), ref) < 1e-2
+            try:
+                assert rel_err(gemv(x, w, **kw), ref) < 1e-2
+            except triton.runtime.errors.OutOfResources:
+                continue  # a tile too large for this GPU's shared memory: not a candidate
             t = timed(lambda kw=kw: gemv(x, w, **kw))[1]
             if t is not None and t < best[0]:
                 best = (t, f"bn{bn} bk{bk} sk{sk} w{nw}")

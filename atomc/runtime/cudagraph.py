@@ -184,15 +184,23 @@ class DecodeGraphs(_StaticBatchGraphs):
         return self.compute_logits(hidden)
 
     def replay(
-        self, input_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int], tables: list[list[int]]
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        seq_lens: list[int],
+        tables: list[list[int]],
+        feed: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """Logits [bs, vocab] for a pure-decode batch of bs = len(input_ids) sequences."""
+        """Logits [bs, vocab] for a pure-decode batch of bs = len(input_ids) sequences. `feed`
+        writes input ids known only on the device into the input buffer after the copy in."""
         bs = len(input_ids)
         size = self.padded_size(bs)
         width = max(len(t) for t in tables)
         self._wait_staging_free()
         st_np = self.staging_np
         st_np["input_ids"][:bs] = input_ids
+        st_np["input_ids"][bs:size] = 0  # padded rows: any valid id (a pending -1 may be left there)
         st_np["positions"][:bs] = positions
         st_np["slot_mapping"][:size] = -1
         st_np["slot_mapping"][:bs] = slots
@@ -205,6 +213,8 @@ class DecodeGraphs(_StaticBatchGraphs):
         for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
             getattr(self, name)[:size].copy_(st[name][:size], non_blocking=True)
         self.block_tables[:size, :width].copy_(st["block_tables"][:size, :width], non_blocking=True)
+        if feed is not None:
+            feed(self.input_ids)
         if not self.use_graphs:
             self._host_meta = ([], list(seq_lens))
         return self._launch(size)[:bs]
@@ -235,8 +245,9 @@ class MixedGraphs(_StaticBatchGraphs):
     def fits(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens <= self.max_size and num_seqs <= self.max_seqs
 
-    def replay(self, b: dict[str, list]) -> torch.Tensor:
-        """Hidden states [T, hidden] for a batch from `flat_batch` (T = its token count)."""
+    def replay(self, b: dict[str, list], feed: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Hidden states [T, hidden] for a batch from `flat_batch` (T = its token count); `feed`
+        as for DecodeGraphs.replay."""
         t, n = len(b["ids"]), len(b["seq_lens"])
         size = self.padded_size(t)
         width = max(len(x) for x in b["tables"])
@@ -260,6 +271,8 @@ class MixedGraphs(_StaticBatchGraphs):
         self.query_start_loc.copy_(st["query_start_loc"], non_blocking=True)
         self.seq_lens.copy_(st["seq_lens"], non_blocking=True)
         self.block_tables[:n, :width].copy_(st["block_tables"][:n, :width], non_blocking=True)
+        if feed is not None:
+            feed(self.input_ids)
         if not self.use_graphs:
             self._host_meta = (list(b["starts"]), list(b["seq_lens"]))
         return self._launch(size)[:t]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,8 @@ from atomc.graphs.partition import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
-from atomc.runtime.sampler import Sampler, SamplerOutput, SamplingBatch
+from atomc.runtime.sampler import PendingSample, Sampler, SamplerOutput, SamplingBatch
+from atomc.runtime.transfer import to_device
 from models.arch import ModelArch
 from models.loader import load_model
 
@@ -70,6 +72,8 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
         self.prompt_logprobs: dict[int, list[dict[int, float]]] = {}
+        # the last launch's sampled tokens (on the device) and seq_id -> their row
+        self._last_sampled: tuple[torch.Tensor, dict[int, int]] | None = None
 
     def _num_kv_blocks(self) -> int:
         per_block = bytes_per_block(
@@ -138,39 +142,81 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> SamplerOutput | None:
-        """Run the forward for this step; sample one token for each sequence whose chunk ends its tokens.
+        """`launch`, then wait for the sampled tokens."""
+        pending = self.launch(scheduled)
+        return None if pending is None else pending.result()
 
-        Sequences that asked for prompt logprobs get them in `self.prompt_logprobs` (seq_id -> list)."""
+    @torch.inference_mode()
+    def launch(self, scheduled: list[ScheduledSeq]) -> PendingSample | None:
+        """Queue this step's forward and sampling on the device; returns the sampled tokens on their
+        way back (None when no chunk ends its tokens), without waiting for them.
+
+        An input token still pending from the previous launch (async scheduling) is copied into the
+        inputs on the device from that launch's sampled tokens. Sequences that asked for prompt
+        logprobs get them in `self.prompt_logprobs` (seq_id -> list); computing those waits."""
         rows = [i for i, item in enumerate(scheduled) if item.samples]
         self.prompt_logprobs = {}
+        b = self.host_batch(scheduled)
+        feed = self._pending_feed(scheduled, b["starts"])
         if self.decode_graphs is not None and self._is_graph_decode(scheduled):
-            b = self.host_batch(scheduled)
-            logits = self.decode_graphs.replay(b["ids"], b["positions"], b["slots"], b["seq_lens"], b["tables"])
+            logits = self.decode_graphs.replay(
+                b["ids"], b["positions"], b["slots"], b["seq_lens"], b["tables"], feed=feed
+            )  # fmt: skip
         else:
-            b = self.host_batch(scheduled)
             if self.mixed_graphs is not None and self.mixed_graphs.fits(len(b["ids"]), len(scheduled)):
-                hidden = self.mixed_graphs.replay(b)
+                hidden = self.mixed_graphs.replay(b, feed=feed)
             else:
                 input_ids, positions, meta = device_batch(b, self.device)
+                if feed is not None:
+                    feed(input_ids)
                 with set_forward_context(ForwardContext(meta, self.kv_caches)):
                     hidden = self.forward(input_ids, positions)
             starts = b["starts"]
             self._prompt_logprobs(scheduled, hidden, starts)
             if not rows:
+                self._last_sampled = None
                 return None
-            last = torch.tensor([starts[i + 1] - 1 for i in rows], device=self.device)
+            last = to_device([starts[i + 1] - 1 for i in rows], torch.long, self.device)
             logits = self.model.compute_logits(hidden[last])
         seqs = [scheduled[i].seq for i in rows]
         # token histories are copied only for the rows that read them (penalties, min_tokens):
         # copying every row's prompt and output each step costs O(context) host time per sequence
-        hist = [_reads_history(s.params) for s in seqs]
+        hist = [s.params.reads_history for s in seqs]
         batch = SamplingBatch(
             params=[s.params for s in seqs],
             prompt_token_ids=[s.prompt_token_ids if h else [] for s, h in zip(seqs, hist, strict=True)],
             output_token_ids=[s.output_token_ids if h else [] for s, h in zip(seqs, hist, strict=True)],
             generators=[s.generator for s in seqs],
         )
-        return self.sampler(logits, batch)
+        sample = self.sampler.sample(logits, batch)
+        self._last_sampled = (sample.token_ids, {s.seq_id: k for k, s in enumerate(seqs)})
+        return sample
+
+    def _pending_feed(self, scheduled: list[ScheduledSeq], starts: list[int]) -> Callable | None:
+        """For inputs sampled by the last launch and not read back yet: a function that writes them
+        into a device input-id buffer (flat batch order), from that launch's device tokens."""
+        dst: list[int] = []
+        src: list[int] = []
+        for i, item in enumerate(scheduled):
+            seq = item.seq
+            if not seq.num_pending:
+                continue
+            # one step of lookahead: the one pending token is the last launch's, at position num_tokens
+            rows = self._last_sampled[1] if self._last_sampled is not None else {}
+            if seq.num_pending != 1 or seq.seq_id not in rows:
+                raise RuntimeError(f"sequence {seq.seq_id}: pending tokens not from the last launch")
+            dst.append(starts[i] + seq.num_tokens - seq.num_computed_tokens)
+            src.append(rows[seq.seq_id])
+        if not dst:
+            return None
+        tokens = self._last_sampled[0]
+        dst_t = to_device(dst, torch.long, self.device)
+        src_t = to_device(src, torch.long, self.device)
+
+        def feed(input_ids: torch.Tensor) -> None:
+            input_ids.index_copy_(0, dst_t, tokens.index_select(0, src_t))
+
+        return feed
 
     def _prompt_logprobs(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor, starts: list[int]) -> None:
         """Logprob of each prompt token given the ones before it (the row at position p scores token p+1)."""
@@ -226,9 +272,7 @@ class ModelRunner:
             self.timings["cudagraph_capture_s"] = self.decode_graphs.capture_seconds
 
 
-def _reads_history(p) -> bool:
-    """Does the sampler read this row's token history (penalties, min_tokens)?"""
-    return p.has_penalties or p.min_tokens > 0
+PENDING_TOKEN = -1  # an out-of-range id: a pending input the device feed missed fails loudly
 
 
 def flat_batch(chunks: list[tuple[list[int], int, int, list[int]]], block_size: int) -> dict[str, list]:
@@ -241,6 +285,8 @@ def flat_batch(chunks: list[tuple[list[int], int, int, list[int]]], block_size: 
     seq_lens: list[int] = []
     for token_ids, begin, end, table in chunks:
         ids.extend(token_ids[begin:end])
+        if end > len(token_ids):  # pending tokens (async scheduling): filled in on the device
+            ids.extend([PENDING_TOKEN] * (end - max(begin, len(token_ids))))
         positions.extend(range(begin, end))
         slots.extend(table[p // block_size] * block_size + p % block_size for p in range(begin, end))
         starts.append(starts[-1] + end - begin)
@@ -254,16 +300,16 @@ def device_batch(b: dict[str, list], device: str) -> tuple[torch.Tensor, torch.T
     width = max(len(t) for t in b["tables"])
     starts = b["starts"]
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(b["slots"], dtype=torch.long, device=device),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(b["seq_lens"], dtype=torch.int32, device=device),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in b["tables"]], dtype=torch.int32, device=device),
+        slot_mapping=to_device(b["slots"], torch.long, device),
+        query_start_loc=to_device(starts, torch.int32, device),
+        seq_lens=to_device(b["seq_lens"], torch.int32, device),
+        block_tables=to_device([t + [0] * (width - len(t)) for t in b["tables"]], torch.int32, device),
         query_start_loc_host=starts,
         seq_lens_host=b["seq_lens"],
         max_query_len=max(end - begin for begin, end in itertools.pairwise(starts)),
         max_seq_len=max(b["seq_lens"]),
         num_seqs=len(b["seq_lens"]),
     )
-    input_ids = torch.tensor(b["ids"], dtype=torch.long, device=device)
-    positions = torch.tensor(b["positions"], dtype=torch.long, device=device)
+    input_ids = to_device(b["ids"], torch.long, device)
+    positions = to_device(b["positions"], torch.long, device)
     return input_ids, positions, meta

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from atomc.runtime.transfer import to_device, to_host_async
 from atomc.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")
@@ -42,9 +43,50 @@ class SamplerOutput:
     logprobs: list[dict[int, float] | None]
 
 
+class PendingSample:
+    """One step's sampled tokens (and logprobs) on their way to the host.
+
+    The copies are queued behind the step's kernels; `result()` waits for them. `token_ids` stays
+    on the device, where the next step can take its inputs from it before anything is read back.
+    """
+
+    def __init__(self, token_ids: torch.Tensor, logprob_rows: list[int], logprob_n: list[int], lp: list[torch.Tensor]):
+        self.token_ids = token_ids
+        self._rows, self._n = logprob_rows, logprob_n
+        self._host = [to_host_async(t) for t in (token_ids, *lp)]
+        self._ready = None
+        if token_ids.device.type == "cuda":
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        self._result: SamplerOutput | None = None
+
+    def result(self) -> SamplerOutput:
+        if self._result is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            token_list = self._host[0].tolist()
+            self._result = SamplerOutput(token_list, self._logprobs(token_list))
+        return self._result
+
+    def _logprobs(self, token_list: list[int]) -> list[dict[int, float] | None]:
+        out: list[dict[int, float] | None] = [None] * len(token_list)
+        if not self._rows:
+            return out
+        sampled = self._host[1].tolist()
+        top_vals, top_ids = (self._host[2].tolist(), self._host[3].tolist()) if len(self._host) > 2 else ([], [])
+        for j, i in enumerate(self._rows):
+            d = {token_list[i]: sampled[j]}  # sampled token first, as vLLM lists it
+            n = self._n[j]
+            if n > 0:
+                for t, v in zip(top_ids[j][:n], top_vals[j][:n], strict=True):
+                    d.setdefault(t, v)
+            out[i] = d
+        return out
+
+
 def _row_param(values: Sequence[float] | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Per-row parameter as a [B, 1] column on logits' device and dtype, ready to broadcast."""
-    return torch.as_tensor(values, dtype=like.dtype, device=like.device).reshape(-1, 1)
+    return to_device(values, like.dtype, like.device).reshape(-1, 1)
 
 
 def _token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, like: torch.Tensor) -> torch.Tensor:
@@ -57,7 +99,8 @@ def _token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int, like: tor
     cols = torch.tensor(list(itertools.chain.from_iterable(token_ids)), dtype=torch.long)
     rows = torch.repeat_interleave(torch.arange(len(token_ids)), lengths)
     ones = torch.ones(cols.numel(), dtype=like.dtype, device=like.device)
-    counts.index_put_((rows.to(like.device), cols.to(like.device)), ones, accumulate=True)
+    dev = like.device
+    counts.index_put_((to_device(rows, torch.long, dev), to_device(cols, torch.long, dev)), ones, accumulate=True)
     return counts
 
 
@@ -77,7 +120,7 @@ def apply_penalties(
     vocab = logits.shape[-1]
     out_counts = _token_counts(output_token_ids, vocab, logits)
     rep = _row_param(repetition_penalty, logits)
-    if bool((rep != 1).any()):
+    if any(r != 1 for r in repetition_penalty):  # host values: no sync
         seen = (_token_counts(prompt_token_ids, vocab, logits) + out_counts) > 0
         penalised = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalised, logits)
@@ -107,18 +150,18 @@ def apply_min_tokens(
     if not rows:
         return logits
     logits = logits.clone()
-    logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = _NEG_INF
+    logits[to_device(rows, torch.long, logits.device), to_device(cols, torch.long, logits.device)] = _NEG_INF
     return logits
 
 
 def apply_top_k(logits: torch.Tensor, top_k: Sequence[int] | torch.Tensor) -> torch.Tensor:
     """Keep each row's k largest logits (ties with the k-th kept, as in vLLM); k <= 0 or k >= V = off."""
     vocab = logits.shape[-1]
-    k = torch.as_tensor(top_k, dtype=torch.long, device=logits.device).reshape(-1, 1)
-    k = torch.where((k <= 0) | (k > vocab), torch.full_like(k, vocab), k)
-    if bool((k == vocab).all()):
+    ks = [vocab if k <= 0 or k > vocab else int(k) for k in top_k]  # host values: no sync
+    if all(k == vocab for k in ks):
         return logits
-    kmax = int(k.max())
+    kmax = max(ks)
+    k = to_device(ks, torch.long, logits.device).reshape(-1, 1)
     # topk to the largest k in the batch is cheaper than a full sort when k is small
     top_vals = logits.topk(kmax, dim=-1).values
     threshold = top_vals.gather(-1, k - 1)
@@ -152,7 +195,7 @@ def _draw_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tenso
     """
     cdf = probs.to(torch.float64).cumsum(dim=-1)
     total = cdf[:, -1:]
-    target = uniforms.to(device=probs.device, dtype=torch.float64).reshape(-1, 1) * total
+    target = to_device(uniforms, torch.float64, probs.device).reshape(-1, 1) * total
     # u * total can round up to total; stay strictly below so a positive-probability token is hit
     target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).reshape(-1)
@@ -176,23 +219,24 @@ class Sampler:
         return u
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        return self.sample(logits, batch).result()
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> PendingSample:
+        """Queue the sampling kernels and the copies back; nothing here waits for the device."""
         params = batch.params
         n_rows, vocab = logits.shape
         lens = {len(params), len(batch.prompt_token_ids), len(batch.output_token_ids), len(batch.generators)}
         if lens != {n_rows}:
             raise ValueError(f"sampling batch has {len(params)} rows but logits have {n_rows}")
-        if n_rows == 0:
-            return SamplerOutput([], [])
         if all(_plain_greedy(p, len(out)) for p, out in zip(params, batch.output_token_ids, strict=True)):
             # the common serving case: one argmax kernel and one copy back, nothing per row
-            token_list = logits.argmax(dim=-1).tolist()
-            return SamplerOutput(token_list, [None] * n_rows)
+            return PendingSample(logits.argmax(dim=-1), [], [], [])
         device = logits.device
         x = logits.to(torch.float32, copy=True)  # never modify the caller's logits (logprobs need them raw)
 
         pen = [i for i, p in enumerate(params) if p.has_penalties]
         if pen:
-            idx = torch.tensor(pen, device=device)
+            idx = to_device(pen, torch.long, device)
             x[idx] = apply_penalties(
                 x[idx],
                 [batch.prompt_token_ids[i] for i in pen],
@@ -207,10 +251,10 @@ class Sampler:
         greedy = [i for i, p in enumerate(params) if p.greedy]
         rand = [i for i, p in enumerate(params) if not p.greedy]
         if greedy:
-            idx = torch.tensor(greedy, device=device)
+            idx = to_device(greedy, torch.long, device)
             tokens[idx] = x[idx].argmax(dim=-1)
         if rand:
-            idx = torch.tensor(rand, device=device)
+            idx = to_device(rand, torch.long, device)
             rp = [params[i] for i in rand]
             xr = x[idx] / _row_param([p.temperature for p in rp], x)
             if any(p.top_k > 0 for p in rp):
@@ -221,31 +265,19 @@ class Sampler:
                 xr = apply_min_p(xr, [p.min_p for p in rp])
             uniforms = self._uniforms([batch.generators[i] for i in rand])
             tokens[idx] = _draw_from_probs(xr.softmax(dim=-1), uniforms)
-
-        token_list = tokens.tolist()
-        return SamplerOutput(token_list, self._logprobs(logits, params, tokens, token_list))
+        return self._with_logprobs(logits, params, tokens)
 
     @staticmethod
-    def _logprobs(
-        logits: torch.Tensor, params: Sequence[SamplingParams], tokens: torch.Tensor, token_list: list[int]
-    ) -> list[dict[int, float] | None]:
-        out: list[dict[int, float] | None] = [None] * len(params)
+    def _with_logprobs(logits: torch.Tensor, params: Sequence[SamplingParams], tokens: torch.Tensor) -> PendingSample:
+        """Logprobs from the raw logits for the rows that asked: the sampled token's, and the top N."""
         rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not rows:
-            return out
-        idx = torch.tensor(rows, device=logits.device)
+            return PendingSample(tokens, [], [], [])
+        idx = to_device(rows, torch.long, logits.device)
         lp = torch.log_softmax(logits[idx].float(), dim=-1)
-        sampled = lp.gather(-1, tokens[idx].reshape(-1, 1)).reshape(-1).tolist()
-        n_max = max(params[i].logprobs for i in rows)
-        top_vals: list[list[float]] = [[] for _ in rows]
-        top_ids: list[list[int]] = [[] for _ in rows]
-        if n_max > 0:
-            top = lp.topk(min(n_max, lp.shape[-1]), dim=-1)
-            top_vals, top_ids = top.values.tolist(), top.indices.tolist()
-        for j, i in enumerate(rows):
-            d = {token_list[i]: sampled[j]}  # sampled token first, as vLLM lists it
-            n = params[i].logprobs
-            for t, v in zip(top_ids[j][:n], top_vals[j][:n], strict=True):
-                d.setdefault(t, v)
-            out[i] = d
-        return out
+        sampled = lp.gather(-1, tokens[idx].reshape(-1, 1)).reshape(-1)
+        n = [params[i].logprobs for i in rows]
+        if max(n) <= 0:
+            return PendingSample(tokens, rows, n, [sampled])
+        top = lp.topk(min(max(n), lp.shape[-1]), dim=-1)
+        return PendingSample(tokens, rows, n, [sampled, top.values, top.indices])

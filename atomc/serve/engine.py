@@ -11,6 +11,7 @@ import itertools
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,11 +20,12 @@ from atomc.config import EngineConfig, resolve_device
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.runtime.block_manager import BlockManager
 from atomc.runtime.model_runner import ModelRunner
+from atomc.runtime.sampler import PendingSample
 from atomc.sampling_params import SamplingParams
 from atomc.serve.detokenizer import DetokenizerState, decode_rest, decode_step
 from atomc.serve.generation_defaults import generation_defaults
 from atomc.serve.inputs import InputProcessor
-from atomc.serve.scheduler import Scheduler
+from atomc.serve.scheduler import ScheduledSeq, Scheduler
 from atomc.serve.sequence import SeqStatus, Sequence
 from atomc.serve.tokenizer import load_tokenizer
 from models.arch import ModelArch
@@ -60,6 +62,15 @@ class _Request:
         return True
 
 
+@dataclass
+class _Launched:
+    """A step queued on the device whose sampled tokens have not been read back."""
+
+    samplers: list[Sequence]  # one per sampled row, in row order
+    sample: PendingSample
+    reads_history: bool  # a row's next sampling needs this step's token on the host
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -89,6 +100,7 @@ class LLMEngine:
         self.sampling_defaults = generation_defaults(self.model_dir, config.model.generation_config)
         self.requests: dict[str, _Request] = {}
         self.last_step: dict = {}
+        self._in_flight: _Launched | None = None
         self._seq_ids = itertools.count()
 
     def _max_model_len(self) -> int:
@@ -141,7 +153,11 @@ class LLMEngine:
             gen = None
             if params.seed is not None:
                 gen = torch.Generator().manual_seed(params.seed + i)
-            seqs.append(Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params, generator=gen))
+            seq = Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params, generator=gen)
+            seq.max_num_tokens = self.max_model_len
+            if params.max_tokens is not None:
+                seq.max_num_tokens = min(seq.max_num_tokens, len(ids) + params.max_tokens)
+            seqs.append(seq)
         req = _Request(request_id, text, seqs, arrival_time or time.perf_counter(), self.tokenizer)
         self.requests[request_id] = req
         for seq in seqs:
@@ -163,21 +179,59 @@ class LLMEngine:
     # -- one step ------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Schedule and launch one step; return the outputs of the step whose tokens were read back.
+
+        With async scheduling that is the step launched by the previous call: step N+1 is scheduled
+        and queued on the device before step N's tokens are read, so this host work runs while the
+        device computes. Inputs still on the device reach step N+1 there (see ModelRunner.launch);
+        a sequence that step N finishes has one extra token computed in N+1, then dropped."""
         t0 = time.perf_counter()
+        outputs: list[RequestOutput] = []
+        if self._in_flight is not None and self._in_flight.reads_history:
+            outputs = self._complete(self._in_flight)  # its rows' samplers need the tokens first
+            self._in_flight = None
         scheduled = self.scheduler.schedule()
-        if not scheduled:
-            return []
         t1 = time.perf_counter()
-        samplers = [item.seq for item in scheduled if item.samples]  # the runner's rows, in its order
-        sampled = self.runner.execute(scheduled)
+        launched = self._launch(scheduled) if scheduled else None
         t2 = time.perf_counter()
+        if self._in_flight is not None:
+            outputs = self._complete(self._in_flight)
+        self._in_flight = launched
+        if launched is not None and not self.config.scheduler.async_scheduling:
+            outputs = self._complete(launched)
+            self._in_flight = None
+        # wall-clock split of the last step, for host-overhead measurements (benchmarks/host_overhead.py)
+        self.last_step = {
+            "num_seqs": len(scheduled),
+            "num_tokens": sum(item.num_new_tokens for item in scheduled),
+            "schedule_s": t1 - t0,
+            "launch_s": t2 - t1,
+            "complete_s": time.perf_counter() - t2,  # waiting for the tokens + stop checks and outputs
+        }
+        return outputs
+
+    def _launch(self, scheduled: list[ScheduledSeq]) -> _Launched | None:
+        samplers = [item.seq for item in scheduled if item.samples]  # the runner's rows, in its order
+        sample = self.runner.launch(scheduled)
         for item in scheduled:
             if item.seq.seq_id in self.runner.prompt_logprobs:
                 item.seq.prompt_logprobs.extend(self.runner.prompt_logprobs[item.seq.seq_id])
         self.scheduler.commit_computed(scheduled)
+        if not samplers:
+            return None
+        for seq in samplers:
+            seq.num_pending += 1
+        return _Launched(samplers, sample, any(seq.params.reads_history for seq in samplers))
+
+    def _complete(self, launched: _Launched) -> list[RequestOutput]:
+        """Read a launched step's tokens back: append them, detokenize, check stops, build outputs."""
+        sampled = launched.sample.result()
         touched: dict[str, _Request] = {}
         now = time.perf_counter()
-        for k, seq in enumerate(samplers):
+        for k, seq in enumerate(launched.samplers):
+            seq.num_pending -= 1
+            if seq.finished:
+                continue  # stopped or aborted while this token was being computed: dropped
             req = self.requests[seq.request_id]
             touched[seq.request_id] = req
             token = sampled.token_ids[k]
@@ -200,14 +254,6 @@ class LLMEngine:
                 req.metrics["finish_time"] = now
                 del self.requests[request_id]
             outputs.append(self._output(req, done))
-        # wall-clock split of the last step, for host-overhead measurements (benchmarks/host_overhead.py)
-        self.last_step = {
-            "num_seqs": len(scheduled),
-            "num_tokens": sum(item.num_new_tokens for item in scheduled),
-            "schedule_s": t1 - t0,
-            "execute_s": t2 - t1,
-            "postprocess_s": time.perf_counter() - t2,
-        }
         return outputs
 
     def _append_text(self, req: _Request, seq: Sequence) -> None:

@@ -24,8 +24,9 @@ class ScheduledSeq:
 
     @property
     def samples(self) -> bool:
-        """True when this chunk reaches the end of the known tokens, so a new token is sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        """True when this chunk reaches the last token (known or pending), so a new token is sampled."""
+        seq = self.seq
+        return seq.num_computed_tokens + self.num_new_tokens == seq.num_tokens + seq.num_pending
 
 
 class Scheduler:
@@ -48,7 +49,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.finishes_on_pending:
+                i += 1  # its last token is on the GPU: it finishes when that is read back
+                continue
+            n = min(seq.num_tokens + seq.num_pending - seq.num_computed_tokens, budget)
             if not self._grow(seq, seq.num_computed_tokens + n):
                 break  # seq itself was preempted: everything after it was preempted first
             out.append(ScheduledSeq(seq, n))
@@ -56,6 +60,8 @@ class Scheduler:
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending:
+                break  # preempted with a token still on the GPU: its prompt is recomputed once it lands
             n = self._admit(seq, budget)
             if n == 0:
                 break  # not enough free blocks: wait for running sequences to finish
@@ -115,12 +121,13 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def commit_computed(self, scheduled: list[ScheduledSeq]) -> None:
-        """After the forward: advance computed counts and put newly full blocks in the prefix cache."""
+        """Once the forward is queued: advance computed counts and put newly full blocks in the
+        prefix cache (only blocks whose tokens are all known: a pending token has no value yet)."""
         bs = self.blocks.block_size
         for item in scheduled:
             seq = item.seq
             seq.num_computed_tokens += item.num_new_tokens
-            while len(seq.block_hashes) < seq.num_computed_tokens // bs:
+            while len(seq.block_hashes) < min(seq.num_computed_tokens, seq.num_tokens) // bs:
                 j = len(seq.block_hashes)
                 parent = seq.block_hashes[-1] if seq.block_hashes else None
                 h = self.blocks.commit_full_block(seq.block_table[j], parent, seq.token_ids[j * bs : (j + 1) * bs])

@@ -27,7 +27,11 @@ class Sequence:
     params: SamplingParams
     generator: torch.Generator | None = None
     status: SeqStatus = SeqStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache (or queued on the GPU to be)
+    # tokens sampled by launched steps whose values have not been read back yet (async scheduling):
+    # they follow token_ids, and a step that takes one as input gets it on the GPU
+    num_pending: int = 0
+    max_num_tokens: int = 2**62  # prompt + max_tokens, capped by max_model_len: it finishes there
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full, committed blocks
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first schedule)
@@ -44,6 +48,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def finishes_on_pending(self) -> bool:
+        """True when the tokens already sampled reach the length limit: nothing more to schedule."""
+        return self.num_tokens + self.num_pending >= self.max_num_tokens
 
     @property
     def output_token_ids(self) -> list[int]:
