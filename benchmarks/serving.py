@@ -64,11 +64,12 @@ def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
     startup = time.perf_counter() - t0
     rows = []
     try:
-        for conc in args.conc:
+        for i, conc in enumerate(args.conc):
+            # a seed per cell: the cells share one server, and repeated prompts would hit the prefix cache
             cfg = BenchConfig(
                 base_url=f"http://127.0.0.1:{port}", input_len=args.isl, output_len=args.osl,
                 num_prompts=max(conc * args.waves, 2), max_concurrency=conc,
-                vocab_size=CONFIGS[args.model]["vocab_size"], show_progress=False,
+                vocab_size=CONFIGS[args.model]["vocab_size"], show_progress=False, seed=1 + i,
             )  # fmt: skip
             res = run_benchmark(cfg)
             res["conc"] = conc

@@ -170,3 +170,16 @@ def test_shipped_examples_agree():
     keys = [c.key for c in cfg.cells]
     assert keys == [k for k in thresholds if not k.startswith("_")]
     assert cfg.model_id is None and cfg.enforce_thresholds
+
+
+def test_sweep_cells_get_distinct_prompts():
+    """Cells share one server: the same prompts in two cells would be prefix-cache hits."""
+    from atomc.serve.bench.dataset import sample_random_requests
+    from atomc.serve.bench.sweep import SweepCell, SweepConfig, bench_config_for
+
+    cells = [SweepCell("c", 64, 8, 1, 1, conc, conc) for conc in (2, 4)]
+    cfg = SweepConfig(Path("sweep.json"), None, {"seed": 5}, cells)
+    benches = [bench_config_for(c, cfg, "http://x", "m", i, vocab_size=1000) for i, c in enumerate(cells, 1)]
+    assert [b.seed for b in benches] == [6, 7]
+    first, second = (sample_random_requests(2, 64, 8, 0.0, 1000, b.seed) for b in benches)
+    assert first[0].prompt_ids != second[0].prompt_ids

@@ -260,8 +260,10 @@ def served_model(base_url: str, wanted: str | None, api_key: str | None) -> str:
 
 
 def bench_config_for(
-    cell: SweepCell, cfg: SweepConfig, base_url: str, model: str, **overrides
+    cell: SweepCell, cfg: SweepConfig, base_url: str, model: str, index: int = 0, **overrides
 ) -> BenchConfig:
+    """The bench run of one cell. Cell `index` offsets the prompt seed: every cell of a sweep runs
+    against the same server, so equal prompts would be prefix-cache hits on an earlier cell's."""
     params = cfg.params
     return BenchConfig(
         base_url=base_url,
@@ -271,7 +273,7 @@ def bench_config_for(
         num_prompts=cell.num_prompts,
         max_concurrency=cell.concurrency,
         request_rate=float(params.get("request_rate", math.inf)),
-        seed=int(params.get("seed", 0)),
+        seed=int(params.get("seed", 0)) + index,
         random_range_ratio=float(params.get("random_range_ratio", 0.0)),
         percentiles=parse_percentiles(params.get("metric_percentiles")),
         **overrides,
@@ -333,7 +335,7 @@ def run_sweep(
         for i, cell in enumerate(cfg.cells, 1):
             log(f"[{i}/{len(cfg.cells)}] {cell.key} ({cell.combo}, {cell.num_prompts} prompts)")
             bench = bench_config_for(
-                cell, cfg, url, model, api_key=api_key, vocab_size=vocab_size, show_progress=show_progress
+                cell, cfg, url, model, i, api_key=api_key, vocab_size=vocab_size, show_progress=show_progress
             )
             results["cells"][cell.key] = {"combo": cell.combo, **run_benchmark(bench)}
             save()
