@@ -5,6 +5,9 @@ Skipped without CUDA; run on the GPU box (see docs/performance.md for how).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import transformers
@@ -43,19 +46,12 @@ def test_gpu_bf16_batch_matches_one_at_a_time(checkpoints):
     assert agree >= 0.8 * sum(len(x) for x in together)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="mixed-batch graphs are experimental: this passed on the H200 at 9855395 and failed at f613577 "
-    "(after the staging-event and greedy-sampler changes; the failure text was not captured); see "
-    "docs/scheduling.md, 'CUDA graphs'",
-)
-def test_gpu_mixed_graphs_match_eager(checkpoints):
+def check_mixed_graphs_match_eager(model_dir: str) -> None:
     """Chunked prefill sharing steps with decodes, replayed from mixed-batch CUDA graphs, gives the
     eager engine's tokens (fp32), and the graphs were actually used."""
-    d = str(checkpoints["llama"])
     prompts = [list(range(5, 5 + n)) for n in (3, 70, 9, 150, 33)]
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    kw = dict(model=d, dtype="float32", device="cuda", max_num_seqs=8, max_num_batched_tokens=48)
+    kw = dict(model=model_dir, dtype="float32", device="cuda", max_num_seqs=8, max_num_batched_tokens=48)
 
     def run(llm):
         return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
@@ -67,7 +63,29 @@ def test_gpu_mixed_graphs_match_eager(checkpoints):
     replays = []
     launch = mixed._launch
     mixed._launch = lambda size: replays.append(size) or launch(size)
-    assert run(llm) == expected
+    got = run(llm)
+    assert got == expected, f"mixed graphs {got} != eager {expected}"
     assert replays
     stats = llm.engine.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    print("mixed graphs match eager")
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="mixed-batch graphs are experimental: on the H200 this passed at 9855395 and cc6c926, failed at "
+    "f613577 and aborted the process at 8fc3887; see docs/scheduling.md, 'CUDA graphs'",
+)
+def test_gpu_mixed_graphs_match_eager(checkpoints):
+    # in a child process: a CUDA fault here has aborted the interpreter, which would end the test run
+    # and lose the error; the child's whole output comes back in the failure message instead
+    proc = subprocess.run(
+        [sys.executable, __file__, str(checkpoints["llama"])], capture_output=True, text=True, timeout=600
+    )
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if "Error" in line or "error" in line][:10]
+    assert proc.returncode == 0, f"exit {proc.returncode}; first errors: {errors}\n{out[-6000:]}"
+
+
+if __name__ == "__main__":
+    check_mixed_graphs_match_eager(sys.argv[1])
