@@ -78,7 +78,7 @@ class _StaticBatchGraphs:
         # pinned staging: one host->device copy per buffer per step, without a sync
         pin = torch.device(dev).type == "cuda"
         self.staging = {
-            name: (lambda t: t.pin_memory() if pin else t)(torch.empty_like(buf, device="cpu"))
+            name: (lambda t: t.pin_memory() if pin else t)(torch.zeros_like(buf, device="cpu"))
             for name, buf in self._buffers().items()
         }
         # numpy views of the staging buffers: filling them per step is plain memory writes
@@ -200,8 +200,11 @@ class DecodeGraphs(_StaticBatchGraphs):
         self._wait_staging_free()
         st_np = self.staging_np
         st_np["input_ids"][:bs] = input_ids
-        st_np["input_ids"][bs:size] = 0  # padded rows: any valid id (a pending -1 may be left there)
         st_np["positions"][:bs] = positions
+        # padded rows get a valid id and position too: RoPE reads its table at every row's
+        # position, and an id left by an earlier step may be a pending -1
+        st_np["input_ids"][bs:size] = 0
+        st_np["positions"][bs:size] = 0
         st_np["slot_mapping"][:size] = -1
         st_np["slot_mapping"][:bs] = slots
         st_np["seq_lens"][:size] = 1

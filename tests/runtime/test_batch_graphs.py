@@ -60,6 +60,19 @@ def test_static_batch_paths_match_plain_forward(llama_dir, reference):
     assert decode_calls and set(decode_calls) <= {1, 2, 4}
 
 
+def test_padded_rows_ignore_what_the_staging_buffers_held(llama_dir, reference):
+    """Rows past the batch must not read leftovers: an out-of-range position there sent RoPE's table
+    lookup out of bounds (on a GPU, an illegal memory access in the captured graph)."""
+    llm = make_llm(llama_dir)
+    mixed, decode = attach_graphs(llm, [8, 16, 32], [8])  # every decode batch (4 or fewer) is padded
+    for graphs in (mixed, decode):
+        for name in ("input_ids", "positions"):
+            graphs.staging_np[name][:] = 10**12
+    decode_calls = count_calls(decode)
+    assert generate(llm) == reference
+    assert decode_calls
+
+
 def test_batches_larger_than_the_graphs_fall_back(llama_dir, reference):
     llm = make_llm(llama_dir)
     mixed, _ = attach_graphs(llm, [8], [1])
