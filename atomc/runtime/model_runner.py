@@ -22,7 +22,7 @@ from atomc.graphs.partition import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
-from atomc.runtime.sampler import PendingSample, Sampler, SamplerOutput, SamplingBatch
+from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch
 from atomc.runtime.transfer import to_device
 from models.arch import ModelArch
 from models.loader import load_model
@@ -139,12 +139,6 @@ class ModelRunner:
             for item in scheduled
         ]  # fmt: skip
         return flat_batch(chunks, self.block_size)
-
-    @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSeq]) -> SamplerOutput | None:
-        """`launch`, then wait for the sampled tokens."""
-        pending = self.launch(scheduled)
-        return None if pending is None else pending.result()
 
     @torch.inference_mode()
     def launch(self, scheduled: list[ScheduledSeq]) -> PendingSample | None:
