@@ -2,7 +2,9 @@
 and whether launches keep the GPU busy on mixed steps (prefill chunk + decodes) outside graphs.
 
 Host time = step wall time - GPU time of the same step, where the GPU time is the replay of the
-captured graph of that size, timed alone with CUDA events.
+captured graph of that size, timed alone with CUDA events. Each size is stepped first with async
+scheduling off (host time, and its schedule / launch / complete split) and then on
+(`async_step_wall_ms`: what is left of a step once its host work overlaps the previous step's GPU work).
 
 Mixed steps: `launch_ms` is the CPU time to enqueue one compiled forward without a graph; `gpu_ms`
 the time per forward over 10 back-to-back forwards (the CPU runs ahead, so this is the larger of GPU
