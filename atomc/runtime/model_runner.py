@@ -191,12 +191,12 @@ class ModelRunner:
         into a device input-id buffer (flat batch order), from that launch's device tokens."""
         dst: list[int] = []
         src: list[int] = []
+        rows = self._last_sampled[1] if self._last_sampled is not None else {}
         for i, item in enumerate(scheduled):
             seq = item.seq
             if not seq.num_pending:
                 continue
             # one step of lookahead: the one pending token is the last launch's, at position num_tokens
-            rows = self._last_sampled[1] if self._last_sampled is not None else {}
             if seq.num_pending != 1 or seq.seq_id not in rows:
                 raise RuntimeError(f"sequence {seq.seq_id}: pending tokens not from the last launch")
             dst.append(starts[i] + seq.num_tokens - seq.num_computed_tokens)
