@@ -12,19 +12,7 @@ from atomc.config import SchedulerConfig
 from atomc.runtime.block_manager import BlockManager
 from atomc.serve.scheduler import ScheduledSeq, Scheduler
 from atomc.serve.sequence import Sequence
-
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time there was a small engine that compiled graphs and",
-    "def add(a, b):\n",
-    "Paged attention keeps keys and values in fixed-size blocks of memory. " * 3,
-    "1 2 3",
-]
-
-
-def make(llama_dir, overlap: bool, **kw) -> LLM:
-    kw.setdefault("dtype", "float32")
-    return LLM(model=str(llama_dir), device="cpu", enforce_eager=True, async_scheduling=overlap, **kw)
+from tests.serve.helpers import PROMPTS, assert_pool_free, make
 
 
 def outputs(llm: LLM, params) -> list[tuple]:
@@ -37,12 +25,6 @@ def outputs(llm: LLM, params) -> list[tuple]:
         for o in outs
         for c in o.outputs
     ]  # fmt: skip
-
-
-def assert_pool_free(llm: LLM) -> None:
-    stats = llm.engine.stats()
-    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
-    assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
 def count_launches(llm: LLM) -> list[int]:
@@ -74,8 +56,8 @@ def test_async_gives_the_synchronous_tokens(llama_dir, case, engine):
     # chunked: a 7-token budget splits prompts into chunks that share steps with decodes;
     # preempting: 8 blocks of 16 slots for 5 sequences force preemption and recompute
     kw = dict(max_num_batched_tokens=7) if engine == "chunked" else dict(num_kv_blocks=8, max_model_len=128)
-    expected = outputs(make(llama_dir, False, **kw), params)
-    llm = make(llama_dir, True, **kw)
+    expected = outputs(make(llama_dir, async_scheduling=False, **kw), params)
+    llm = make(llama_dir, async_scheduling=True, **kw)
     pending = count_launches(llm)
     assert outputs(llm, params) == expected
     assert_pool_free(llm)
@@ -88,7 +70,7 @@ def test_async_gives_the_synchronous_tokens(llama_dir, case, engine):
 
 
 def test_max_tokens_costs_no_extra_step_and_a_stop_costs_one(llama_dir):
-    llm = make(llama_dir, True)
+    llm = make(llama_dir, async_scheduling=True)
     launches = count_launches(llm)
     llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     assert len(launches) == 5  # prefill + 4 decodes: the 5th token's length limit is known ahead
@@ -102,8 +84,8 @@ def test_max_tokens_costs_no_extra_step_and_a_stop_costs_one(llama_dir):
 
 def test_abort_while_a_step_is_in_flight(llama_dir):
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    ref = make(llama_dir, False).generate(PROMPTS[1], params)[0].outputs[0].token_ids
-    llm = make(llama_dir, True)
+    ref = make(llama_dir, async_scheduling=False).generate(PROMPTS[1], params)[0].outputs[0].token_ids
+    llm = make(llama_dir, async_scheduling=True)
     eng = llm.engine
     eng.add_request("keep", PROMPTS[1], params)
     eng.add_request("drop", PROMPTS[3], params)
@@ -124,7 +106,7 @@ def test_engine_used_again_after_a_stale_step(llama_dir):
     """A step still in flight when the last request finished is read back (and dropped) next time."""
     # every token is a stop token: each request ends at its first token, after its decode launched
     params = SamplingParams(temperature=0, max_tokens=30, stop_token_ids=list(range(512)))
-    llm = make(llama_dir, True)
+    llm = make(llama_dir, async_scheduling=True)
     first = [c for o in llm.generate(PROMPTS, params) for c in o.outputs]
     assert llm.engine._in_flight is not None  # launched for sequences that then stopped
     again = [c for o in llm.generate(PROMPTS, params) for c in o.outputs]
@@ -181,7 +163,7 @@ def test_preempted_sequence_waits_for_its_pending_token():
 
 
 def test_runner_refuses_a_pending_input_it_cannot_feed(llama_dir):
-    llm = make(llama_dir, True)
+    llm = make(llama_dir, async_scheduling=True)
     eng = llm.engine
     eng.add_request("x", PROMPTS[0], SamplingParams(temperature=0, max_tokens=4))
     scheduled = eng.scheduler.schedule()

@@ -6,20 +6,9 @@ import pytest
 import torch
 
 from atomc import LLM, SamplingParams
+from tests.serve.helpers import PROMPTS, assert_pool_free, make
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time there was a small engine that compiled graphs and",
-    "def add(a, b):\n",
-    "Paged attention keeps keys and values in fixed-size blocks of memory. " * 3,
-    "1 2 3",
-]
-
-
-def make(llama_dir, **kw) -> LLM:
-    kw.setdefault("dtype", "float32")
-    return LLM(model=str(llama_dir), device="cpu", enforce_eager=True, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +24,6 @@ def one_at_a_time(llama_dir) -> list[list[int]]:
 
 def tokens(outs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
-
-
-def assert_pool_free(llm: LLM) -> None:
-    stats = llm.engine.stats()
-    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
-    assert stats["num_free_blocks"] == stats["num_total_blocks"]
 
 
 def test_mixed_length_batch_equals_one_at_a_time(llama_dir, one_at_a_time):
