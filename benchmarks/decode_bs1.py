@@ -2,7 +2,7 @@
 
 Each engine runs in its own subprocess on the same GPU, one after the other. Weights are random
 (bf16) with the real model shape, so bytes moved per token are the real ones. The roofline is
-weight bytes per token over the measured copy bandwidth (`--bandwidth`, bytes read + written).
+weight bytes per token over the copy bandwidth measured in the same call (`ceilings.py`).
 
     python benchmarks/decode_bs1.py --model llama-3.1-8b --out results.json
 """
@@ -18,26 +18,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ceilings  # noqa: E402
 from checkpoints import make_checkpoint, weight_bytes  # noqa: E402
 
 PROMPT_LEN, OUTPUT_LEN = 128, 512
-
-
-def measure_bandwidth() -> float:
-    import torch
-
-    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # 1 GiB, far past L2
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        y.copy_(x)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * x.numel() * 20 / (start.elapsed_time(end) / 1e3)
 
 
 def run_atomc(model_dir: str, enforce_eager: bool) -> dict:
@@ -155,7 +139,7 @@ def main() -> None:
         }[args.child]()
         print("RESULT " + json.dumps(res))
         return
-    bw = measure_bandwidth()
+    bw = ceilings.measure()["bandwidth"]
     roofline = bw / weight_bytes(args.model)
     results = {"model": args.model, "bandwidth_TBps": bw / 1e12, "roofline_tok_s": roofline, "engines": []}
     for engine in args.engines.split(","):

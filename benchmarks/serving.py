@@ -1,9 +1,9 @@
 """Serving at ISL/OSL 1024/1024 over a range of concurrencies: `atomc serve` measured by `atomc bench
 serve`, next to transformers' continuous batching (`generate_batch`) at one of the same loads.
 
-Random bf16 weights with the real model shape (`--load-format dummy`). The serving roofline at
-concurrency C: every decode step streams the weights once plus each sequence's KV, so
-roofline tok/s = C / ((weight_bytes + C * kv_bytes_per_seq) / bandwidth), KV taken at mid-sequence.
+Random bf16 weights with the real model shape (`--load-format dummy`). Each cell is reported as a
+share of the serving ceiling (prefill at the measured matmul rate plus decode steps at the measured
+bandwidth; `ceilings.py` says how), with the decode-only bound beside it.
 
     python benchmarks/serving.py --conc 1,8,32,64,128 --out serving.json
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 from atomc.serve.bench.sweep import free_port, server_command, stop_process_group, wait_until_healthy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkpoints import CONFIGS, make_checkpoint, weight_bytes  # noqa: E402
+import ceilings  # noqa: E402
+from checkpoints import CONFIGS, make_checkpoint  # noqa: E402
 
 
 def start_server(
@@ -36,16 +37,6 @@ def start_server(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     wait_until_healthy(f"http://127.0.0.1:{port}", proc, 900, log_path)
     return proc
-
-
-def kv_bytes_per_token(name: str) -> int:
-    c = CONFIGS[name]
-    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2
-
-
-def roofline(name: str, conc: int, isl: int, osl: int, bandwidth: float) -> float:
-    kv = kv_bytes_per_token(name) * (isl + osl // 2)
-    return conc * bandwidth / (weight_bytes(name) + conc * kv)
 
 
 def _ms(v: float | None) -> str:
@@ -130,7 +121,8 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=1, help="prompts per cell = waves x concurrency")
     ap.add_argument("--hf-conc", type=int, default=64)
     ap.add_argument("--hf-osl", type=int, default=128, help="transformers is slow: fewer output tokens")
-    ap.add_argument("--bandwidth", type=float, default=4.3e12)
+    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: measured")
+    ap.add_argument("--matmul-flops", type=float, default=None, help="bf16 FLOP/s; default: measured")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--server-args", default="", help="extra `atomc serve` flags, e.g. '--engine-process off'")
     ap.add_argument("--out", default="serving.json")
@@ -139,10 +131,17 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     model_dir = str(make_checkpoint(args.model, Path(args.root)))
-    result = {"model": args.model, "isl": args.isl, "osl": args.osl, "atomc": run_atomc(args, model_dir, out.parent)}
+    peaks = ceilings.measure() if args.bandwidth is None or args.matmul_flops is None else {}
+    bw = args.bandwidth or peaks["bandwidth"]
+    flops = args.matmul_flops or peaks["matmul_flops"]
+    result = {"model": args.model, "isl": args.isl, "osl": args.osl, "bandwidth": bw, "matmul_flops": flops}
+    result["atomc"] = run_atomc(args, model_dir, out.parent)
     for r in result["atomc"]:
-        r["roofline_tok_s"] = roofline(args.model, r["conc"], args.isl, args.osl, args.bandwidth)
-        r["roofline_pct"] = 100 * r["output_throughput"] / r["roofline_tok_s"]
+        c = r["conc"]
+        r["ceiling_tok_s"] = ceilings.serving_ceiling(args.model, c, args.isl, args.osl, bw, flops)
+        r["ceiling_pct"] = 100 * r["output_throughput"] / r["ceiling_tok_s"]
+        r["decode_bound_tok_s"] = ceilings.decode_only_bound(args.model, c, args.isl, args.osl, bw)
+        r["decode_bound_pct"] = 100 * r["output_throughput"] / r["decode_bound_tok_s"]
     out.write_text(json.dumps(result, indent=2))
     if not args.skip_hf:
         try:
@@ -150,11 +149,13 @@ def main() -> None:
         except Exception as e:  # a peer failing must not lose atomc's numbers
             result["hf"] = {"error": repr(e)[-2000:]}
     out.write_text(json.dumps(result, indent=2))
-    print(f"\n{args.model} serving ISL/OSL {args.isl}/{args.osl}")
+    print(f"\n{args.model} serving ISL/OSL {args.isl}/{args.osl}, {bw / 1e12:.2f} TB/s, {flops / 1e12:.0f} TFLOP/s")
     for r in result["atomc"]:
         print(
             f"  atomc CONC={r['conc']:4d}  {r['output_throughput']:8.0f} tok/s  "
-            f"({r['roofline_pct']:.0f}% of {r['roofline_tok_s']:.0f})  TPOT p50 {_ms(r['median_tpot_ms'])}  "
+            f"({r['ceiling_pct']:.0f}% of ceiling {r['ceiling_tok_s']:.0f}, "
+            f"{r['decode_bound_pct']:.0f}% of decode-only {r['decode_bound_tok_s']:.0f})  "
+            f"TPOT p50 {_ms(r['median_tpot_ms'])}  "
             f"TTFT p50 {_ms(r['median_ttft_ms'])}  completed {r['completed']}/{r['num_prompts']}"
         )
     print(f"  transformers: {json.dumps(result.get('hf'))}")

@@ -259,6 +259,29 @@ def test_gemv(dtype, m, n, k, split_k):
         torch.testing.assert_close(out.float(), ref, atol=TOL[dtype] * 10, rtol=TOL[dtype] * 10)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k,block_n,block_k", [(48, 64, 16, 64), (37, 200, 4, 64), (5, 520, 8, 128)])
+def test_gemv_reduce(dtype, n, k, block_n, block_k):
+    from atomc.kernels.triton.gemv import gemv
+
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    for bias in (None, b):
+        out = gemv(x, w, bias, block_n=block_n, block_k=block_k, kernel="reduce")
+        ref = torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float())
+        assert out.shape == (1, n) and out.dtype == dtype
+        torch.testing.assert_close(out.float(), ref, atol=TOL[dtype] * 10, rtol=TOL[dtype] * 10)
+
+
+def test_gemv_reduce_takes_one_row():
+    from atomc.kernels.triton.gemv import gemv
+
+    with pytest.raises(ValueError, match="one row"):
+        gemv(torch.zeros(2, 8), torch.zeros(4, 8), kernel="reduce")
+
+
 def test_gemv_rejects_wide_batches():
     from atomc.kernels.triton.gemv import gemv
 

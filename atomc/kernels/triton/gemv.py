@@ -1,10 +1,13 @@
 """Skinny GEMM for decode: y[M, N] = x[M, K] @ W[N, K]^T (+ bias) for M <= 16, bandwidth-bound.
 
 At batch 1 the 8B model's time is its weight reads; cuBLAS reaches 55-74% of HBM bandwidth on the
-qkv and o shapes at M = 1 (see docs/kernels.md). Here each program streams a [BLOCK_N, BLOCK_K] tile
-of W along K (contiguous, coalesced) and multiplies it with the M rows of x padded to 16 (one
-tensor-core dot: the padding costs no memory traffic). `split_k` > 1 cuts K across programs that add
-fp32 partial sums with atomics, for more loads in flight when N is small.
+qkv and o shapes at M = 1 (see docs/kernels.md). Two kernels, both streaming W along K (contiguous,
+coalesced) in [BLOCK_N, BLOCK_K] tiles:
+- "dot": x's M rows padded to 16 and one tensor-core dot per tile (the padding costs no memory
+  traffic); `split_k` > 1 cuts K across programs that add fp32 partial sums with atomics.
+- "reduce" (M = 1 only): multiply-add on the CUDA cores into a [BLOCK_N, BLOCK_K] fp32 register
+  tile, summed once at the end. No shared-memory staging for a dot operand, and BLOCK_N may go
+  below 16, so a small N still gets many programs (loads in flight) without split-K's extra kernels.
 
 Not used by the model yet: it replaces F.linear only where it wins a measurement
 (`benchmarks/kernels_bench.py --only gemv`), as the kernels guide says of every GEMM.
@@ -57,6 +60,28 @@ def _gemv_kernel(
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _gemv_reduce_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    N, K, stride_wn,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, 1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -67,14 +92,28 @@ def gemv(
     split_k: int = 1,
     num_warps: int = 4,
     num_stages: int = 4,
+    kernel: str = "dot",
 ) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x [M, K] with M <= 16 and a row-major weight [N, K]."""
+    """F.linear(x, weight, bias) for x [M, K] with M <= 16 (M = 1 for kernel="reduce") and a
+    row-major weight [N, K]. The keywords are tuning knobs (see the module docstring)."""
     m, k = x.shape
     n, k_w = weight.shape
     if m > MAX_M or k != k_w:
         raise ValueError(f"gemv takes x [M<={MAX_M}, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}")
     assert x.stride(-1) == 1 and weight.stride(-1) == 1
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    if kernel == "reduce":
+        if m != 1 or split_k != 1:
+            raise ValueError("the reduce gemv takes one row and no split-K")
+        y = x.new_empty(1, n)
+        _gemv_reduce_kernel[(triton.cdiv(n, block_n),)](
+            x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
+            HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+            num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+        return y
+    if kernel != "dot":
+        raise ValueError(f"unknown gemv kernel {kernel!r}")
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     splits = triton.cdiv(k, k_per_split)
     atomic = splits > 1
