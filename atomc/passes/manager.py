@@ -25,6 +25,7 @@ class PassReport:
 def default_passes(platform: str) -> list[AtomcPass]:
     """The pipeline, in order. Each step relies on the one before it having normalised the graph."""
     from atomc.passes.canonicalize import Canonicalize
+    from atomc.passes.decode_gemv import DecodeGemv
     from atomc.passes.fuse_add_rmsnorm import FuseAddRMSNorm
     from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
     from atomc.passes.fuse_silu_mul import FuseSiluMul
@@ -39,6 +40,7 @@ def default_passes(platform: str) -> list[AtomcPass]:
         FuseAddRMSNorm(),
         FuseSiluMul(),
         FuseRopeKVWrite(),
+        DecodeGemv(platform),
         Lowering(platform),
     ]
 

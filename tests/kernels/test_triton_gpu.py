@@ -145,3 +145,14 @@ def test_gemv(m, n, k, split_k):
     w = torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5
     b = torch.randn(n, device=DEV, dtype=BF16)
     assert rel_err(gemv(x, w, b, split_k=split_k), torch.nn.functional.linear(x, w, b)) < REL
+
+
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (151936, 4096)])
+def test_linear_one_row_on_8b_shapes(n, k):
+    from atomc.kernels.triton.gemv import linear
+
+    x = torch.randn(1, k, device=DEV, dtype=BF16)
+    w = torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5
+    b = torch.randn(n, device=DEV, dtype=BF16)
+    assert rel_err(linear(x, w, b), torch.nn.functional.linear(x, w, b)) < REL
+    assert rel_err(linear(x, w), torch.nn.functional.linear(x, w)) < REL

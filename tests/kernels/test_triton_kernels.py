@@ -117,6 +117,19 @@ def test_paged_attention_seq_len_upper_bound():
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_split_kv_segment_choice(monkeypatch):
+    import importlib
+
+    module = importlib.import_module("atomc.kernels.triton.paged_attention")  # the package re-exports the function
+    monkeypatch.setattr(module, "_num_sms", lambda index: 132)  # an H200
+    gpu = torch.device("cuda", 0)
+    pick = lambda seqs, max_len: module._pick_segments(gpu, seqs, 8, max_len, 64)  # 8 KV heads, 64-key tiles
+    assert pick(8, 4096) == pick(8, 16384) == 8  # the H200 sweep's best: 512 programs
+    assert pick(16, 4096) == 4 and pick(32, 4096) == 2 and pick(64, 4096) == 1
+    assert pick(1, 1024) == 8  # 8 segments of 2 tiles fill a 1k context
+    assert pick(1, 131072) == 32  # the cap; short sequences then leave segments empty
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_write_kv_cache(dtype):
     g = torch.Generator().manual_seed(1)
@@ -273,6 +286,24 @@ def test_gemv_reduce(dtype, n, k, block_n, block_k):
         ref = torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float())
         assert out.shape == (1, n) and out.dtype == dtype
         torch.testing.assert_close(out.float(), ref, atol=TOL[dtype] * 10, rtol=TOL[dtype] * 10)
+
+
+def test_linear_uses_the_gemv_for_one_row_only(monkeypatch):
+    from atomc.kernels.triton import gemv as module
+
+    calls = []
+    real = module.gemv
+    monkeypatch.setattr(module, "gemv", lambda *a, **kw: calls.append(kw["kernel"]) or real(*a, **kw))
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(40, 96, generator=g) / 96**0.5).to(torch.float16)
+    b = torch.randn(40, generator=g).to(torch.float16)
+    for shape in ((1, 96), (1, 1, 96), (3, 96), (0, 96)):
+        x = torch.randn(*shape, generator=g).to(torch.float16)
+        out = module.linear(x, w, b)
+        ref = torch.nn.functional.linear(x.float(), w.float(), b.float())
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+    assert calls == ["reduce", "reduce"]  # the two one-row shapes; 3 rows and 0 rows go to F.linear
 
 
 def test_gemv_reduce_takes_one_row():

@@ -71,13 +71,9 @@ def check_mixed_graphs_match_eager(model_dir: str) -> None:
     print("mixed graphs match eager")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="mixed-batch graphs are experimental: on the H200 this passed at 9855395 and cc6c926, failed at "
-    "f613577 and aborted the process at 8fc3887; a likely cause (uninitialized padded positions) is fixed "
-    "but not yet re-run on a GPU; see docs/scheduling.md, 'CUDA graphs'",
-)
 def test_gpu_mixed_graphs_match_eager(checkpoints):
+    # mixed graphs aborted the process at 8fc3887 (padded rows' positions were never written, so
+    # RoPE read out of bounds); passes since the fix in 8508559 (H200, 057dd35)
     # in a child process: a CUDA fault here has aborted the interpreter, which would end the test run
     # and lose the error; the child's whole output comes back in the failure message instead
     proc = subprocess.run(

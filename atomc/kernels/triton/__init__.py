@@ -8,6 +8,7 @@ except ImportError:  # e.g. macOS or a minimal CPU install
 else:
     TRITON_AVAILABLE = True
     from atomc.kernels.triton.activation import silu_and_mul
+    from atomc.kernels.triton.gemv import linear
     from atomc.kernels.triton.kv_cache_write import write_kv_cache
     from atomc.kernels.triton.paged_attention import paged_attention
     from atomc.kernels.triton.rmsnorm import fused_add_rms_norm, rms_norm
@@ -15,6 +16,7 @@ else:
 
     __all__ = [
         "fused_add_rms_norm",
+        "linear",
         "paged_attention",
         "rms_norm",
         "rope",

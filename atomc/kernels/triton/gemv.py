@@ -9,13 +9,15 @@ coalesced) in [BLOCK_N, BLOCK_K] tiles:
   tile, summed once at the end. No shared-memory staging for a dot operand, and BLOCK_N may go
   below 16, so a small N still gets many programs (loads in flight) without split-K's extra kernels.
 
-Not used by the model yet: it replaces F.linear only where it wins a measurement
-(`benchmarks/kernels_bench.py --only gemv`), as the kernels guide says of every GEMM.
+`linear` is what the model calls (through `atomc::linear`, on CUDA): the reduce kernel for one row,
+where it beat cuBLAS on every 8B shape on the H200 (`benchmarks/kernels_bench.py --only gemv_cold
+--sweep`, docs/performance.md), and F.linear (cuBLAS) for everything else.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -128,3 +130,21 @@ def gemv(
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return y.to(x.dtype) if atomic else y
+
+
+def reduce_config(n: int, k: int) -> dict:
+    """Tuning of the reduce kernel for a [N, K] weight at one row, from the H200 sweep: two rows per
+    program everywhere; longer K tiles over 8 warps when N is small (o, down), where fewer programs
+    must each keep more bytes in flight."""
+    if n <= 4096:
+        return dict(block_n=2, block_k=2048, num_warps=8)
+    return dict(block_n=2, block_k=1024, num_warps=4)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), through the reduce GEMV when x holds one row (decode at batch 1)."""
+    k = x.shape[-1]
+    if x.numel() != k or weight.dim() != 2 or weight.stride(-1) != 1 or x.dtype != weight.dtype:
+        return F.linear(x, weight, bias)
+    y = gemv(x.reshape(1, k).contiguous(), weight, bias, kernel="reduce", **reduce_config(*weight.shape))
+    return y.view(*x.shape[:-1], weight.shape[0])

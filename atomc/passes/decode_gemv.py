@@ -1,0 +1,46 @@
+"""Every GEMM -> atomc::linear on CUDA, whose triton backend runs the reduce GEMV for one-row inputs.
+
+Pattern:      y = F.linear(x, w, b)
+Replacement:  y = atomc.linear(x, w, b)
+At batch 1 the decode step is its weight reads, and there the GEMV beat cuBLAS on every shape of the
+8B models on the H200 (docs/performance.md); for more rows the backend calls F.linear itself. Other
+platforms keep F.linear (no measured win there: the ROCm vendor GEMMs are untouched).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atomc.passes import match
+from atomc.passes.base import AtomcPass, PassResult
+
+LINEAR = torch.ops.atomc.linear.default
+PLATFORMS = ("cuda",)
+
+
+class DecodeGemv(AtomcPass):
+    name = "decode_gemv"
+    version = 1
+
+    def __init__(self, platform: str = "cpu"):
+        self.platform = platform
+
+    def uuid(self) -> str:
+        import hashlib
+
+        return hashlib.sha256((super().uuid() + self.platform).encode()).hexdigest()
+
+    def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
+        matched = rewritten = 0
+        for node in gm.graph.nodes:
+            if not match.is_op(node, "linear"):
+                continue
+            matched += 1
+            if self.platform not in PLATFORMS:
+                continue
+            x, weight = match.arg(node, 0, "input"), match.arg(node, 1, "weight")
+            bias = match.arg(node, 2, "bias")
+            node.target, node.args, node.kwargs = LINEAR, (x, weight, bias), {}
+            rewritten += 1
+        notes = "" if self.platform in PLATFORMS else f"F.linear kept on {self.platform}"
+        return PassResult(matched, rewritten, notes)
