@@ -5,6 +5,7 @@ Skipped without CUDA; run on the GPU box (see docs/performance.md for how).
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -75,7 +76,11 @@ def test_gpu_mixed_graphs_match_eager(checkpoints):
     # mixed graphs aborted the process at 8fc3887 (padded rows' positions were never written, so
     # RoPE read out of bounds); passes since the fix in 8508559 (H200, 057dd35)
     # in a child process: a CUDA fault here has aborted the interpreter, which would end the test run
-    # and lose the error; the child's whole output comes back in the failure message instead
+    # and lose the error; the child's whole output comes back in the failure message instead.
+    # The child sizes its KV cache from the card's free memory, so this process first hands back
+    # what the earlier tests' engines left cached (it once left the child -0.7 GiB)
+    gc.collect()
+    torch.cuda.empty_cache()
     proc = subprocess.run(
         [sys.executable, __file__, str(checkpoints["llama"])], capture_output=True, text=True, timeout=600
     )
