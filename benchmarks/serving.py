@@ -61,6 +61,7 @@ def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
                 base_url=f"http://127.0.0.1:{port}", input_len=args.isl, output_len=args.osl,
                 num_prompts=max(conc * args.waves, 2), max_concurrency=conc,
                 vocab_size=CONFIGS[args.model]["vocab_size"], show_progress=False, seed=1 + i,
+                num_warmups=conc if args.warmups is None else args.warmups,
             )  # fmt: skip
             res = run_benchmark(cfg)
             res["conc"] = conc
@@ -119,6 +120,7 @@ def main() -> None:
     ap.add_argument("--isl", type=int, default=1024)
     ap.add_argument("--osl", type=int, default=1024)
     ap.add_argument("--waves", type=int, default=1, help="prompts per cell = waves x concurrency")
+    ap.add_argument("--warmups", type=int, default=None, help="unmeasured requests per cell; default: CONC")
     ap.add_argument("--hf-conc", type=int, default=64)
     ap.add_argument("--hf-osl", type=int, default=128, help="transformers is slow: fewer output tokens")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: measured")

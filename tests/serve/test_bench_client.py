@@ -123,6 +123,24 @@ def test_request_payload(server):
     assert body["stream_options"] == {"include_usage": True}
 
 
+def test_warmups_go_first_with_other_prompts_and_are_not_counted(server):
+    app, url = server
+    app.state.fail_nth = 1  # a failed warm-up is reported, not counted among the measured requests
+    result = bench(url, num_prompts=3, output_len=20, num_warmups=2)
+    bodies = app.state.payloads
+    assert len(bodies) == 5
+    warm, measured = bodies[:2], bodies[2:]  # the warm-ups finish before the measured run starts
+    assert all(b["max_tokens"] == 16 for b in warm) and all(b["max_tokens"] == 20 for b in measured)
+    assert not {tuple(b["prompt"]) for b in warm} & {tuple(b["prompt"]) for b in measured}
+    assert (result["completed"], result["failed"], result["num_prompts"]) == (3, 0, 3)
+    assert (result["num_warmups"], result["warmup_failed"]) == (2, 1)
+    assert result["total_output_tokens"] == 60
+    # without warm-ups the measured prompts are the same ones (the seed decides them)
+    app.state.payloads.clear()
+    bench(url, num_prompts=3, output_len=20)
+    assert sorted(b["prompt"] for b in app.state.payloads) == sorted(b["prompt"] for b in measured)
+
+
 def test_counts_chunks_without_usage(server):
     app, url = server
     app.state.send_usage = False

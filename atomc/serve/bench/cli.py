@@ -34,6 +34,9 @@ def serve(
     max_concurrency: int = typer.Option(None, min=1, help="Requests in flight at most; default: all."),
     request_rate: float = typer.Option(math.inf, help="Requests/s, Poisson arrivals; inf: all at once."),
     seed: int = typer.Option(0),
+    num_warmups: int = typer.Option(
+        0, min=0, help="Requests sent first and not measured (same concurrency, 16 output tokens, other prompts)."
+    ),
     random_range_ratio: float = typer.Option(
         0.0, min=0.0, max=0.999, help="Lengths drawn uniformly from len*(1-r) to len*(1+r), as vLLM."
     ),
@@ -57,6 +60,7 @@ def serve(
         max_concurrency=max_concurrency,
         request_rate=request_rate,
         seed=seed,
+        num_warmups=num_warmups,
         random_range_ratio=random_range_ratio,
         vocab_size=vocab_size,
         api_key=api_key,

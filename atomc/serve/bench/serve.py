@@ -6,7 +6,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import httpx
@@ -35,6 +35,14 @@ class BenchConfig:
     api_key: str | None = None
     percentiles: Sequence[float] = DEFAULT_PERCENTILES
     show_progress: bool = True
+    # requests sent (and discarded) before the measured ones, at the same concurrency, so one-time
+    # costs (kernel JIT, allocator growth) land outside the measurement; their prompts come from
+    # another seed, so they leave nothing in the prefix cache that the measured prompts could hit
+    num_warmups: int = 0
+
+
+WARMUP_OUTPUT_LEN = 16
+WARMUP_SEED_OFFSET = 1_000_003
 
 
 async def arrivals(
@@ -113,6 +121,15 @@ async def benchmark(cfg: BenchConfig) -> dict:
                 if not cfg.model:  # the model list is only optional when the model is named
                     raise
         model, vocab = pick_model_and_vocab(cfg, models)
+        warmup_failed = 0
+        if cfg.num_warmups:
+            warm = sample_random_requests(
+                cfg.num_warmups, cfg.input_len, min(cfg.output_len, WARMUP_OUTPUT_LEN), cfg.random_range_ratio,
+                vocab, cfg.seed + WARMUP_SEED_OFFSET,
+            )  # fmt: skip
+            quiet = replace(cfg, request_rate=math.inf, show_progress=False)
+            warm_results, _ = await run_requests(client, quiet, model, warm)
+            warmup_failed = sum(not r.success for r in warm_results)
         requests = sample_random_requests(
             cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.random_range_ratio, vocab, cfg.seed
         )
@@ -125,6 +142,8 @@ async def benchmark(cfg: BenchConfig) -> dict:
         "model": model,
         "vocab_size": vocab,
         **run_fields(cfg),
+        "num_warmups": cfg.num_warmups,
+        "warmup_failed": warmup_failed,
         **metrics,
         "errors": errors[:20],
     }

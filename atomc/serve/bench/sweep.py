@@ -3,7 +3,7 @@
 Config schema (CVS `schema_version: 1`, flat; keys starting with `_` are ignored):
   model.id, enforce_thresholds, threshold_json (a file next to the config),
   params.{num_prompts, tensor_parallelism, pipeline_parallel_size, random_range_ratio,
-          metric_percentiles, server_ready_timeout_s, seed, request_rate},
+          metric_percentiles, server_ready_timeout_s, seed, request_rate, num_warmups},
   roles.server.atom_args (extra `atomc serve` flags, string or list),
   sweep.sequence_combinations [{name, isl, osl}], sweep.runs [{combo, concurrency, num_prompts?}]."""
 
@@ -274,6 +274,7 @@ def bench_config_for(
         max_concurrency=cell.concurrency,
         request_rate=float(params.get("request_rate", math.inf)),
         seed=int(params.get("seed", 0)) + index,
+        num_warmups=int(params.get("num_warmups", 0)),
         random_range_ratio=float(params.get("random_range_ratio", 0.0)),
         percentiles=parse_percentiles(params.get("metric_percentiles")),
         **overrides,
