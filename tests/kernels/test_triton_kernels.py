@@ -1,6 +1,7 @@
 """Triton kernels vs torch references on CPU, through the Triton interpreter (fp32 and fp16:
 the interpreter mishandles bf16). Sizes are tiny so the whole file runs in well under a minute."""
 
+import importlib
 import os
 import sys
 
@@ -93,6 +94,11 @@ def test_paged_attention_2d(case, dtype):
 def test_paged_attention_split_kv(case, dtype):
     # 4 segments: the 150-token sequence spans several, short ones leave segments empty
     run_attention(case, dtype, hq=4, hkv=1, d=16, num_segments=4)
+    # the program that merged each tile zeroed its arrival counter for the next launch
+    counters = importlib.import_module("atomc.kernels.triton.paged_attention").segment_counters(
+        torch.device("cpu"), 0
+    )
+    assert counters.numel() >= 1 << 16 and not counters.any()
 
 
 @needs_loops
@@ -118,8 +124,6 @@ def test_paged_attention_seq_len_upper_bound():
 
 
 def test_split_kv_segment_choice(monkeypatch):
-    import importlib
-
     module = importlib.import_module("atomc.kernels.triton.paged_attention")  # the package re-exports the function
     monkeypatch.setattr(module, "_num_sms", lambda index: 132)  # an H200
     gpu = torch.device("cuda", 0)
