@@ -94,11 +94,6 @@ def test_paged_attention_2d(case, dtype):
 def test_paged_attention_split_kv(case, dtype):
     # 4 segments: the 150-token sequence spans several, short ones leave segments empty
     run_attention(case, dtype, hq=4, hkv=1, d=16, num_segments=4)
-    # the program that merged each tile zeroed its arrival counter for the next launch
-    counters = importlib.import_module("atomc.kernels.triton.paged_attention").segment_counters(
-        torch.device("cpu"), 0
-    )
-    assert counters.numel() >= 1 << 16 and not counters.any()
 
 
 @needs_loops

@@ -4,9 +4,8 @@ One kernel, two launch shapes:
 - 2D: grid (q_blocks, kv_heads); each program owns BLOCK_Q query tokens x the GQA group of one KV
   head (packed into the M rows of the tile) and walks the whole causal KV range.
 - split-KV ("3D"): grid (q_blocks, kv_heads, segments); each sequence's KV range is cut into
-  `segments` equal pieces, partial (max, sum, acc) go to fp32 scratch, and the last program of a
-  tile to finish (an atomic counter per tile) merges them, so there is no second kernel. Used for
-  decode at small batch, where 2D would leave most SMs idle.
+  `segments` equal pieces, partial (max, sum, acc) go to fp32 scratch and a reduce kernel merges
+  them. Used for decode at small batch, where 2D would leave most SMs idle.
 
 The wrapper does no host sync (no .item()/.tolist()), so it can be captured in a CUDA graph;
 grid sizes come from host ints, and `max_seq_len` may be an upper bound (segment lengths are
@@ -45,7 +44,7 @@ def _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _attn_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    part_acc_ptr, part_m_ptr, part_l_ptr, counter_ptr,
+    part_acc_ptr, part_m_ptr, part_l_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale, num_seqs,
     stride_qt, stride_qh,
@@ -137,17 +136,6 @@ def _attn_kernel(
         tl.store(part_m_ptr + idx, m_i, mask=row_ok)
         tl.store(part_l_ptr + idx, l_i, mask=row_ok)
         tl.store(part_acc_ptr + idx[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_ok[:, None])
-        # the barrier puts every thread's stores before the release; the last segment's program
-        # sees all of them after its acquire, merges, and zeroes the counter for the next launch
-        tl.debug_barrier()
-        counter = counter_ptr + q_block * tl.num_programs(1) + kv_head
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if arrived == NUM_SEGMENTS - 1:
-            tl.store(counter, 0)
-            _merge_segments(
-                out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, tok, head, row_ok, stride_ot, stride_oh,
-                HEAD_DIM, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS,
-            )  # fmt: skip
     else:
         l_safe = tl.where(l_i > 0, l_i, 1.0)  # a row with no keys writes zeros, not NaN
         o = acc / l_safe[:, None]
@@ -159,28 +147,42 @@ def _attn_kernel(
         )
 
 
-@triton.jit
-def _merge_segments(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, tok, head, row_ok, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_Q_HEADS: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+@triton.jit(do_not_specialize=["num_seqs"])
+def _reduce_kernel(
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_seqs,
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
 ):  # fmt: skip
-    # other programs wrote these partials: ".cg" reads them from L2, past this SM's L1
+    # same q-block mapping as the attention kernel, so only rows owned by a sequence are written
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block - (q_start // BLOCK_Q + seq)
+    if q_block_local * BLOCK_Q >= q_len:
+        return
+    offs_m = tl.arange(0, BLOCK_M)
+    q_local = q_block_local * BLOCK_Q + offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_local < q_len)
+    tok = (q_start + q_local).to(tl.int64)
     offs_s = tl.arange(0, NUM_SEGMENTS)
     offs_d = tl.arange(0, BLOCK_D)
+
     base = (tok * NUM_Q_HEADS + head) * NUM_SEGMENTS
     idx = base[:, None] + offs_s[None, :]
-    m = tl.load(part_m_ptr + idx, mask=row_ok[:, None], other=float("-inf"), cache_modifier=".cg")
-    lsum = tl.load(part_l_ptr + idx, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+    m = tl.load(part_m_ptr + idx, mask=row_ok[:, None], other=float("-inf"))
+    lsum = tl.load(part_l_ptr + idx, mask=row_ok[:, None], other=0.0)
     m_max = tl.max(m, 1)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max[:, None])  # empty segments: exp2(-inf) = 0
     denom = tl.sum(w * lsum, 1)
-    acc = tl.zeros([base.shape[0], BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for s in range(NUM_SEGMENTS):
-        a = tl.load(
-            part_acc_ptr + (base + s)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
-            cache_modifier=".cg",
-        )  # fmt: skip
+        a = tl.load(part_acc_ptr + (base + s)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
         acc += a * w_s[:, None]
     denom = tl.where(denom > 0, denom, 1.0)
@@ -199,21 +201,6 @@ def _num_sms(device_index: int) -> int:
 
 
 MIN_SEG_TILES = 2
-
-# Per device: one int32 arrival counter per (q block, KV head) of a split-KV launch, zero between
-# launches (the merging program resets its own). Allocated before any CUDA-graph capture and never
-# freed, since captured graphs keep its address; launches on one stream run one after another.
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-MIN_COUNTERS = 1 << 16
-
-
-def segment_counters(device: torch.device, n: int) -> torch.Tensor:
-    bufs = _COUNTERS.setdefault(device, [])
-    if not bufs or bufs[-1].numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"split-KV needs {n} counters, more than allocated before this CUDA-graph capture")
-        bufs.append(torch.zeros(max(n, MIN_COUNTERS), dtype=torch.int32, device=device))
-    return bufs[-1]
 
 
 def _pick_segments(device: torch.device, num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_n: int) -> int:
@@ -288,14 +275,13 @@ def paged_attention(
         part_acc = torch.empty(num_tokens, num_q_heads, num_segments, block_d, dtype=torch.float32, device=q.device)
         part_m = torch.empty(num_tokens, num_q_heads, num_segments, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
-        counters = segment_counters(q.device, q_blocks * num_kv_heads)
     else:
-        part_acc = part_m = part_l = counters = out  # unused
+        part_acc = part_m = part_l = out  # unused
 
     common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, NUM_Q_HEADS=num_q_heads, BLOCK_M=block_m)
     _attn_kernel[(q_blocks, num_kv_heads, num_segments)](
         q, k_cache, v_cache, out,
-        part_acc, part_m, part_l, counters,
+        part_acc, part_m, part_l,
         query_start_loc, seq_lens, block_tables,
         scale * 1.4426950408889634, num_seqs,
         q.stride(0), q.stride(1),
@@ -308,4 +294,11 @@ def paged_attention(
         num_warps=num_warps, num_stages=num_stages,
         **common,
     )  # fmt: skip
+    if split:
+        _reduce_kernel[(q_blocks, num_kv_heads)](
+            out, part_acc, part_m, part_l, query_start_loc, num_seqs,
+            out.stride(0), out.stride(1),
+            BLOCK_Q=block_q, NUM_SEGMENTS=num_segments, num_warps=4,
+            **common,
+        )  # fmt: skip
     return out
