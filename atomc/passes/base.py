@@ -21,6 +21,7 @@ class AtomcPass:
 
     name: str = ""
     version: int = 1
+    platform: str | None = None  # set by passes whose rewrite depends on the platform
 
     def uuid(self) -> str:
         # the source text is part of the id, so editing a pass invalidates cached artifacts
@@ -28,7 +29,8 @@ class AtomcPass:
             source = open(inspect.getsourcefile(type(self)), encoding="utf-8").read()
         except (OSError, TypeError):
             source = inspect.getsource(type(self))
-        payload = f"{self.name}\0{self.version}\0{source}".encode()
+        # a pass that rewrites per platform (self.platform) gives each platform its own id
+        payload = f"{self.name}\0{self.version}\0{self.platform or ''}\0{source}".encode()
         return hashlib.sha256(payload).hexdigest()
 
     def transform_module(self, model: torch.nn.Module) -> int:

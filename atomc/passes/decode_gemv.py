@@ -25,11 +25,6 @@ class DecodeGemv(AtomcPass):
     def __init__(self, platform: str = "cpu"):
         self.platform = platform
 
-    def uuid(self) -> str:
-        import hashlib
-
-        return hashlib.sha256((super().uuid() + self.platform).encode()).hexdigest()
-
     def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
         matched = rewritten = 0
         for node in gm.graph.nodes:
