@@ -24,6 +24,7 @@ OPS = (
     "attention",
     "paged_attention",
     "rope_and_write_kv",
+    "qk_norm_rope_and_write_kv",
     "rope",
     "rms_norm",
     "fused_add_rms_norm",
@@ -32,7 +33,7 @@ OPS = (
     "linear",
 )
 # ops that read the forward context (KV cache, batch metadata): graph cut points for CUDA graphs
-CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv")
+CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rope_and_write_kv")
 
 # (op, backend) -> loader returning the op's overload in that backend's namespace
 _LOADERS: dict[tuple[str, str], Callable[[], object]] = {}
@@ -192,6 +193,29 @@ def _define_triton_ops() -> None:
             return tk.rope(positions, q, k, cos_sin_cache)
         meta, k_cache, v_cache = cache
         return tk.rope_and_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
+
+    @custom("qk_norm_rope_and_write_kv")
+    def qk_norm_rope_and_write_kv(
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_weight: torch.Tensor,
+        q_eps: float,
+        k_weight: torch.Tensor,
+        k_eps: float,
+        cos_sin_cache: torch.Tensor,
+        layer_idx: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k = q.contiguous().clone(), k.contiguous().clone()
+        norm = (q_weight, q_eps, k_weight, k_eps)
+        cache = layer_cache(layer_idx)
+        if cache is None:
+            return tk.rope(positions, q, k, cos_sin_cache, qk_norm=norm)
+        meta, k_cache, v_cache = cache
+        return tk.rope_and_write_kv(
+            positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, qk_norm=norm
+        )
 
     @custom("paged_attention", mutates=("out",))
     def paged_attention(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from atomc.ops.attention import write_kv_cache
+from atomc.ops.norm import rms_norm_reference
 from atomc.ops.rope import rope_reference
 from atomc.runtime.forward_context import layer_cache
 
@@ -33,4 +34,28 @@ def rope_and_write_kv(
 
 @rope_and_write_kv.register_fake
 def _(positions, q, k, v, cos_sin_cache, layer_idx):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("atomc::qk_norm_rope_and_write_kv", mutates_args=())
+def qk_norm_rope_and_write_kv(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    q_eps: float,
+    k_weight: torch.Tensor,
+    k_eps: float,
+    cos_sin_cache: torch.Tensor,
+    layer_idx: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm of q and k over the head dim (Qwen3's q_norm / k_norm), then
+    `rope_and_write_kv`: one op, so a backend can do all of it in one pass over q and k."""
+    q, k = rms_norm_reference(q, q_weight, q_eps), rms_norm_reference(k, k_weight, k_eps)
+    return rope_and_write_kv(positions, q, k, v, cos_sin_cache, layer_idx)
+
+
+@qk_norm_rope_and_write_kv.register_fake
+def _(positions, q, k, v, q_weight, q_eps, k_weight, k_eps, cos_sin_cache, layer_idx):
     return torch.empty_like(q), torch.empty_like(k)

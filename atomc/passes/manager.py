@@ -27,6 +27,7 @@ def default_passes(platform: str) -> list[AtomcPass]:
     from atomc.passes.canonicalize import Canonicalize
     from atomc.passes.decode_gemv import DecodeGemv
     from atomc.passes.fuse_add_rmsnorm import FuseAddRMSNorm
+    from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
     from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
     from atomc.passes.fuse_silu_mul import FuseSiluMul
     from atomc.passes.lowering import Lowering
@@ -40,6 +41,7 @@ def default_passes(platform: str) -> list[AtomcPass]:
         FuseAddRMSNorm(),
         FuseSiluMul(),
         FuseRopeKVWrite(),
+        FuseQKNormRope(),
         DecodeGemv(platform),
         Lowering(platform),
     ]

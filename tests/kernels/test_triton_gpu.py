@@ -132,6 +132,27 @@ def test_rope_and_write_kv(t):
 
 
 @pytest.mark.parametrize("t", [1, 64, 4096])
+def test_qk_norm_rope_and_write_kv(t):
+    from atomc.ops.norm import rms_norm_reference
+
+    q = 3 * torch.randn(t, 32, 128, device=DEV, dtype=BF16)
+    k, v = (torch.randn(t, 8, 128, device=DEV, dtype=BF16) for _ in range(2))
+    qw, kw = (1 + 0.5 * torch.randn(128, device=DEV, dtype=BF16) for _ in range(2))
+    positions = torch.randint(0, 8192, (t,), device=DEV)
+    cs = cos_sin_cache(8192, 128, DEV)
+    q_ref = rope_reference(positions, rms_norm_reference(q, qw, 1e-6), cs)
+    k_ref = rope_reference(positions, rms_norm_reference(k, kw, 1e-6), cs)
+    slots = torch.randperm(2048, device=DEV)[:t]
+    kc, vc = (torch.full((128, 16, 8, 128), float("nan"), device=DEV, dtype=BF16) for _ in range(2))
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    write_kv_cache_reference(k_ref, v, kc_ref, vc_ref, slots)
+    kernels().rope_and_write_kv(positions, q, k, v, cs, kc, vc, slots, qk_norm=(qw, 1e-6, kw, 1e-6))
+    assert rel_err(q, q_ref) < REL and rel_err(k, k_ref) < REL
+    assert rel_err(kc.nan_to_num(), kc_ref.nan_to_num()) < REL
+    torch.testing.assert_close(vc, vc_ref, equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("t", [1, 64, 4096])
 def test_silu_and_mul(t):
     x = torch.randn(t, 2 * 14336, device=DEV, dtype=BF16)
     assert rel_err(kernels().silu_and_mul(x), silu_and_mul_reference(x)) < REL

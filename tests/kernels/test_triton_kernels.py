@@ -205,6 +205,47 @@ def test_rope_and_write_kv(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [32, 24])
+def test_qk_norm_then_rope_and_write_kv(dtype, d):
+    from atomc.ops.norm import rms_norm_reference
+
+    positions, q, k, v, cs = _rope_inputs(dtype, d)
+    g = torch.Generator().manual_seed(6)
+    qw, kw = (1 + 0.5 * torch.randn(d, generator=g)).to(dtype), (1 + 0.5 * torch.randn(d, generator=g)).to(dtype)
+    q, k = 3 * q, 0.5 * k  # norms that differ from 1
+    q_ref = rope_reference(positions, rms_norm_reference(q, qw, 1e-6), cs)
+    k_ref = rope_reference(positions, rms_norm_reference(k, kw, 1e-6), cs)
+    slots = torch.tensor([5, -1, 33, 2, 17])
+    kc, vc = (torch.full((3, 16, 2, d), float("nan"), dtype=dtype) for _ in range(2))
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    write_kv_cache_reference(k_ref, v, kc_ref, vc_ref, slots)
+    rope_and_write_kv(positions, q, k, v, cs, kc, vc, slots, qk_norm=(qw, 1e-6, kw, 1e-6))
+    tol = TOL[dtype] * 4  # the norm adds two roundings before the rotation
+    torch.testing.assert_close(q, q_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(k, k_ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(kc, kc_ref, atol=tol, rtol=tol, equal_nan=True)
+    torch.testing.assert_close(vc, vc_ref, atol=0, rtol=0, equal_nan=True)
+    q2, k2 = (torch.randn(5, 4, d, generator=g).to(dtype), torch.randn(5, 2, d, generator=g).to(dtype))
+    want_q = rope_reference(positions, rms_norm_reference(q2, qw, 1e-6), cs)
+    rope(positions, q2, k2, cs, qk_norm=(qw, 1e-6, kw, 1e-6))  # without a cache
+    torch.testing.assert_close(q2, want_q, atol=tol, rtol=tol)
+
+
+def test_qk_norm_rope_backend_op_matches_the_atomc_op():
+    # what a lowered Qwen3 graph calls on CUDA, against the reference op (no forward context: rotate only)
+    from atomc.kernels import registry
+
+    positions, q, k, v, cs = _rope_inputs(torch.float32, 32)
+    g = torch.Generator().manual_seed(7)
+    qw, kw = 1 + 0.5 * torch.randn(32, generator=g), 1 + 0.5 * torch.randn(32, generator=g)
+    args = (positions, 3 * q, k, v, qw, 1e-6, kw, 1e-5, cs, 0)
+    got = registry.lookup("qk_norm_rope_and_write_kv", "triton")(*args)
+    want = torch.ops.atomc.qk_norm_rope_and_write_kv.default(*args)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inter", [48, 1500])
 def test_silu_and_mul(dtype, inter):
     g = torch.Generator().manual_seed(5)

@@ -1,7 +1,9 @@
-"""Neox (rotate-half) RoPE on q and k in place, optionally fused with the KV-cache write.
+"""Neox (rotate-half) RoPE on q and k in place, optionally fused with the KV-cache write and,
+before the rotation, with a per-head RMSNorm of q and k (Qwen3's q_norm / k_norm).
 
 cos_sin_cache [max_pos, D] fp32 = cat(cos, sin) over D/2 each (models.layers.RotaryEmbedding).
-Fusing the write saves re-reading the rotated k and v from memory in a second kernel.
+Fusing the write saves re-reading the rotated k and v from memory in a second kernel; fusing the
+norms saves two more kernels per layer (each a few µs at batch 1).
 """
 
 from __future__ import annotations
@@ -12,14 +14,23 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate(ptr, row, stride_h, cos, sin, NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
-            BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
+def _rotate(ptr, row, stride_h, cos, sin, w_ptr, eps, NUM_HEADS: tl.constexpr, HALF: tl.constexpr,
+            BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (h < NUM_HEADS) & (d < HALF)
     p1 = ptr + row + h * stride_h + d
     x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        # as atomc::rms_norm: fp32 statistics over the head, cast back, then times the weight in
+        # the tensor's dtype (each rounding where the reference rounds)
+        dtype = ptr.dtype.element_ty
+        r = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + d, mask=d < HALF, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + d, mask=d < HALF, other=0.0).to(tl.float32)
+        x1 = (w1 * (x1 * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        x2 = (w2 * (x2 * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     y1 = (x1 * cos - x2 * sin).to(ptr.dtype.element_ty)
     y2 = (x2 * cos + x1 * sin).to(ptr.dtype.element_ty)
     tl.store(p1, y1, mask=mask)
@@ -29,12 +40,12 @@ def _rotate(ptr, row, stride_h, cos, sin, NUM_HEADS: tl.constexpr, HALF: tl.cons
 
 @triton.jit
 def _rope_kernel(
-    pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, qw_ptr, kw_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_slots,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_slots, q_eps, k_eps,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    PAGE: tl.constexpr, WRITE_KV: tl.constexpr,
+    PAGE: tl.constexpr, WRITE_KV: tl.constexpr, NORM: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -42,8 +53,10 @@ def _rope_kernel(
     cs = cs_ptr + pos * stride_cs + d
     cos = tl.load(cs, mask=d < HALF, other=0.0).to(tl.float32)
     sin = tl.load(cs + HALF, mask=d < HALF, other=0.0).to(tl.float32)
-    _rotate(q_ptr, t * stride_qt, stride_qh, cos, sin, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
-    k1, k2, h, d, mask = _rotate(k_ptr, t * stride_kt, stride_kh, cos, sin, NUM_KV_HEADS, HALF, BLOCK_HKV, BLOCK_HALF)
+    _rotate(q_ptr, t * stride_qt, stride_qh, cos, sin, qw_ptr, q_eps, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF, NORM)
+    k1, k2, h, d, mask = _rotate(
+        k_ptr, t * stride_kt, stride_kh, cos, sin, kw_ptr, k_eps, NUM_KV_HEADS, HALF, BLOCK_HKV, BLOCK_HALF, NORM
+    )
     if WRITE_KV:
         slot = tl.load(slot_ptr + t, mask=t < num_slots, other=-1).to(tl.int64)
         if slot >= 0:
@@ -60,7 +73,7 @@ def _rope_kernel(
             tl.store(vc + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping):
+def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, qk_norm=None):
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     assert head_dim % 2 == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
@@ -80,22 +93,30 @@ def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping):
         v_strides = (0, 0)
         page, num_slots = 1, 0
     half = head_dim // 2
+    q_weight, q_eps, k_weight, k_eps = qk_norm if qk_norm is not None else (q, 0.0, q, 0.0)  # unused
+    if qk_norm is not None:
+        assert q_weight.shape == k_weight.shape == (head_dim,) and q_weight.is_contiguous() and k_weight.is_contiguous()
     _rope_kernel[(num_tokens,)](
-        positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping,
+        positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q_weight, k_weight,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), *v_strides, cos_sin_cache.stride(0),
-        *kc_strides, *vc_strides, num_slots,
+        *kc_strides, *vc_strides, num_slots, q_eps, k_eps,
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
-        BLOCK_HALF=triton.next_power_of_2(half), PAGE=page, WRITE_KV=write,
+        BLOCK_HALF=triton.next_power_of_2(half), PAGE=page, WRITE_KV=write, NORM=qk_norm is not None,
         num_warps=4,
     )  # fmt: skip
 
 
 def rope(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    qk_norm: tuple[torch.Tensor, float, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place at `positions` [T]; returns (q, k)."""
-    _launch(positions, q, k, None, cos_sin_cache, None, None, None)
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place at `positions` [T]; returns (q, k).
+    `qk_norm` = (q_weight [D], q_eps, k_weight [D], k_eps): RMSNorm each head first."""
+    _launch(positions, q, k, None, cos_sin_cache, None, None, None, qk_norm)
     return q, k
 
 
@@ -108,7 +129,9 @@ def rope_and_write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    qk_norm: tuple[torch.Tensor, float, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE on q and k in place, then write rotated k and v to their cache slots (-1 skipped)."""
-    _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping)
+    """RoPE on q and k in place (after a per-head RMSNorm with `qk_norm`, as in `rope`), then write
+    rotated k and v to their cache slots (-1 skipped)."""
+    _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, qk_norm)
     return q, k
