@@ -46,7 +46,7 @@ MixedMaxTokens = Annotated[
     int,
     typer.Option(
         "--cudagraph-mixed-max-tokens",
-        help="CUDA graphs for mixed (prefill + decode) batches up to N tokens; 0: off",
+        help="CUDA graphs for mixed (prefill + decode) batches up to N tokens (default 0: off)",
     ),
 ]
 AsyncScheduling = Annotated[
@@ -79,7 +79,7 @@ def build_config(
     gpu_memory_utilization=0.9,
     num_kv_blocks=None,
     cudagraph_capture_sizes=None,
-    cudagraph_mixed_max_tokens=1024,
+    cudagraph_mixed_max_tokens=0,
     async_scheduling=True,
     disable_pass=None,
     load_format="safetensors",
@@ -203,7 +203,7 @@ def serve(
     cache_dir: CacheDir = None,
     require_artifacts: RequireArtifacts = False,
     cudagraph_capture_sizes: CaptureSizes = None,
-    cudagraph_mixed_max_tokens: MixedMaxTokens = 1024,
+    cudagraph_mixed_max_tokens: MixedMaxTokens = 0,
     async_scheduling: AsyncScheduling = True,
     load_format: LoadFormat = "safetensors",
     generation_config: GenerationConfig = "auto",

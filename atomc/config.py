@@ -53,8 +53,8 @@ class CompileConfig:
     cache_dir: str = field(default_factory=lambda: str(env.cache_dir()))
     cudagraph_capture_sizes: list[int] | None = None  # None = the default ladder up to max_num_seqs
     # mixed (prefill + decode) batches up to this many tokens replay full CUDA graphs (CUDA only);
-    # 0 = never. 1024: measured on the H200, see docs/performance.md section 2
-    cudagraph_mixed_max_tokens: int = 1024
+    # 0 = never. Off: no serving gain measured on the H200 (docs/performance.md, section 2)
+    cudagraph_mixed_max_tokens: int = 0
     disabled_passes: list[str] = field(default_factory=list)
     require_artifacts: bool = False  # fail instead of compiling on a cache miss
 

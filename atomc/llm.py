@@ -35,7 +35,7 @@ class LLM:
         cache_dir: str | None = None,
         load_format: str = "safetensors",
         generation_config: str = "auto",
-        cudagraph_mixed_max_tokens: int = 1024,
+        cudagraph_mixed_max_tokens: int = 0,
         async_scheduling: bool = True,
         config: EngineConfig | None = None,
     ):
