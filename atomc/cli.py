@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import sys
 from typing import Annotated
 
 import typer
 
-from atomc.config import EngineConfig
+from atomc.config import CacheConfig, CompileConfig, EngineConfig, ModelConfig, SchedulerConfig, ServeConfig
 
 app = typer.Typer(
     add_completion=False,
@@ -46,7 +45,7 @@ MixedMaxTokens = Annotated[
     int,
     typer.Option(
         "--cudagraph-mixed-max-tokens",
-        help="CUDA graphs for mixed (prefill + decode) batches up to N tokens (default 0: off)",
+        help="CUDA graphs for mixed (prefill + decode) batches up to N tokens; 0: off",
     ),
 ]
 AsyncScheduling = Annotated[
@@ -63,52 +62,31 @@ LoadFormat = Annotated[str, typer.Option("--load-format", help="safetensors | du
 DisablePass = Annotated[list[str] | None, typer.Option("--disable-pass", help="skip a compiler pass by name")]
 
 
-def build_config(
-    model=None,
-    device="auto",
-    dtype="auto",
-    max_model_len=None,
-    max_num_seqs=256,
-    max_num_batched_tokens=8192,
-    block_size=16,
-    seed=0,
-    enforce_eager=False,
-    enable_prefix_caching=True,
-    cache_dir=None,
-    require_artifacts=False,
-    gpu_memory_utilization=0.9,
-    num_kv_blocks=None,
-    cudagraph_capture_sizes=None,
-    cudagraph_mixed_max_tokens=0,
-    async_scheduling=True,
-    disable_pass=None,
-    load_format="safetensors",
-    generation_config="auto",
-) -> EngineConfig:
-    cfg = EngineConfig(device=device)
-    cfg.model.model, cfg.model.dtype, cfg.model.max_model_len, cfg.model.seed = (
-        model,
-        dtype,
-        max_model_len,
-        seed,
-    )
-    cfg.scheduler.max_num_seqs = max_num_seqs
-    cfg.scheduler.max_num_batched_tokens = max_num_batched_tokens
-    cfg.scheduler.async_scheduling = async_scheduling
-    cfg.cache.block_size, cfg.cache.enable_prefix_caching = block_size, enable_prefix_caching
-    cfg.cache.gpu_memory_utilization, cfg.cache.num_kv_blocks = gpu_memory_utilization, num_kv_blocks
-    cfg.compile.enforce_eager, cfg.compile.require_artifacts = enforce_eager, require_artifacts
-    if cache_dir:
-        cfg.compile.cache_dir = cache_dir
-    if cudagraph_capture_sizes:
-        cfg.compile.cudagraph_capture_sizes = parse_sizes(cudagraph_capture_sizes)
-    cfg.compile.cudagraph_mixed_max_tokens = cudagraph_mixed_max_tokens
-    cfg.compile.disabled_passes = list(disable_pass or [])
-    cfg.model.load_format, cfg.model.generation_config = load_format, generation_config
-    return cfg
+# the engine flags a command may declare; each sets the EngineConfig field of the same name
+# (disable_pass -> compile.disabled_passes); a flag a command does not declare keeps the config default
+_CONFIG_FLAGS = frozenset(
+    {
+        "model", "device", "dtype", "max_model_len", "seed", "load_format", "generation_config",
+        "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
+        "block_size", "enable_prefix_caching", "gpu_memory_utilization", "num_kv_blocks",
+        "enforce_eager", "cache_dir", "require_artifacts", "cudagraph_capture_sizes",
+        "cudagraph_mixed_max_tokens", "disable_pass",
+    }
+)  # fmt: skip
 
 
-_CONFIG_FLAGS = frozenset(inspect.signature(build_config).parameters)
+def build_config(**flags) -> EngineConfig:
+    """An EngineConfig from engine flags as the CLI parses them."""
+    unknown = set(flags) - _CONFIG_FLAGS
+    assert not unknown, f"not engine flags: {sorted(unknown)}"
+    if flags.get("cache_dir") is None:
+        flags.pop("cache_dir", None)  # None: the config's default location
+    if "cudagraph_capture_sizes" in flags:
+        sizes = flags["cudagraph_capture_sizes"]
+        flags["cudagraph_capture_sizes"] = parse_sizes(sizes) if sizes else None
+    if "disable_pass" in flags:
+        flags["disabled_passes"] = list(flags.pop("disable_pass") or [])
+    return EngineConfig().update(**flags)
 
 
 def config_from(flags: dict) -> EngineConfig:
@@ -147,13 +125,13 @@ def generate(
     repetition_penalty: Annotated[float, typer.Option("--repetition-penalty")] = 1.0,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="stop string (repeatable)")] = None,
     sample_seed: Annotated[int | None, typer.Option("--sample-seed", help="per-request sampling seed")] = None,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
+    device: Device = EngineConfig.device,
+    dtype: Dtype = ModelConfig.dtype,
     max_model_len: MaxModelLen = None,
-    seed: Seed = 0,
-    enforce_eager: EnforceEager = False,
+    seed: Seed = ModelConfig.seed,
+    enforce_eager: EnforceEager = CompileConfig.enforce_eager,
     cache_dir: CacheDir = None,
-    require_artifacts: RequireArtifacts = False,
+    require_artifacts: RequireArtifacts = CompileConfig.require_artifacts,
 ) -> None:
     """Generate a continuation of PROMPT and print it."""
     from atomc.llm import LLM
@@ -184,40 +162,40 @@ def generate(
 @app.command()
 def serve(
     model: Model = None,
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port")] = 8000,
+    host: Annotated[str, typer.Option("--host")] = ServeConfig.host,
+    port: Annotated[int, typer.Option("--port")] = ServeConfig.port,
     api_key: Annotated[str | None, typer.Option("--api-key")] = None,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name")] = None,
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="jinja file or inline text")] = None,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
+    device: Device = EngineConfig.device,
+    dtype: Dtype = ModelConfig.dtype,
     max_model_len: MaxModelLen = None,
-    max_num_seqs: MaxNumSeqs = 256,
-    max_num_batched_tokens: MaxBatchedTokens = 8192,
-    block_size: BlockSize = 16,
-    seed: Seed = 0,
-    enforce_eager: EnforceEager = False,
-    enable_prefix_caching: PrefixCaching = True,
-    gpu_memory_utilization: GpuMem = 0.9,
+    max_num_seqs: MaxNumSeqs = SchedulerConfig.max_num_seqs,
+    max_num_batched_tokens: MaxBatchedTokens = SchedulerConfig.max_num_batched_tokens,
+    block_size: BlockSize = CacheConfig.block_size,
+    seed: Seed = ModelConfig.seed,
+    enforce_eager: EnforceEager = CompileConfig.enforce_eager,
+    enable_prefix_caching: PrefixCaching = CacheConfig.enable_prefix_caching,
+    gpu_memory_utilization: GpuMem = CacheConfig.gpu_memory_utilization,
     num_kv_blocks: KvBlocks = None,
     cache_dir: CacheDir = None,
-    require_artifacts: RequireArtifacts = False,
+    require_artifacts: RequireArtifacts = CompileConfig.require_artifacts,
     cudagraph_capture_sizes: CaptureSizes = None,
-    cudagraph_mixed_max_tokens: MixedMaxTokens = 0,
-    async_scheduling: AsyncScheduling = True,
-    load_format: LoadFormat = "safetensors",
-    generation_config: GenerationConfig = "auto",
+    cudagraph_mixed_max_tokens: MixedMaxTokens = CompileConfig.cudagraph_mixed_max_tokens,
+    async_scheduling: AsyncScheduling = SchedulerConfig.async_scheduling,
+    load_format: LoadFormat = ModelConfig.load_format,
+    generation_config: GenerationConfig = ModelConfig.generation_config,
     disable_pass: DisablePass = None,
     die_with_parent: Annotated[
         bool, typer.Option("--die-with-parent", help="exit when the process that started the server exits")
-    ] = False,
+    ] = ServeConfig.die_with_parent,
     engine_process: Annotated[
         str,
         typer.Option(
             "--engine-process",
             help="auto | on | off: the engine loop in its own process (auto: on a GPU) or on a server thread",
         ),
-    ] = "auto",
+    ] = ServeConfig.engine_process,
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     from pathlib import Path
@@ -245,10 +223,10 @@ def serve(
 @app.command("compile")
 def compile_(
     model: Model = None,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    max_num_batched_tokens: MaxBatchedTokens = 8192,
-    max_num_seqs: MaxNumSeqs = 256,
+    device: Device = EngineConfig.device,
+    dtype: Dtype = ModelConfig.dtype,
+    max_num_batched_tokens: MaxBatchedTokens = SchedulerConfig.max_num_batched_tokens,
+    max_num_seqs: MaxNumSeqs = SchedulerConfig.max_num_seqs,
     max_model_len: MaxModelLen = None,
     cudagraph_capture_sizes: CaptureSizes = None,
     cache_dir: CacheDir = None,

@@ -92,9 +92,28 @@ class EngineConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def update(self, **values) -> EngineConfig:
+        """Set fields by their own name (`max_num_seqs=64` sets `scheduler.max_num_seqs`): how CLI
+        flags and `LLM(...)` keywords map onto the tree. Every field name is unique across sections."""
+        for name, value in values.items():
+            if name == "device":
+                self.device = value
+                continue
+            section = _FIELD_SECTION.get(name)
+            if section is None:
+                raise TypeError(f"EngineConfig has no field {name!r}")
+            setattr(getattr(self, section), name, value)
+        return self
+
     @property
     def cache_path(self) -> Path:
         return Path(self.compile.cache_dir).expanduser()
+
+
+# section name -> its dataclass, from EngineConfig itself
+_SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(EngineConfig) if f.name != "device"}
+_FIELD_SECTION = {f.name: section for section, cls in _SECTIONS.items() for f in dataclasses.fields(cls)}
+assert len(_FIELD_SECTION) == sum(len(dataclasses.fields(c)) for c in _SECTIONS.values()), "field names must be unique"
 
 
 def resolve_device(name: str) -> str:

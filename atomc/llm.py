@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from atomc.config import EngineConfig
+from atomc.config import CacheConfig, CompileConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atomc.outputs import RequestOutput
 from atomc.sampling_params import SamplingParams
 from atomc.serve.engine import LLMEngine
@@ -21,47 +21,31 @@ class LLM:
         model: str | None = None,
         *,
         tokenizer: str | None = None,
-        dtype: str = "auto",
-        device: str = "auto",
-        enforce_eager: bool = False,
+        dtype: str = ModelConfig.dtype,
+        device: str = EngineConfig.device,
+        enforce_eager: bool = CompileConfig.enforce_eager,
         max_model_len: int | None = None,
-        seed: int = 0,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
-        block_size: int = 16,
-        enable_prefix_caching: bool = True,
+        seed: int = ModelConfig.seed,
+        max_num_seqs: int = SchedulerConfig.max_num_seqs,
+        max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens,
+        block_size: int = CacheConfig.block_size,
+        enable_prefix_caching: bool = CacheConfig.enable_prefix_caching,
         num_kv_blocks: int | None = None,
-        gpu_memory_utilization: float = 0.9,
+        gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization,
         cache_dir: str | None = None,
-        load_format: str = "safetensors",
-        generation_config: str = "auto",
-        cudagraph_mixed_max_tokens: int = 0,
-        async_scheduling: bool = True,
+        load_format: str = ModelConfig.load_format,
+        generation_config: str = ModelConfig.generation_config,
+        cudagraph_mixed_max_tokens: int = CompileConfig.cudagraph_mixed_max_tokens,
+        async_scheduling: bool = SchedulerConfig.async_scheduling,
         config: EngineConfig | None = None,
     ):
+        """Each keyword sets the EngineConfig field of its name (defaults are the config's); or pass
+        a whole `config`, and the keywords are ignored."""
         if config is None:
-            config = EngineConfig(device=device)
-            m, c, s = config.model, config.cache, config.scheduler
-            m.model, m.tokenizer, m.dtype, m.max_model_len, m.seed = (
-                model,
-                tokenizer,
-                dtype,
-                max_model_len,
-                seed,
-            )
-            s.max_num_seqs, s.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-            s.async_scheduling = async_scheduling
-            c.block_size, c.enable_prefix_caching, c.num_kv_blocks = (
-                block_size,
-                enable_prefix_caching,
-                num_kv_blocks,
-            )
-            c.gpu_memory_utilization = gpu_memory_utilization
-            config.compile.enforce_eager = enforce_eager
-            config.compile.cudagraph_mixed_max_tokens = cudagraph_mixed_max_tokens
-            m.load_format, m.generation_config = load_format, generation_config
-            if cache_dir is not None:
-                config.compile.cache_dir = cache_dir
+            values = {k: v for k, v in locals().items() if k not in ("self", "config", "__class__")}
+            if cache_dir is None:
+                del values["cache_dir"]  # None: the config's default location
+            config = EngineConfig().update(**values)
         self.config = config
         self.engine = LLMEngine(config)
         self._ids = itertools.count()

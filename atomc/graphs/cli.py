@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from atomc import env
-from atomc.config import EngineConfig
+from atomc.config import EngineConfig, ModelConfig, SchedulerConfig
 from atomc.graphs.cache_key import diff, format_diff
 from atomc.graphs.cache_store import CacheStore, Entry
 from atomc.graphs.report import format_report, human_bytes, to_json
@@ -134,10 +134,12 @@ def diff_cmd(key1: str, key2: str, cache_dir: CacheDir = None, as_json: AsJson =
 @cache_app.command("explain")
 def explain(
     model: Annotated[str | None, typer.Option("--model")] = None,
-    device: Annotated[str, typer.Option("--device")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype")] = "auto",
-    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens")] = 8192,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
+    device: Annotated[str, typer.Option("--device")] = EngineConfig.device,
+    dtype: Annotated[str, typer.Option("--dtype")] = ModelConfig.dtype,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option("--max-num-batched-tokens")
+    ] = SchedulerConfig.max_num_batched_tokens,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = SchedulerConfig.max_num_seqs,
     cudagraph_capture_sizes: Annotated[str | None, typer.Option("--cudagraph-capture-sizes")] = None,
     disable_pass: Annotated[list[str] | None, typer.Option("--disable-pass")] = None,
     cache_dir: CacheDir = None,
