@@ -213,9 +213,10 @@ def norm_case(t: int) -> None:
 def bench_rope(tokens) -> None:
     for t in tokens:
         rope_case(t)
+        rope_case(t, qk_norm=True)  # Qwen3: per-head q/k RMSNorm in the same kernel
 
 
-def rope_case(t: int) -> None:
+def rope_case(t: int, qk_norm: bool = False) -> None:
     cs = torch.randn(8192, D, device=DEV, dtype=torch.float32)
     q = torch.randn(t, HQ, D, device=DEV, dtype=BF16)
     k, v = (torch.randn(t, HKV, D, device=DEV, dtype=BF16) for _ in range(2))
@@ -223,13 +224,15 @@ def rope_case(t: int) -> None:
     kc, vc = (torch.zeros(num_blocks, PAGE, HKV, D, device=DEV, dtype=BF16) for _ in range(2))
     pos = torch.randint(0, 8192, (t,), device=DEV)
     slots = torch.randperm(num_blocks * PAGE, device=DEV)[:t]
-    fn = lambda: rope_and_write_kv(pos, q, k, v, cs, kc, vc, slots)  # noqa: E731
+    w = torch.rand(D, device=DEV, dtype=BF16) + 0.5
+    norm = (w, 1e-6, w, 1e-6) if qk_norm else None
+    fn = lambda: rope_and_write_kv(pos, q, k, v, cs, kc, vc, slots, qk_norm=norm)  # noqa: E731
     fn()
     assert torch.equal(kc.view(-1, HKV, D)[slots], k) and torch.equal(vc.view(-1, HKV, D)[slots], v)
     us, us_graph = timed(fn)
     # read q, k, v, positions, slots and cos/sin rows; write q, k, and k, v into the cache
     nbytes = (2 * q.numel() + 5 * k.numel()) * 2 + t * (16 + D * 4)
-    record("rope_kv_write", f"T={t}", nbytes, us, us_graph)
+    record("qk_norm_rope_kv_write" if qk_norm else "rope_kv_write", f"T={t}", nbytes, us, us_graph)
 
 
 def bench_silu(tokens) -> None:
