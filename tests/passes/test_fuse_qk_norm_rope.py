@@ -1,12 +1,11 @@
 import torch
 from pass_helpers import apply, arch, assert_same, capture, ops, run
-from test_fuse_rope_kv_write import BLOCKS, PAGE, context, with_inputs
+from test_fuse_rope_kv_write import assert_same_over_prefill_and_decode
 
 from atomc.passes.canonicalize import Canonicalize
 from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
 from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
 from atomc.passes.noop_elimination import NoopElimination
-from atomc.runtime.forward_context import set_forward_context
 from models.layers import RotaryEmbedding
 from models.llama import Attention
 
@@ -37,20 +36,8 @@ def test_qk_norms_fold_into_the_rope_kv_write():
 
 
 def test_same_cache_over_prefill_and_decode():
-    a = arch(qk_norm=True)
     gm, inputs, _, _, after = graphs(qk_norm=True)
-    shape = (len(BLOCKS), PAGE, a.num_kv_heads, a.head_dim)
-    caches = {g: (torch.zeros(shape), torch.zeros(shape)) for g in ("before", "after")}
-    x = torch.randn(7, a.hidden_size)
-    for start, n in ((0, 6), (6, 1)):
-        step = with_inputs(inputs, torch.arange(start, start + n), x[start : start + n])
-        outs = {}
-        for name, g in (("before", gm), ("after", after)):
-            with set_forward_context(context(start, n, caches[name])):
-                outs[name] = run(g, step)
-        assert_same(outs["before"], outs["after"])
-        assert_same(caches["before"], caches["after"])
-    assert caches["after"][0].abs().sum() > 0
+    assert_same_over_prefill_and_decode(gm, after, inputs, arch(qk_norm=True))
 
 
 def test_without_qk_norms_nothing_changes():

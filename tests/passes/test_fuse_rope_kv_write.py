@@ -53,6 +53,23 @@ def with_inputs(inputs, positions, x):
     return out
 
 
+def assert_same_over_prefill_and_decode(before, after, inputs, a) -> None:
+    """Prefill 6 tokens, then decode one, through each graph with its own paged cache: the same
+    outputs and the same cache contents."""
+    shape = (len(BLOCKS), PAGE, a.num_kv_heads, a.head_dim)
+    caches = {g: (torch.zeros(shape), torch.zeros(shape)) for g in ("before", "after")}
+    x = torch.randn(7, a.hidden_size)
+    for start, n in ((0, 6), (6, 1)):
+        step = with_inputs(inputs, torch.arange(start, start + n), x[start : start + n])
+        outs = {}
+        for name, g in (("before", before), ("after", after)):
+            with set_forward_context(context(start, n, caches[name])):
+                outs[name] = run(g, step)
+        assert_same(outs["before"], outs["after"])
+        assert_same(caches["before"], caches["after"])
+    assert caches["after"][0].abs().sum() > 0  # the fused op did write the cache
+
+
 def test_attention_splits_into_rope_kv_write_and_paged_attention():
     gm, inputs, result, after, canon = graphs()
     assert ops(canon)["atomc.rope"] == 1 and ops(canon)["atomc.attention"] == 1
@@ -65,15 +82,4 @@ def test_attention_splits_into_rope_kv_write_and_paged_attention():
 
 def test_same_cache_and_outputs_over_prefill_and_decode():
     gm, inputs, _, after, _ = graphs()
-    shape = (len(BLOCKS), PAGE, A.num_kv_heads, A.head_dim)
-    caches = {g: (torch.zeros(shape), torch.zeros(shape)) for g in ("before", "after")}
-    x = torch.randn(7, A.hidden_size)
-    for start, n in ((0, 6), (6, 1)):  # prefill 6 tokens, then decode one
-        step = with_inputs(inputs, torch.arange(start, start + n), x[start : start + n])
-        outs = {}
-        for name, g in (("before", gm), ("after", after)):
-            with set_forward_context(context(start, n, caches[name])):
-                outs[name] = run(g, step)
-        assert_same(outs["before"], outs["after"])
-        assert_same(caches["before"], caches["after"])
-    assert caches["after"][0].abs().sum() > 0  # the fused op did write the cache
+    assert_same_over_prefill_and_decode(gm, after, inputs, A)
