@@ -178,6 +178,18 @@ def _define_triton_ops() -> None:
         # the kernel rotates in place; the op is functional, so it rotates copies
         return tk.rope(positions, q.contiguous().clone(), k.contiguous().clone(), cos_sin_cache)
 
+    def rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, qk_norm):
+        """The kernels work in place; the ops return new tensors. Writes the KV cache when the
+        forward context has one for this layer, else only rotates."""
+        q, k = q.contiguous().clone(), k.contiguous().clone()
+        cache = layer_cache(layer_idx)
+        if cache is None:
+            return tk.rope(positions, q, k, cos_sin_cache, qk_norm=qk_norm)
+        meta, k_cache, v_cache = cache
+        return tk.rope_and_write_kv(
+            positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, qk_norm=qk_norm
+        )
+
     @custom("rope_and_write_kv")
     def rope_and_write_kv(
         positions: torch.Tensor,
@@ -187,12 +199,7 @@ def _define_triton_ops() -> None:
         cos_sin_cache: torch.Tensor,
         layer_idx: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k = q.contiguous().clone(), k.contiguous().clone()
-        cache = layer_cache(layer_idx)
-        if cache is None:
-            return tk.rope(positions, q, k, cos_sin_cache)
-        meta, k_cache, v_cache = cache
-        return tk.rope_and_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
+        return rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, None)
 
     @custom("qk_norm_rope_and_write_kv")
     def qk_norm_rope_and_write_kv(
@@ -207,15 +214,8 @@ def _define_triton_ops() -> None:
         cos_sin_cache: torch.Tensor,
         layer_idx: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k = q.contiguous().clone(), k.contiguous().clone()
         norm = (q_weight, q_eps, k_weight, k_eps)
-        cache = layer_cache(layer_idx)
-        if cache is None:
-            return tk.rope(positions, q, k, cos_sin_cache, qk_norm=norm)
-        meta, k_cache, v_cache = cache
-        return tk.rope_and_write_kv(
-            positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, qk_norm=norm
-        )
+        return rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, norm)
 
     @custom("paged_attention", mutates=("out",))
     def paged_attention(
