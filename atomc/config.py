@@ -124,3 +124,20 @@ def resolve_device(name: str) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {name} was asked for, but this torch sees no CUDA device")
     return name
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def resolve_dtype(name: str, checkpoint_dtype: str, device: str):
+    """The torch dtype for `--dtype name`: auto takes the checkpoint's dtype on a GPU (bf16 for an
+    fp32 checkpoint) and float32 on the CPU (its half-precision matmuls are slow and less exact)."""
+    import torch
+
+    if name == "auto":
+        if not device.startswith("cuda"):
+            return torch.float32
+        return getattr(torch, checkpoint_dtype) if checkpoint_dtype in ("float16", "bfloat16") else torch.bfloat16
+    if name not in DTYPES:
+        raise ValueError(f"--dtype {name!r} is not one of: auto, {', '.join(DTYPES)}")
+    return getattr(torch, name)

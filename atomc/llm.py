@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from tqdm import tqdm
 
 from atomc.config import CacheConfig, CompileConfig, EngineConfig, ModelConfig, SchedulerConfig
+from atomc.engine.llm_engine import LLMEngine
 from atomc.outputs import RequestOutput
 from atomc.sampling_params import SamplingParams
-from atomc.serve.engine import LLMEngine
 
 PromptType = str | dict
 

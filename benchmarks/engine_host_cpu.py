@@ -47,8 +47,8 @@ def main() -> None:
 
     from atomc import SamplingParams
     from atomc.config import EngineConfig
-    from atomc.serve.engine import LLMEngine
-    from atomc.serve.engine_process import OutputDeltas
+    from atomc.engine.llm_engine import LLMEngine
+    from atomc.engine.process import OutputDeltas
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--running", default="64,256")

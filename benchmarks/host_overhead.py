@@ -127,7 +127,7 @@ def mixed_step(eng, prompt_len: int) -> dict:
     import torch
 
     from atomc import SamplingParams
-    from atomc.runtime.forward_context import ForwardContext, set_forward_context
+    from atomc.forward_context import ForwardContext, set_forward_context
     from atomc.runtime.model_runner import device_batch
 
     eng.add_request("mixed", [10 + i % 300 for i in range(prompt_len)], SamplingParams(max_tokens=1))

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from atomc.serve.bench.sweep import free_port, server_command, stop_process_group, wait_until_healthy
+from atomc.bench.sweep import free_port, server_command, stop_process_group, wait_until_healthy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ceilings  # noqa: E402
@@ -44,7 +44,7 @@ def _ms(v: float | None) -> str:
 
 
 def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
-    from atomc.serve.bench.serve import BenchConfig, run_benchmark
+    from atomc.bench.serve import BenchConfig, run_benchmark
 
     port = free_port()
     max_seqs = max(args.conc)

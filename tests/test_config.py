@@ -7,7 +7,8 @@ import inspect
 import pytest
 import typer
 
-from atomc.cli import _CONFIG_FLAGS, build_config, compile_, generate, serve
+from atomc.cli.flags import _CONFIG_FLAGS, build_config
+from atomc.cli.main import compile_, generate, serve
 from atomc.config import EngineConfig
 
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from atomc import LLM, SamplingParams
-from atomc.cli import app
+from atomc.cli.main import app
 
 
 def copy_ckpt(src, dst):

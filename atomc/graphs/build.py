@@ -18,7 +18,7 @@ from atomc.graphs.cache_key import cache_key, collect_factors, format_diff, near
 from atomc.graphs.cache_store import CacheStore, Entry
 from atomc.graphs.partition import resolve_capture_sizes, splitting_ops
 from atomc.graphs.trace import AtomcBackend, aot_trace, bind, example_inputs
-from atomc.kernels.registry import platform_of
+from atomc.platforms import platform_of
 
 log = logging.getLogger(__name__)
 
@@ -257,14 +257,13 @@ def _write_graphs(entry: Entry, rec) -> dict[str, str]:
 
 def resolve_target(config: EngineConfig) -> tuple[Path, str, torch.dtype]:
     """(model dir, device, dtype) exactly as the engine resolves them, so keys agree with `serve`."""
-    from atomc.config import resolve_device
-    from atomc.serve.engine import resolve_dtype
+    from atomc.config import resolve_device, resolve_dtype
     from models.arch import ModelArch
     from models.default_model import resolve_model_path
 
     device = resolve_device(config.device)
     model_dir = Path(resolve_model_path(config.model.model, config.cache_path))
-    return model_dir, device, resolve_dtype(config.model.dtype, ModelArch.from_dir(model_dir), device)
+    return model_dir, device, resolve_dtype(config.model.dtype, ModelArch.from_dir(model_dir).torch_dtype, device)
 
 
 def compile_model(config: EngineConfig, progress: bool = True) -> CompileResult:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from atomc import compat, env
-from atomc.kernels.registry import platform_of
+from atomc.platforms import platform_of
 
 FORMAT_VERSION = 1
 
@@ -30,7 +30,7 @@ SOURCE_FILES = (
     "atomc/graphs/trace.py",
     "atomc/graphs/partition.py",
     "atomc/graphs/artifact.py",
-    "atomc/runtime/forward_context.py",
+    "atomc/forward_context.py",
 )
 # config.json fields that do not shape the graph
 _CONFIG_NOISE = ("transformers_version", "_name_or_path")

@@ -9,6 +9,7 @@ triton/aiter); a process loading a lowered artifact must call `ensure_registered
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -45,13 +46,6 @@ def register(op: str, backend: str):
         return loader
 
     return deco
-
-
-def platform_of(device: str) -> str:
-    """The platform whose backends serve `device`: cpu, cuda, or rocm (a ROCm torch calls its GPUs cuda)."""
-    if not str(device).startswith("cuda"):
-        return "cpu"
-    return "rocm" if torch.version.hip else "cuda"
 
 
 def entries() -> list[tuple[str, str]]:
@@ -105,16 +99,10 @@ for _op in OPS:
     register(_op, "torch")(functools.partial(lambda name: getattr(torch.ops.atomc, name).default, _op))
 
 
-# ---- triton: custom ops around atomc/kernels/triton (defined on first use) ----
-# Defined with torch.library.Library rather than @custom_op: a call then costs about 2 us of
-# dispatch instead of about 9 (measured on the CPU), which adds up over ~350 calls in every step
-# that runs without a CUDA graph. The library object must stay alive for the ops to stay defined.
-_TRITON_LIB: list[torch.library.Library] = []
-
-
+# ---- triton: torch.ops.atomc_triton.* (atomc/kernels/triton/ops.py, defined on first use) ----
 @functools.cache
 def _triton_ops():
-    _define_triton_ops()
+    importlib.import_module("atomc.kernels.triton.ops")
     return torch.ops.atomc_triton
 
 
@@ -123,128 +111,10 @@ for _op in OPS:
         register(_op, "triton")(functools.partial(lambda name: getattr(_triton_ops(), name).default, _op))
 
 
-def same_fake(qualname: str, atomc_name: str) -> None:
-    """A backend op's fake impl is the atomc op's: calling it on fake tensors reaches its fake."""
-    torch.library.register_fake(qualname)(
-        lambda *args, **kwargs: getattr(torch.ops.atomc, atomc_name).default(*args, **kwargs)
-    )
-
-
-def _define_triton_ops() -> None:
-    from atomc.kernels import triton as tk
-    from atomc.ops.attention import causal_attention
-    from atomc.runtime.forward_context import layer_cache
-
-    lib = torch.library.Library("atomc_triton", "DEF")
-    _TRITON_LIB.append(lib)
-
-    def custom(name: str, mutates=()):
-        def deco(fn):
-            lib.define(name + torch.library.infer_schema(fn, mutates_args=mutates))
-            lib.impl(name, fn, "CompositeExplicitAutograd")
-            same_fake(f"atomc_triton::{name}", name)
-            return fn
-
-        return deco
-
-    def attend(q, out, meta, k_cache, v_cache, scale):
-        tk.paged_attention(
-            q.contiguous(), k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-            scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs,
-        )  # fmt: skip
-
-    @custom("rms_norm")
-    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return tk.rms_norm(x.contiguous(), weight, eps)
-
-    @custom("fused_add_rms_norm")
-    def fused_add_rms_norm(
-        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return tk.fused_add_rms_norm(x.contiguous(), residual.contiguous(), weight, eps)
-
-    @custom("silu_and_mul")
-    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-        return tk.silu_and_mul(x.contiguous())
-
-    @custom("linear")
-    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return tk.linear(x, weight, bias)
-
-    @custom("rope")
-    def rope(
-        positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # the kernel rotates in place; the op is functional, so it rotates copies
-        return tk.rope(positions, q.contiguous().clone(), k.contiguous().clone(), cos_sin_cache)
-
-    def rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, qk_norm):
-        """The kernels work in place; the ops return new tensors. Writes the KV cache when the
-        forward context has one for this layer, else only rotates."""
-        q, k = q.contiguous().clone(), k.contiguous().clone()
-        cache = layer_cache(layer_idx)
-        if cache is None:
-            return tk.rope(positions, q, k, cos_sin_cache, qk_norm=qk_norm)
-        meta, k_cache, v_cache = cache
-        return tk.rope_and_write_kv(
-            positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, qk_norm=qk_norm
-        )
-
-    @custom("rope_and_write_kv")
-    def rope_and_write_kv(
-        positions: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cos_sin_cache: torch.Tensor,
-        layer_idx: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, None)
-
-    @custom("qk_norm_rope_and_write_kv")
-    def qk_norm_rope_and_write_kv(
-        positions: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        q_weight: torch.Tensor,
-        q_eps: float,
-        k_weight: torch.Tensor,
-        k_eps: float,
-        cos_sin_cache: torch.Tensor,
-        layer_idx: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        norm = (q_weight, q_eps, k_weight, k_eps)
-        return rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, norm)
-
-    @custom("paged_attention", mutates=("out",))
-    def paged_attention(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
-    ) -> None:
-        cache = layer_cache(layer_idx)
-        if cache is None:
-            out.copy_(causal_attention(q, k, v, scale))
-            return
-        attend(q, out, *cache, scale)
-
-    @custom("attention", mutates=("out",))
-    def attention(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
-    ) -> None:
-        cache = layer_cache(layer_idx)
-        if cache is None:
-            out.copy_(causal_attention(q, k, v, scale))
-            return
-        meta, k_cache, v_cache = cache
-        tk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        attend(q, out, *cache, scale)
-
-
 # ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----
 @functools.cache
 def _aiter_ops():
-    from atomc.kernels.aiter import ops  # noqa: F401  (defines torch.ops.atomc_aiter.*)
-
+    importlib.import_module("atomc.kernels.aiter.ops")
     return torch.ops.atomc_aiter
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from atomc.runtime.forward_context import AttentionMetadata, layer_cache
+from atomc.forward_context import AttentionMetadata, layer_cache
 
 
 @torch.library.custom_op("atomc::attention", mutates_args=("out",))
@@ -19,16 +19,7 @@ def attention(
     """q/out: [T, Hq, D]; k/v: [T, Hkv, D]. Reads the KV cache and batch metadata from the forward context."""
     cache = layer_cache(layer_idx)
     if cache is None:
-        out.copy_(causal_attention(q, k, v, scale))
-        return
-    if q.is_cuda:
-        # eager on a GPU: the platform's kernel (the compiler's lowering pass does this for graphs)
-        from atomc.kernels import registry
-
-        _, impl = registry.choose("attention", registry.platform_of(str(q.device)))
-        if impl is not torch.ops.atomc.attention.default:
-            impl(q, k, v, out, layer_idx, scale)
-            return
+        return attention_without_cache(q, k, v, out, scale)
     meta, k_cache, v_cache = cache
     write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
     paged_attention_reference(q, k_cache, v_cache, out, meta, scale)
@@ -37,6 +28,11 @@ def attention(
 @attention.register_fake
 def _(q, k, v, out, layer_idx, scale) -> None:
     return None
+
+
+def attention_without_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+    """No KV cache in the forward context (a plain forward, tracing): the batch is one causal sequence."""
+    out.copy_(causal_attention(q, k, v, scale))
 
 
 def write_kv_cache(

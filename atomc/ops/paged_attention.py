@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from atomc.ops.attention import causal_attention, paged_attention_reference
-from atomc.runtime.forward_context import layer_cache
+from atomc.forward_context import layer_cache
+from atomc.ops.attention import attention_without_cache, paged_attention_reference
 
 
 @torch.library.custom_op("atomc::paged_attention", mutates_args=("out",))
@@ -16,8 +16,7 @@ def paged_attention(
 ) -> None:
     cache = layer_cache(layer_idx)
     if cache is None:
-        out.copy_(causal_attention(q, k, v, scale))
-        return
+        return attention_without_cache(q, k, v, out, scale)
     meta, k_cache, v_cache = cache
     paged_attention_reference(q, k_cache, v_cache, out, meta, scale)
 

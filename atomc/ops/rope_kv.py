@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from atomc.forward_context import layer_cache
 from atomc.ops.attention import write_kv_cache
 from atomc.ops.norm import rms_norm_reference
 from atomc.ops.rope import rope_reference
-from atomc.runtime.forward_context import layer_cache
 
 
 @torch.library.custom_op("atomc::rope_and_write_kv", mutates_args=())

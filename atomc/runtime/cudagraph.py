@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from atomc.config import EngineConfig
+from atomc.kernels.registry import ensure_registered
+from atomc.platforms import platform_of
+from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.graphs.partition import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
-from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
 from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch
 from atomc.runtime.transfer import to_device
@@ -28,7 +30,7 @@ from models.arch import ModelArch
 from models.loader import load_model
 
 if TYPE_CHECKING:  # the runner only reads these; the scheduler lives downstream of it
-    from atomc.serve.scheduler import ScheduledSeq
+    from atomc.engine.scheduler import ScheduledSeq
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.block_size = config.cache.block_size
         t0 = time.perf_counter()
+        # backend ops (and the eager model's GPU attention kernel) defined before the first forward
+        ensure_registered(platform_of(device))
         self.model = load_model(model_dir, dtype, device, config.model.load_format)
         self.timings = {"load_weights_s": time.perf_counter() - t0}
         self.forward = self.model.forward

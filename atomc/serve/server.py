@@ -93,11 +93,11 @@ def build_server_app(config: EngineConfig):
     from atomc.serve.async_engine import AsyncEngine
 
     if uses_engine_process(config):
-        from atomc.serve.engine_process import EngineProcessClient
+        from atomc.engine.process import EngineProcessClient
 
         engine = EngineProcessClient(config)
     else:
-        from atomc.serve.engine import LLMEngine
+        from atomc.engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
     return build_app(AsyncEngine(engine), config)

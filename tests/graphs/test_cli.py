@@ -9,7 +9,7 @@ import time
 
 from typer.testing import CliRunner
 
-from atomc.graphs.cli import cache_app, compile_command
+from atomc.cli.cache import cache_app, compile_command
 from tests.graphs.helpers import copy_entry, make_config
 
 runner = CliRunner()

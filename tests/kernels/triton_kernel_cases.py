@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from atomc.forward_context import AttentionMetadata
 from atomc.ops.attention import paged_attention_reference
-from atomc.runtime.forward_context import AttentionMetadata
 
 # (q_lens, seq_lens) per case; seq_len includes this step's q_len tokens
 ATTN_CASES = {

@@ -72,7 +72,7 @@ def test_cli_generate_default_model_answers_paris(default_model, model_cache_roo
     """The README's command: no --model means the default model, resolved from the installed wheel."""
     from typer.testing import CliRunner
 
-    from atomc.cli import app
+    from atomc.cli.main import app
 
     args = ["generate", "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "16"]
     result = CliRunner().invoke(app, [*args, "--enforce-eager", "--cache-dir", str(model_cache_root)])

@@ -1,10 +1,10 @@
 import torch
 from pass_helpers import apply, arch, assert_same, capture, ops, run
 
+from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.passes.canonicalize import Canonicalize
 from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
 from atomc.passes.noop_elimination import NoopElimination
-from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from models.layers import RotaryEmbedding
 from models.llama import Attention
 

@@ -60,7 +60,7 @@ def test_default_cpu_pipeline_keeps_logits(checkpoints, family):
 
 
 def _one_sequence_context(start: int, n: int, caches, page: int = 16):
-    from atomc.runtime.forward_context import AttentionMetadata, ForwardContext
+    from atomc.forward_context import AttentionMetadata, ForwardContext
 
     dev = caches[0][0].device
     blocks = list(range(caches[0][0].shape[0]))[::-1]  # pages in reverse order: exercises the block table
@@ -91,7 +91,7 @@ def _lowered(pm):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_pipeline_with_paged_cache(checkpoints):
     """Triton-lowered graph vs the eager model, both over a paged KV cache: prefill, then decode."""
-    from atomc.runtime.forward_context import set_forward_context
+    from atomc.forward_context import set_forward_context
 
     model = load_model(checkpoints["llama"], torch.float32, "cuda")
     pm = PassManager.for_platform("cuda")

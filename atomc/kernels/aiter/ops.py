@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from atomc.runtime.forward_context import layer_cache
+from atomc.forward_context import layer_cache
+from atomc.kernels.binding import fake_as_atomc
 
 
 def _aiter():
     import aiter
 
     return aiter
-
-
-def _fake_as_atomc(name: str):
-    # calling the atomc op on fake tensors reaches its fake impl: one source of truth for shapes
-    torch.library.register_fake(f"atomc_aiter::{name}")(lambda *args: getattr(torch.ops.atomc, name).default(*args))
 
 
 @torch.library.custom_op("atomc_aiter::rms_norm", mutates_args=())
@@ -104,4 +100,4 @@ def rope_and_write_kv(
 
 
 for _name in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope", "rope_and_write_kv"):
-    _fake_as_atomc(_name)
+    fake_as_atomc("atomc_aiter", _name)

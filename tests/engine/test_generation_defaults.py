@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from atomc import LLM, SamplingParams
-from atomc.serve.generation_defaults import generation_defaults
+from atomc.engine.generation_defaults import generation_defaults
 from atomc.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from atomc.serve.bench.metrics import format_value, is_known_metric
+from atomc.bench.metrics import format_value, is_known_metric
 
 
 class Status(StrEnum):

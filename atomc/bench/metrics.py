@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from atomc.serve.bench.client import RequestResult
+from atomc.bench.client import RequestResult
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (90, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")

@@ -13,9 +13,9 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
-from atomc.serve.bench.client import RequestResult, fetch_models, make_http_client, send_completion
-from atomc.serve.bench.dataset import BenchRequest, sample_random_requests
-from atomc.serve.bench.metrics import DEFAULT_PERCENTILES, compute_metrics
+from atomc.bench.client import RequestResult, fetch_models, make_http_client, send_completion
+from atomc.bench.dataset import BenchRequest, sample_random_requests
+from atomc.bench.metrics import DEFAULT_PERCENTILES, compute_metrics
 
 DEFAULT_VOCAB_SIZE = 1000
 

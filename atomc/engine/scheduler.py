@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from atomc.config import SchedulerConfig
-from atomc.runtime.block_manager import BlockManager
-from atomc.serve.sequence import SeqStatus, Sequence
+from atomc.engine.block_manager import BlockManager
+from atomc.engine.sequence import SeqStatus, Sequence
 
 
 @dataclass

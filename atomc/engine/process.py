@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atomc.config import EngineConfig
+from atomc.engine.inputs import InputProcessor
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.sampling_params import SamplingParams
-from atomc.serve.inputs import InputProcessor
 
 logger = logging.getLogger("atomc.serve")
 
@@ -107,7 +107,7 @@ def run_engine_process(config: EngineConfig, conn) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
     t0 = time.perf_counter()
     try:
-        from atomc.serve.engine import LLMEngine
+        from atomc.engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
         info = EngineInfo(
@@ -216,7 +216,7 @@ class EngineProcessClient:
     """
 
     def __init__(self, config: EngineConfig):
-        from atomc.serve.tokenizer import load_tokenizer
+        from atomc.engine.tokenizer import load_tokenizer
 
         self.config = config
         ctx = multiprocessing.get_context("spawn")

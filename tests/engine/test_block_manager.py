@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from atomc.runtime.block_manager import BlockManager, block_hash
+from atomc.engine.block_manager import BlockManager, block_hash
 
 
 def fill(bm: BlockManager, tokens: list[int]) -> list[int]:

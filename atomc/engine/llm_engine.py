@@ -16,35 +16,22 @@ from pathlib import Path
 
 import torch
 
-from atomc.config import EngineConfig, resolve_device
+from atomc.config import EngineConfig, resolve_device, resolve_dtype
+from atomc.engine.block_manager import BlockManager
+from atomc.engine.detokenizer import DetokenizerState, decode_rest, decode_step
+from atomc.engine.generation_defaults import generation_defaults
+from atomc.engine.inputs import InputProcessor
+from atomc.engine.scheduler import ScheduledSeq, Scheduler
+from atomc.engine.sequence import SeqStatus, Sequence
+from atomc.engine.tokenizer import load_tokenizer
 from atomc.outputs import CompletionOutput, RequestOutput
-from atomc.runtime.block_manager import BlockManager
 from atomc.runtime.model_runner import ModelRunner
 from atomc.runtime.sampler import PendingSample
 from atomc.sampling_params import SamplingParams
-from atomc.serve.detokenizer import DetokenizerState, decode_rest, decode_step
-from atomc.serve.generation_defaults import generation_defaults
-from atomc.serve.inputs import InputProcessor
-from atomc.serve.scheduler import ScheduledSeq, Scheduler
-from atomc.serve.sequence import SeqStatus, Sequence
-from atomc.serve.tokenizer import load_tokenizer
 from models.arch import ModelArch
 from models.default_model import DEFAULT_MODEL_NAME, resolve_model_path
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_dtype(name: str, arch: ModelArch, device: str) -> torch.dtype:
-    if name == "auto":
-        if not device.startswith("cuda"):
-            return torch.float32  # CPU half-precision matmuls are slow and less exact
-        return _DTYPES.get(arch.torch_dtype, torch.bfloat16) if arch.torch_dtype != "float32" else torch.bfloat16
-    if name not in _DTYPES:
-        raise ValueError(f"--dtype {name!r} is not one of: auto, {', '.join(_DTYPES)}")
-    return _DTYPES[name]
-
 
 class _Request:
     def __init__(self, request_id: str, prompt: str | None, seqs: list[Sequence], arrival: float, tokenizer):
@@ -84,7 +71,7 @@ class LLMEngine:
         )
         # like vLLM: the --model value is the served name; the default model goes by its own name
         self.model_name = config.model.served_model_name or config.model.model or DEFAULT_MODEL_NAME
-        self.dtype = resolve_dtype(config.model.dtype, self.arch, self.device)
+        self.dtype = resolve_dtype(config.model.dtype, self.arch.torch_dtype, self.device)
         self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
         self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         if self.blocks.blocks_needed(self.max_model_len) > self.blocks.num_blocks:

@@ -9,10 +9,10 @@ import torch
 
 from atomc import LLM, SamplingParams
 from atomc.config import SchedulerConfig
-from atomc.runtime.block_manager import BlockManager
-from atomc.serve.scheduler import ScheduledSeq, Scheduler
-from atomc.serve.sequence import Sequence
-from tests.serve.helpers import PROMPTS, assert_pool_free, make
+from atomc.engine.block_manager import BlockManager
+from atomc.engine.scheduler import ScheduledSeq, Scheduler
+from atomc.engine.sequence import Sequence
+from tests.engine.helpers import PROMPTS, assert_pool_free, make
 
 
 def outputs(llm: LLM, params) -> list[tuple]:

@@ -6,9 +6,9 @@ import sys
 import fake_aiter
 import pytest
 import torch
-from pass_helpers import assert_same
+from tests.passes.pass_helpers import assert_same
 
-from atomc.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 
 
 @pytest.fixture

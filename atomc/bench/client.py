@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from atomc.serve.bench.dataset import BenchRequest
+from atomc.bench.dataset import BenchRequest
 
 SSE_DONE = "[DONE]"
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from atomc.serve.bench.client import RequestResult
-from atomc.serve.bench.metrics import (
+from atomc.bench.client import RequestResult
+from atomc.bench.metrics import (
     compute_metrics,
     format_metrics_table,
     is_known_metric,

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import httpx
 
-from atomc.serve.bench.client import auth_headers
-from atomc.serve.bench.metrics import parse_percentiles
-from atomc.serve.bench.serve import BenchConfig, run_benchmark
-from atomc.serve.bench.thresholds import (
+from atomc.bench.client import auth_headers
+from atomc.bench.metrics import parse_percentiles
+from atomc.bench.serve import BenchConfig, run_benchmark
+from atomc.bench.thresholds import (
     GateRow,
     exit_code,
     gate_cells,

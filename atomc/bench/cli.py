@@ -9,10 +9,10 @@ from pathlib import Path
 
 import typer
 
-from atomc.serve.bench.metrics import format_metrics_table, format_value, parse_percentiles
-from atomc.serve.bench.serve import BenchConfig, run_benchmark
-from atomc.serve.bench.sweep import SweepConfigError, load_sweep_config, run_sweep
-from atomc.serve.bench.thresholds import format_gate_table, render_table
+from atomc.bench.metrics import format_metrics_table, format_value, parse_percentiles
+from atomc.bench.serve import BenchConfig, run_benchmark
+from atomc.bench.sweep import SweepConfigError, load_sweep_config, run_sweep
+from atomc.bench.thresholds import format_gate_table, render_table
 
 bench_app = typer.Typer(
     help="Benchmark an OpenAI-compatible server: one run (serve) or a gated CVS-style sweep.",

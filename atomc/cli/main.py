@@ -8,6 +8,30 @@ from typing import Annotated
 
 import typer
 
+from atomc.cli.flags import (
+    AsyncScheduling,
+    BlockSize,
+    CacheDir,
+    CaptureSizes,
+    Device,
+    DisablePass,
+    Dtype,
+    EnforceEager,
+    GenerationConfig,
+    GpuMem,
+    KvBlocks,
+    LoadFormat,
+    MaxBatchedTokens,
+    MaxModelLen,
+    MaxNumSeqs,
+    MixedMaxTokens,
+    Model,
+    PrefixCaching,
+    RequireArtifacts,
+    Seed,
+    config_from,
+    fail,
+)
 from atomc.config import CacheConfig, CompileConfig, EngineConfig, ModelConfig, SchedulerConfig, ServeConfig
 
 app = typer.Typer(
@@ -16,98 +40,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="atomc: compile a model once, then serve it fast.",
 )
-
-# -- shared engine flags (vLLM's names) ------------------------------------------------------------
-
-Model = Annotated[
-    str | None,
-    typer.Option("--model", help="HF checkpoint dir or .gguf file (default: SmolLM2-135M-Instruct)"),
-]
-Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N")]
-Dtype = Annotated[str, typer.Option("--dtype", help="auto | float32 | float16 | bfloat16")]
-MaxModelLen = Annotated[int | None, typer.Option("--max-model-len")]
-MaxNumSeqs = Annotated[int, typer.Option("--max-num-seqs")]
-MaxBatchedTokens = Annotated[int, typer.Option("--max-num-batched-tokens")]
-BlockSize = Annotated[int, typer.Option("--block-size")]
-Seed = Annotated[int, typer.Option("--seed")]
-EnforceEager = Annotated[bool, typer.Option("--enforce-eager", help="run the eager model; never compile")]
-PrefixCaching = Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")]
-CacheDir = Annotated[str | None, typer.Option("--cache-dir", help="compile cache (default ~/.cache/atomc)")]
-RequireArtifacts = Annotated[
-    bool, typer.Option("--require-artifacts", help="fail on a compile-cache miss instead of compiling")
-]
-GpuMem = Annotated[float, typer.Option("--gpu-memory-utilization")]
-KvBlocks = Annotated[int | None, typer.Option("--num-kv-blocks", help="KV pool size in blocks (overrides sizing)")]
-CaptureSizes = Annotated[
-    str | None, typer.Option("--cudagraph-capture-sizes", help="comma-separated batch sizes, e.g. 1,2,4,8")
-]
-MixedMaxTokens = Annotated[
-    int,
-    typer.Option(
-        "--cudagraph-mixed-max-tokens",
-        help="CUDA graphs for mixed (prefill + decode) batches up to N tokens; 0: off",
-    ),
-]
-AsyncScheduling = Annotated[
-    bool,
-    typer.Option(
-        "--async-scheduling/--no-async-scheduling",
-        help="launch each step before the previous step's tokens are read back (default on)",
-    ),
-]
-GenerationConfig = Annotated[
-    str, typer.Option("--generation-config", help="auto: sampling defaults from generation_config.json; none")
-]
-LoadFormat = Annotated[str, typer.Option("--load-format", help="safetensors | dummy (random weights)")]
-DisablePass = Annotated[list[str] | None, typer.Option("--disable-pass", help="skip a compiler pass by name")]
-
-
-# the engine flags a command may declare; each sets the EngineConfig field of the same name
-# (disable_pass -> compile.disabled_passes); a flag a command does not declare keeps the config default
-_CONFIG_FLAGS = frozenset(
-    {
-        "model", "device", "dtype", "max_model_len", "seed", "load_format", "generation_config",
-        "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
-        "block_size", "enable_prefix_caching", "gpu_memory_utilization", "num_kv_blocks",
-        "enforce_eager", "cache_dir", "require_artifacts", "cudagraph_capture_sizes",
-        "cudagraph_mixed_max_tokens", "disable_pass",
-    }
-)  # fmt: skip
-
-
-def build_config(**flags) -> EngineConfig:
-    """An EngineConfig from engine flags as the CLI parses them."""
-    unknown = set(flags) - _CONFIG_FLAGS
-    assert not unknown, f"not engine flags: {sorted(unknown)}"
-    if flags.get("cache_dir") is None:
-        flags.pop("cache_dir", None)  # None: the config's default location
-    if "cudagraph_capture_sizes" in flags:
-        sizes = flags["cudagraph_capture_sizes"]
-        flags["cudagraph_capture_sizes"] = parse_sizes(sizes) if sizes else None
-    if "disable_pass" in flags:
-        flags["disabled_passes"] = list(flags.pop("disable_pass") or [])
-    return EngineConfig().update(**flags)
-
-
-def config_from(flags: dict) -> EngineConfig:
-    """build_config from a command's locals(): each command passes the engine flags it declares."""
-    return build_config(**{k: v for k, v in flags.items() if k in _CONFIG_FLAGS})
-
-
-def parse_sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(s) for s in text.split(",") if s.strip()})
-    except ValueError:
-        raise typer.BadParameter(f"--cudagraph-capture-sizes wants comma-separated integers, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise typer.BadParameter("capture sizes must be positive integers")
-    return sizes
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code)
-
 
 # -- generate ----------------------------------------------------------------------------------------
 
@@ -234,7 +166,7 @@ def compile_(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Trace the model once, run atomc's passes, and write build artifacts into the cache."""
-    from atomc.graphs.cli import compile_command
+    from atomc.cli.cache import compile_command
 
     cfg = config_from(locals())
     try:
@@ -246,13 +178,13 @@ def compile_(
 
 def _mount_subapps() -> None:
     try:
-        from atomc.graphs.cli import cache_app
+        from atomc.cli.cache import cache_app
 
         app.add_typer(cache_app, name="cache", help="Inspect, verify and clear the compile cache.")
     except ImportError as e:  # keep the other commands usable if this part fails to import
         logging.getLogger(__name__).debug("atomc cache unavailable: %s", e)
     try:
-        from atomc.serve.bench.cli import bench_app
+        from atomc.bench.cli import bench_app
 
         app.add_typer(bench_app, name="bench", help="Benchmark a running server; sweep CVS-style cells.")
     except ImportError as e:

@@ -11,6 +11,17 @@ from typing import Annotated
 import typer
 
 from atomc import env
+from atomc.cli.flags import (
+    CacheDir,
+    CaptureSizes,
+    Device,
+    DisablePass,
+    Dtype,
+    MaxBatchedTokens,
+    MaxNumSeqs,
+    Model,
+    config_from,
+)
 from atomc.config import EngineConfig, ModelConfig, SchedulerConfig
 from atomc.graphs.cache_key import diff, format_diff
 from atomc.graphs.cache_store import CacheStore, Entry
@@ -18,7 +29,6 @@ from atomc.graphs.report import format_report, human_bytes, to_json
 
 cache_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
-CacheDir = Annotated[str | None, typer.Option("--cache-dir", help="compile cache (default ~/.cache/atomc)")]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
@@ -133,31 +143,19 @@ def diff_cmd(key1: str, key2: str, cache_dir: CacheDir = None, as_json: AsJson =
 
 @cache_app.command("explain")
 def explain(
-    model: Annotated[str | None, typer.Option("--model")] = None,
-    device: Annotated[str, typer.Option("--device")] = EngineConfig.device,
-    dtype: Annotated[str, typer.Option("--dtype")] = ModelConfig.dtype,
-    max_num_batched_tokens: Annotated[
-        int, typer.Option("--max-num-batched-tokens")
-    ] = SchedulerConfig.max_num_batched_tokens,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = SchedulerConfig.max_num_seqs,
-    cudagraph_capture_sizes: Annotated[str | None, typer.Option("--cudagraph-capture-sizes")] = None,
-    disable_pass: Annotated[list[str] | None, typer.Option("--disable-pass")] = None,
+    model: Model = None,
+    device: Device = EngineConfig.device,
+    dtype: Dtype = ModelConfig.dtype,
+    max_num_batched_tokens: MaxBatchedTokens = SchedulerConfig.max_num_batched_tokens,
+    max_num_seqs: MaxNumSeqs = SchedulerConfig.max_num_seqs,
+    cudagraph_capture_sizes: CaptureSizes = None,
+    disable_pass: DisablePass = None,
     cache_dir: CacheDir = None,
 ) -> None:
     """Would these flags hit the cache? If not, the nearest entry and the factors that differ."""
-    from atomc.cli import build_config
     from atomc.graphs.build import explain_miss, plan_from_config
 
-    cfg = build_config(
-        model=model,
-        device=device,
-        dtype=dtype,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        cache_dir=cache_dir,
-        cudagraph_capture_sizes=cudagraph_capture_sizes,
-        disable_pass=disable_pass,
-    )
+    cfg = config_from(locals())
     plan, _ = plan_from_config(cfg)
     e = plan.store.entry(plan.key)
     if e.ready:

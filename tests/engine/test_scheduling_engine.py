@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from atomc import LLM, SamplingParams
-from tests.serve.helpers import PROMPTS, assert_pool_free, make
+from tests.engine.helpers import PROMPTS, assert_pool_free, make
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 

@@ -14,12 +14,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from typer.testing import CliRunner
 
-from atomc.serve.bench import sweep as sweep_mod
-from atomc.serve.bench.cli import bench_app
-from atomc.serve.bench.client import parse_sse_data
-from atomc.serve.bench.dataset import sample_random_requests
-from atomc.serve.bench.serve import BenchConfig, run_benchmark
-from atomc.serve.bench.sweep import launched_server, load_sweep_config
+from atomc.bench import sweep as sweep_mod
+from atomc.bench.cli import bench_app
+from atomc.bench.client import parse_sse_data
+from atomc.bench.dataset import sample_random_requests
+from atomc.bench.serve import BenchConfig, run_benchmark
+from atomc.bench.sweep import launched_server, load_sweep_config
 
 VOCAB = 500
 

@@ -15,11 +15,11 @@ import httpx
 import pytest
 
 from atomc.config import EngineConfig
+from atomc.engine.llm_engine import LLMEngine
+from atomc.engine.process import EngineProcessClient, OutputDeltas, _Assembly
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.sampling_params import SamplingParams
 from atomc.serve.async_engine import AsyncEngine, EngineDeadError
-from atomc.serve.engine import LLMEngine
-from atomc.serve.engine_process import EngineProcessClient, OutputDeltas, _Assembly
 from atomc.serve.server import uses_engine_process
 
 REPO = Path(__file__).resolve().parents[2]

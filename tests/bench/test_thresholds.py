@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from atomc.serve.bench.sweep import SweepConfigError, cell_key, load_sweep_config
-from atomc.serve.bench.thresholds import (
+from atomc.bench.sweep import SweepConfigError, cell_key, load_sweep_config
+from atomc.bench.thresholds import (
     GateRow,
     Status,
     evaluate,
@@ -174,8 +174,8 @@ def test_shipped_examples_agree():
 
 def test_sweep_cells_get_distinct_prompts():
     """Cells share one server: the same prompts in two cells would be prefix-cache hits."""
-    from atomc.serve.bench.dataset import sample_random_requests
-    from atomc.serve.bench.sweep import SweepCell, SweepConfig, bench_config_for
+    from atomc.bench.dataset import sample_random_requests
+    from atomc.bench.sweep import SweepCell, SweepConfig, bench_config_for
 
     cells = [SweepCell("c", 64, 8, 1, 1, conc, conc) for conc in (2, 4)]
     cfg = SweepConfig(Path("sweep.json"), None, {"seed": 5}, cells)

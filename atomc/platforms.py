@@ -1,0 +1,15 @@
+"""Which platform serves a device: "cpu", "cuda" (NVIDIA) or "rocm" (AMD). The kernel registry picks
+backends per platform, and the platform is a compile-cache factor."""
+
+from __future__ import annotations
+
+PLATFORMS = ("cpu", "cuda", "rocm")
+
+
+def platform_of(device: str) -> str:
+    """cpu, cuda, or rocm (a ROCm torch calls its GPUs cuda)."""
+    if not str(device).startswith("cuda"):
+        return "cpu"
+    import torch
+
+    return "rocm" if torch.version.hip else "cuda"
