@@ -14,25 +14,36 @@ from atomc.forward_context import AttentionMetadata, layer_cache
 
 @torch.library.custom_op("atomc::attention", mutates_args=("out",))
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+    sliding_window: int = 0,
 ) -> None:
-    """q/out: [T, Hq, D]; k/v: [T, Hkv, D]. Reads the KV cache and batch metadata from the forward context."""
+    """q/out: [T, Hq, D]; k/v: [T, Hkv, D]. Reads the KV cache and batch metadata from the forward context.
+
+    `sliding_window` W > 0: a query at position p sees keys at positions p - W + 1 .. p (Mistral);
+    0 is full causal attention."""
     cache = layer_cache(layer_idx)
     if cache is None:
-        return attention_without_cache(q, k, v, out, scale)
+        return attention_without_cache(q, k, v, out, scale, sliding_window)
     meta, k_cache, v_cache = cache
     write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-    paged_attention_reference(q, k_cache, v_cache, out, meta, scale)
+    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window)
 
 
 @attention.register_fake
-def _(q, k, v, out, layer_idx, scale) -> None:
+def _(q, k, v, out, layer_idx, scale, sliding_window=0) -> None:
     return None
 
 
-def attention_without_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+def attention_without_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float, sliding_window: int = 0
+) -> None:
     """No KV cache in the forward context (a plain forward, tracing): the batch is one causal sequence."""
-    out.copy_(causal_attention(q, k, v, scale))
+    out.copy_(causal_attention(q, k, v, scale, sliding_window))
 
 
 def write_kv_cache(
@@ -52,14 +63,25 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache[block_table[:num_blocks].long()].reshape(-1, *cache.shape[2:])[:length]
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int) -> torch.Tensor:
-    """q [Lq, Hq, D] at absolute positions q_offset.., k/v [Lk, Hkv, D] at 0..; causal; GQA by repeat."""
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int) -> torch.Tensor:
+    """Causal mask, with a sliding window of `sliding_window` keys when > 0 (broadcasts)."""
+    mask = k_pos <= q_pos
+    if sliding_window > 0:
+        mask = mask & (k_pos > q_pos - sliding_window)
+    return mask
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int, sliding_window: int = 0
+) -> torch.Tensor:
+    """q [Lq, Hq, D] at absolute positions q_offset.., k/v [Lk, Hkv, D] at 0..; causal (and windowed
+    when sliding_window > 0); GQA by repeat."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     lq, lk = q.shape[0], k.shape[0]
     q_pos = torch.arange(q_offset, q_offset + lq, device=q.device)[:, None]
-    mask = torch.arange(lk, device=q.device)[None, :] <= q_pos
+    mask = visible(q_pos, torch.arange(lk, device=q.device)[None, :], sliding_window)
     o = F.scaled_dot_product_attention(
         q.transpose(0, 1).float(),
         k.transpose(0, 1).float(),
@@ -70,8 +92,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_of
     return o.transpose(0, 1).to(q.dtype)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    return attend(q, k, v, scale, q_offset=0)
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sliding_window: int = 0
+) -> torch.Tensor:
+    return attend(q, k, v, scale, q_offset=0, sliding_window=sliding_window)
 
 
 def paged_attention_reference(
@@ -81,10 +105,12 @@ def paged_attention_reference(
     out: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    sliding_window: int = 0,
 ) -> None:
     """Torch reference for prefill, chunked prefill over a cached prefix, and decode, in one batch.
 
-    Decode rows (one query token) go through one batched call; prefill chunks loop per sequence."""
+    Decode rows (one query token) go through one batched call; prefill chunks loop per sequence.
+    With a sliding window the whole context is still gathered and masked: a reference, not fast."""
     starts = meta.query_start_loc_host
     decode_rows = []
     for i, seq_len in enumerate(meta.seq_lens_host):
@@ -94,9 +120,9 @@ def paged_attention_reference(
         elif qe > qs:
             k = gather_kv(k_cache, meta.block_tables[i], seq_len)
             v = gather_kv(v_cache, meta.block_tables[i], seq_len)
-            out[qs:qe] = attend(q[qs:qe], k, v, scale, q_offset=seq_len - (qe - qs))
+            out[qs:qe] = attend(q[qs:qe], k, v, scale, seq_len - (qe - qs), sliding_window)
     if decode_rows:
-        decode_attention(q, k_cache, v_cache, out, meta, decode_rows, scale)
+        decode_attention(q, k_cache, v_cache, out, meta, decode_rows, scale, sliding_window)
 
 
 def decode_attention(
@@ -107,8 +133,10 @@ def decode_attention(
     meta: AttentionMetadata,
     rows: list[int],
     scale: float,
+    sliding_window: int = 0,
 ) -> None:
-    """One query token per sequence in `rows`: gather every context into a padded batch, mask, attend."""
+    """One query token per sequence in `rows`: gather every context into a padded batch, mask, attend.
+    The query sits at position len - 1; with a window it sees the last `sliding_window` keys."""
     page = k_cache.shape[1]
     lens = [meta.seq_lens_host[i] for i in rows]
     longest = max(lens)
@@ -116,7 +144,8 @@ def decode_attention(
     k = k_cache[tables].flatten(1, 2)[:, :longest]  # [B, L, Hkv, D]
     v = v_cache[tables].flatten(1, 2)[:, :longest]
     token = torch.tensor([meta.query_start_loc_host[i] for i in rows], device=q.device)
-    valid = torch.arange(longest, device=q.device)[None, :] < torch.tensor(lens, device=q.device)[:, None]
+    last = torch.tensor(lens, device=q.device)[:, None] - 1  # each query's position
+    valid = visible(last, torch.arange(longest, device=q.device)[None, :], sliding_window)
     o = F.scaled_dot_product_attention(
         q[token].unsqueeze(2).float(),  # [B, Hq, 1, D]
         k.transpose(1, 2).float(),  # [B, Hkv, L, D]

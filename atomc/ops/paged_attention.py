@@ -12,15 +12,22 @@ from atomc.ops.attention import attention_without_cache, paged_attention_referen
 
 @torch.library.custom_op("atomc::paged_attention", mutates_args=("out",))
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+    sliding_window: int = 0,
 ) -> None:
+    """`sliding_window` as in `atomc::attention` (0 = full causal attention)."""
     cache = layer_cache(layer_idx)
     if cache is None:
-        return attention_without_cache(q, k, v, out, scale)
+        return attention_without_cache(q, k, v, out, scale, sliding_window)
     meta, k_cache, v_cache = cache
-    paged_attention_reference(q, k_cache, v_cache, out, meta, scale)
+    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window)
 
 
 @paged_attention.register_fake
-def _(q, k, v, out, layer_idx, scale) -> None:
+def _(q, k, v, out, layer_idx, scale, sliding_window=0) -> None:
     return None

@@ -10,6 +10,7 @@ pytestmark = [
 
 from triton_kernel_cases import (  # noqa: E402
     ATTN_CASES,
+    WINDOW_CASES,
     attention_reference,
     cos_sin_cache,
     make_batch,
@@ -32,15 +33,16 @@ def kernels():
     return kt
 
 
-def run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=None):
+def run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=None, sliding_window=0):
     q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, hq, hkv, d, BF16, DEV)
     scale = d**-0.5
     out = torch.full_like(q, float("nan"))
     kernels().paged_attention(
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
         meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=num_segments,
+        sliding_window=sliding_window,
     )  # fmt: skip
-    ref = attention_reference(q, k_cache, v_cache, meta, scale)
+    ref = attention_reference(q, k_cache, v_cache, meta, scale, sliding_window)
     t = meta.query_start_loc_host[-1]
     assert not out[:t].isnan().any()
     assert out[t:].isnan().all()
@@ -52,6 +54,19 @@ def run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=None):
 @pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (32, 8, 128), (12, 2, 64)])
 def test_paged_attention(case, hq, hkv, d, segments):
     run_attention(*ATTN_CASES[case], hq, hkv, d, num_segments=segments)
+
+
+@pytest.mark.parametrize("segments", [1, 8, None])
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (32, 8, 128)])
+def test_paged_attention_sliding_window(case, hq, hkv, d, segments):
+    q_lens, seq_lens, window = WINDOW_CASES[case]
+    run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=segments, sliding_window=window)
+
+
+def test_paged_attention_sliding_window_mistral_decode():
+    # Mistral-7B's 4,096-token window, decode at 3x the window
+    run_attention([1] * 8, [12000 + 13 * i for i in range(8)], 32, 8, 128, sliding_window=4096)
 
 
 @pytest.mark.parametrize("ctx", [1, 100, 1000, 5000])

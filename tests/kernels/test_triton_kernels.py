@@ -19,6 +19,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton_kernel_cases import (  # noqa: E402
     ATTN_CASES,
+    WINDOW_CASES,
     attention_reference,
     cos_sin_cache,
     make_batch,
@@ -64,16 +65,17 @@ needs_loops = pytest.mark.skipif(
 )
 
 
-def run_attention(case, dtype, hq, hkv, d, num_segments=None):
-    q_lens, seq_lens = ATTN_CASES[case]
+def run_attention(case, dtype, hq, hkv, d, num_segments=None, **kw):
+    q_lens, seq_lens, window = WINDOW_CASES[case] if case in WINDOW_CASES else (*ATTN_CASES[case], 0)
     q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, hq, hkv, d, dtype, "cpu")
     scale = d**-0.5
     out = torch.full_like(q, float("nan"))
     paged_attention(
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
         meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=num_segments,
+        sliding_window=window, **kw,
     )  # fmt: skip
-    ref = attention_reference(q, k_cache, v_cache, meta, scale)
+    ref = attention_reference(q, k_cache, v_cache, meta, scale, window)
     t = meta.query_start_loc_host[-1]
     assert not out[:t].isnan().any(), "a query row was not written"
     assert out[t:].isnan().all(), "padding rows must stay untouched"
@@ -94,6 +96,41 @@ def test_paged_attention_2d(case, dtype):
 def test_paged_attention_split_kv(case, dtype):
     # 4 segments: the 150-token sequence spans several, short ones leave segments empty
     run_attention(case, dtype, hq=4, hkv=1, d=16, num_segments=4)
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+@pytest.mark.parametrize("num_segments", [1, 4, None])
+def test_paged_attention_sliding_window(case, dtype, num_segments):
+    # 2D, split-KV over the window only, and the default choice; 16-key tiles so that windows
+    # skip whole tiles and mask inside the boundary one
+    run_attention(case, dtype, hq=4, hkv=2, d=16, num_segments=num_segments, tile_n=16)
+
+
+@needs_loops
+@pytest.mark.parametrize("segments", [1, 4])
+def test_sliding_window_skips_tiles_before_the_window(segments):
+    """K/V tiles that lie wholly before every query's window are never read: poisoned with NaN there
+    (a NaN in V reaches the output even through a zero softmax weight), the output stays the
+    reference's. One decode far past the window and one chunked prefill over a long cached prefix."""
+    q, k_cache, v_cache, meta = make_batch([1, 4], [300, 200], 4, 2, 16, torch.float32, "cpu", pad_tokens=0)
+    window, tile = 24, 16
+    ref = attention_reference(q, k_cache, v_cache, meta, 0.25, window)
+    for i, (seq_len, q_len) in enumerate([(300, 1), (200, 4)]):
+        first_tile = (seq_len - q_len - (window - 1)) // tile  # the tile of the earliest visible key
+        for pos in range(first_tile * tile):
+            page = int(meta.block_tables[i, pos // 16])
+            k_cache[page, pos % 16] = float("nan")
+            v_cache[page, pos % 16] = float("nan")
+    args = (q, k_cache, v_cache, None, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.25, 4, 300, 2)
+    for window_arg in (window, 0):
+        out = torch.empty_like(q)
+        paged_attention(*args[:3], out, *args[4:], num_segments=segments, tile_n=tile, sliding_window=window_arg)
+        if window_arg:
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        else:
+            assert out.isnan().all()  # full attention reads the poisoned keys: the poison is live
 
 
 @needs_loops

@@ -15,6 +15,15 @@ ATTN_CASES = {
     "decode": ([1, 1, 1, 1], [1, 15, 64, 150]),
     "mixed": ([1, 9, 1, 20], [37, 9, 100, 52]),
 }
+# sliding-window cases: (q_lens, seq_lens, window). Windows that are not multiples of the page (16)
+# or of the KV tile (64); cached prefixes longer than the window; decode far past the window
+WINDOW_CASES = {
+    "prefill_w8": ([5, 40, 1, 33], [5, 40, 1, 33], 8),
+    "chunked_prefill_w20": ([7, 16, 3], [140, 16, 70], 20),
+    "decode_w24": ([1, 1, 1, 1], [1, 15, 200, 300], 24),
+    "decode_w1": ([1, 1, 1], [1, 9, 130], 1),
+    "mixed_w70": ([1, 9, 1, 20], [37, 9, 260, 152], 70),
+}
 
 
 def make_batch(q_lens, seq_lens, hq, hkv, d, dtype, device, page=16, pad_tokens=2, seed=0):
@@ -58,10 +67,35 @@ def make_batch(q_lens, seq_lens, hq, hkv, d, dtype, device, page=16, pad_tokens=
     return move(q), move(k_cache), move(v_cache), meta
 
 
-def attention_reference(q, k_cache, v_cache, meta, scale):
+def attention_reference(q, k_cache, v_cache, meta, scale, sliding_window=0):
     ref = torch.zeros_like(q, dtype=torch.float32)
-    paged_attention_reference(q.float(), k_cache.float(), v_cache.float(), ref, meta, scale)
+    paged_attention_reference(q.float(), k_cache.float(), v_cache.float(), ref, meta, scale, sliding_window)
     return ref
+
+
+def dense_window_attention(q, k_cache, v_cache, meta, scale, sliding_window):
+    """An independent oracle: per sequence, the contiguous K/V read page by page, an explicit
+    [q_len, seq_len] mask built position by position, and softmax(q k^T * scale + mask) v in fp64."""
+    out = torch.zeros_like(q, dtype=torch.float64)
+    page = k_cache.shape[1]
+    group = q.shape[1] // k_cache.shape[2]
+    qsl = meta.query_start_loc_host
+    for i, seq_len in enumerate(meta.seq_lens_host):
+        qs, qe = qsl[i], qsl[i + 1]
+        if qe == qs:
+            continue
+        slots = [int(meta.block_tables[i, j // page]) * page + j % page for j in range(seq_len)]
+        k = k_cache.flatten(0, 1)[slots].double().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = v_cache.flatten(0, 1)[slots].double().repeat_interleave(group, dim=1)
+        mask = torch.full((qe - qs, seq_len), float("-inf"), dtype=torch.float64)
+        for r in range(qe - qs):
+            p = seq_len - (qe - qs) + r
+            for j in range(seq_len):
+                if j <= p and (sliding_window <= 0 or p - j < sliding_window):
+                    mask[r, j] = 0.0
+        s = torch.einsum("qhd,khd->hqk", q[qs:qe].double(), k) * scale + mask
+        out[qs:qe] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
+    return out
 
 
 def rms_norm_reference(x, weight, eps):

@@ -32,10 +32,10 @@ def custom(name: str, mutates=()):
     return deco
 
 
-def attend(q, out, meta, k_cache, v_cache, scale):
+def attend(q, out, meta, k_cache, v_cache, scale, sliding_window):
     tk.paged_attention(
         q.contiguous(), k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-        scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs,
+        scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs, sliding_window=sliding_window,
     )  # fmt: skip
 
 
@@ -111,24 +111,36 @@ def qk_norm_rope_and_write_kv(
 
 @custom("paged_attention", mutates=("out",))
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+    sliding_window: int = 0,
 ) -> None:
     cache = layer_cache(layer_idx)
     if cache is None:
-        return attention_without_cache(q, k, v, out, scale)
-    attend(q, out, *cache, scale)
+        return attention_without_cache(q, k, v, out, scale, sliding_window)
+    attend(q, out, *cache, scale, sliding_window)
 
 
 @custom("attention", mutates=("out",))
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+    sliding_window: int = 0,
 ) -> None:
     cache = layer_cache(layer_idx)
     if cache is None:
-        return attention_without_cache(q, k, v, out, scale)
+        return attention_without_cache(q, k, v, out, scale, sliding_window)
     meta, k_cache, v_cache = cache
     tk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-    attend(q, out, *cache, scale)
+    attend(q, out, *cache, scale, sliding_window)
 
 
 # eager atomc::attention on a GPU runs the Triton body (the reference stays the CPU kernel)

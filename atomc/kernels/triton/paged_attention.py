@@ -10,6 +10,11 @@ One kernel, two launch shapes:
 The wrapper does no host sync (no .item()/.tolist()), so it can be captured in a CUDA graph;
 grid sizes come from host ints, and `max_seq_len` may be an upper bound (segment lengths are
 derived per sequence from seq_lens on device, so extra segments just see no keys).
+
+Sliding window (`WINDOW` > 0, a constexpr): a program starts at the first KV tile that holds a key
+inside its queries' window, so the keys before the window cost nothing, and masks only inside the
+boundary tile; split-KV cuts only the window's span into segments. With WINDOW = 0 the kernel is the
+full-attention kernel (the window code is not compiled in).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ def _attn_kernel(
     GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
-    MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr,
+    MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr,
 ):  # fmt: skip
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -85,13 +90,17 @@ def _attn_kernel(
 
     # keys this q block can see at all
     kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)
-    kv_begin = 0
+    kv_lo = 0
+    if WINDOW > 0:
+        # the block's first query sees keys from its position - WINDOW + 1; start at that key's tile
+        kv_lo = tl.maximum(prefix + q_block_local * BLOCK_Q - (WINDOW - 1), 0) // TILE_N * TILE_N
+    kv_begin = kv_lo
     if SPLIT:
-        # per-sequence segment length, a multiple of TILE_N so every segment count is valid, and at
-        # least MIN_SEG_TILES tiles: a short sequence leaves the last segments empty rather than
-        # spreading one tile per program (measured slower at batch 1)
-        seg_len = tl.maximum(tl.cdiv(seq_len, NUM_SEGMENTS * TILE_N), MIN_SEG_TILES) * TILE_N
-        kv_begin = seg * seg_len
+        # per-sequence segment length over [kv_lo, seq_len), a multiple of TILE_N so every segment
+        # count is valid, and at least MIN_SEG_TILES tiles: a short sequence leaves the last
+        # segments empty rather than spreading one tile per program (measured slower at batch 1)
+        seg_len = tl.maximum(tl.cdiv(seq_len - kv_lo, NUM_SEGMENTS * TILE_N), MIN_SEG_TILES) * TILE_N
+        kv_begin = kv_lo + seg * seg_len
         kv_end = tl.minimum(kv_end, kv_begin + seg_len)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -115,6 +124,8 @@ def _attn_kernel(
             s = tl.dot(q, kt)
         s = s * qk_scale  # log2 domain: qk_scale = scale * log2(e)
         visible = row_ok[:, None] & n_ok[None, :] & (n[None, :] <= q_pos[:, None])
+        if WINDOW > 0:
+            visible = visible & (n[None, :] > q_pos[:, None] - WINDOW)
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -235,8 +246,10 @@ def paged_attention(
     tile_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 2,
+    sliding_window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over paged K/V [blocks, page, Hkv, D]; writes out [T, Hq, D].
+    `sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p only.
 
     Sequence i's queries are rows query_start_loc[i]:query_start_loc[i+1], the last q_len of its
     seq_lens[i] positions. Rows not owned by any sequence are left untouched. `num_segments`
@@ -267,7 +280,9 @@ def paged_attention(
     if num_segments is None:
         num_segments = 1
         if max_query_len == 1:
-            num_segments = _pick_segments(q.device, num_seqs, num_kv_heads, max_seq_len, tile_n)
+            # a decode query reads at most the window (plus the alignment of its first tile)
+            span = min(max_seq_len, sliding_window + tile_n) if sliding_window > 0 else max_seq_len
+            num_segments = _pick_segments(q.device, num_seqs, num_kv_heads, span, tile_n)
     num_segments = triton.next_power_of_2(num_segments)
     split = num_segments > 1
 
@@ -290,7 +305,7 @@ def paged_attention(
         out.stride(0), out.stride(1),
         block_tables.stride(0),
         BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page, NUM_SEGMENTS=num_segments, SPLIT=split,
-        MIN_SEG_TILES=MIN_SEG_TILES, IEEE=q.dtype == torch.float32,
+        MIN_SEG_TILES=MIN_SEG_TILES, IEEE=q.dtype == torch.float32, WINDOW=max(sliding_window, 0),
         num_warps=num_warps, num_stages=num_stages,
         **common,
     )  # fmt: skip

@@ -1,0 +1,56 @@
+"""The torch reference's sliding window (`atomc.ops.attention`) against a dense masked softmax built
+position by position: prefill, chunked prefill over a cached prefix longer than the window, decode
+far past the window, mixed batches, and the no-cache path."""
+
+import pytest
+import torch
+from triton_kernel_cases import WINDOW_CASES, dense_window_attention, make_batch
+
+from atomc.forward_context import ForwardContext, set_forward_context
+from atomc.ops.attention import causal_attention, paged_attention_reference
+
+
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_reference_window_matches_dense_mask(case):
+    q_lens, seq_lens, window = WINDOW_CASES[case]
+    q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, 4, 2, 16, torch.float32, "cpu", seed=3)
+    out = torch.zeros_like(q)
+    paged_attention_reference(q, k_cache, v_cache, out, meta, 0.25, window)
+    want = dense_window_attention(q, k_cache, v_cache, meta, 0.25, window)
+    t = meta.query_start_loc_host[-1]
+    torch.testing.assert_close(out[:t].double(), want[:t], atol=1e-5, rtol=1e-5)
+    # the window changes the answer wherever a query has keys outside it
+    full = torch.zeros_like(q)
+    paged_attention_reference(q, k_cache, v_cache, full, meta, 0.25)
+    assert not torch.allclose(full[:t], out[:t], atol=1e-3)
+
+
+def test_window_wider_than_every_context_is_full_attention():
+    q, k_cache, v_cache, meta = make_batch([1, 9, 1, 20], [37, 9, 100, 52], 4, 2, 16, torch.float32, "cpu")
+    outs = []
+    for window in (0, 100, 4096):
+        out = torch.zeros_like(q)
+        paged_attention_reference(q, k_cache, v_cache, out, meta, 0.25, window)
+        outs.append(out)
+    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+    torch.testing.assert_close(outs[0], outs[2], atol=0, rtol=0)
+
+
+def test_no_cache_path_and_ops_take_the_window():
+    # one causal sequence without a KV cache (plain forward, tracing): same dense oracle
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(30, 4, 16, generator=g), torch.randn(30, 2, 16, generator=g), torch.randn(30, 2, 16, generator=g)
+    got = causal_attention(q, k, v, 0.25, sliding_window=7)
+    pos = torch.arange(30)
+    mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < 7)
+    kk, vv = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+    s = torch.einsum("qhd,khd->hqk", q.double(), kk) * 0.25
+    want = torch.einsum("hqk,khd->qhd", s.masked_fill(~mask, float("-inf")).softmax(-1), vv)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    for op in (torch.ops.atomc.attention, torch.ops.atomc.paged_attention):
+        out = torch.empty_like(q)
+        with set_forward_context(ForwardContext()):
+            op(q, k, v, out, 0, 0.25, 7)
+        torch.testing.assert_close(out, got, atol=0, rtol=0)
+        op(q, k, v, out, 0, 0.25)  # the schema default: full attention
+        torch.testing.assert_close(out, causal_attention(q, k, v, 0.25), atol=0, rtol=0)
