@@ -93,3 +93,18 @@ class ModelArch:
             sliding_window=cfg["sliding_window"] if uses_window else None,
             raw=cfg,
         )
+
+
+def layer_sliding_window(arch, layer_idx: int) -> int:
+    """One layer's attention window in tokens, 0 for full attention. `layer_types` (written by recent
+    transformers) names each layer's kind; older Qwen2 configs slide only from `max_window_layers` on.
+    Reads attributes with defaults, so test stand-ins for ModelArch need not carry them."""
+    window = getattr(arch, "sliding_window", None)
+    if not window:
+        return 0
+    raw = getattr(arch, "raw", None) or {}
+    types = raw.get("layer_types")
+    if types:
+        return window if types[layer_idx] == "sliding_attention" else 0
+    first = raw.get("max_window_layers") if getattr(arch, "model_type", "") == "qwen2" else None
+    return window if first is None or layer_idx >= first else 0

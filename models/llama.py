@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.*)
+from models.arch import layer_sliding_window
 from models.layers import RMSNorm, RotaryEmbedding, SiluAndMulMLP, merge_linears
 
 
@@ -27,6 +28,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, arch.rms_norm_eps)
             self.k_norm = RMSNorm(d, arch.rms_norm_eps)
         self.qk_norm = arch.qk_norm
+        self.sliding_window = layer_sliding_window(arch, layer_idx)  # 0: full attention
 
     def merge_qkv(self) -> bool:
         """After loading: one GEMM for q, k and v (weights and biases concatenated). False if already merged."""
@@ -50,7 +52,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(positions, q, k)
         out = torch.empty_like(q)
-        torch.ops.atomc.attention(q, k, v, out, self.layer_idx, self.scale)
+        torch.ops.atomc.attention(q, k, v, out, self.layer_idx, self.scale, self.sliding_window)
         return self.o_proj(out.view(t, self.num_heads * self.head_dim))
 
 

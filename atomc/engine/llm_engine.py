@@ -92,8 +92,6 @@ class LLMEngine:
 
     def _max_model_len(self) -> int:
         limit = self.arch.max_position_embeddings
-        if self.arch.sliding_window:
-            limit = min(limit, self.arch.sliding_window)  # atomc has no sliding-window attention yet
         asked = self.config.model.max_model_len
         if asked is None:
             return limit

@@ -2,9 +2,10 @@
 atomc::rope_and_write_kv (rotate q/k, write rotated k and v to the cache) + atomc::paged_attention
 (read-only attention), so the RoPE output goes straight into the cache.
 
-Pattern:      q_r, k_r = atomc.rope(pos, q, k, cos_sin);  atomc.attention(q_r, k_r, v, out, layer, scale)
+Pattern:      q_r, k_r = atomc.rope(pos, q, k, cos_sin);  atomc.attention(q_r, k_r, v, out, layer, scale, window)
 Replacement:  q_r, k_r = atomc.rope_and_write_kv(pos, q, k, v, cos_sin, layer)
-              atomc.paged_attention(q_r, k_r, v, out, layer, scale)
+              atomc.paged_attention(q_r, k_r, v, out, layer, scale, window)
+The sliding window (0 when the call leaves it at its default) goes to the attention that reads.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _rope_outputs(q, k):
 
 class FuseRopeKVWrite(AtomcPass):
     name = "fuse_rope_kv_write"
-    version = 1
+    version = 2  # carries the sliding window
 
     def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
         matched = rewritten = 0
@@ -43,7 +44,7 @@ class FuseRopeKVWrite(AtomcPass):
             if attn.op != "call_function" or attn.target not in ATTENTION:
                 continue
             matched += 1
-            q, k, v, out, layer_idx, scale = _attention_args(attn)
+            q, k, v, out, layer_idx, scale, window = _attention_args(attn)
             rope = _rope_outputs(q, k)
             # other users of q/k (e.g. empty_like(q) for `out`) take the fused op's outputs: same values
             if rope is None:
@@ -57,7 +58,7 @@ class FuseRopeKVWrite(AtomcPass):
                 fused.meta["example_value"] = vals
                 q_new, k_new = getitems(gm.graph, fused, vals)
             with gm.graph.inserting_before(attn):
-                paged = call(gm.graph, PAGED, (q_new, k_new, v, out, layer_idx, scale))
+                paged = call(gm.graph, PAGED, (q_new, k_new, v, out, layer_idx, scale, window))
             attn.replace_all_uses_with(paged)
             q.replace_all_uses_with(q_new)
             k.replace_all_uses_with(k_new)
@@ -67,8 +68,12 @@ class FuseRopeKVWrite(AtomcPass):
 
 
 def _attention_args(attn):
-    names = ("q", "k", "v", "out", "layer_idx", "scale")
-    return tuple(attn.args[i] if i < len(attn.args) else attn.kwargs[n] for i, n in enumerate(names))
+    """(q, k, v, out, layer_idx, scale, sliding_window), positional or keyword; the window defaults to 0."""
+    names = ("q", "k", "v", "out", "layer_idx", "scale", "sliding_window")
+    defaults = {"sliding_window": 0}
+    return tuple(
+        attn.args[i] if i < len(attn.args) else attn.kwargs.get(n, defaults.get(n)) for i, n in enumerate(names)
+    )
 
 
 def _defined_before(v, node) -> bool:

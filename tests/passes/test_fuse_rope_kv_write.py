@@ -83,3 +83,41 @@ def test_attention_splits_into_rope_kv_write_and_paged_attention():
 def test_same_cache_and_outputs_over_prefill_and_decode():
     gm, inputs, _, after, _ = graphs()
     assert_same_over_prefill_and_decode(gm, after, inputs, A)
+
+
+def windowed_graphs(window):
+    torch.manual_seed(0)
+    attn = Attention(arch(sliding_window=window), 0)
+    attn.load_state_dict(ATTN.state_dict())
+    gm, inputs = capture(lambda p, x: attn(p, x, ROPE), torch.arange(5), torch.randn(5, A.hidden_size))
+    _, canon = apply(Canonicalize(), apply(NoopElimination(), gm)[1])
+    result, after = apply(FuseRopeKVWrite(), canon)
+    return gm, inputs, result, after
+
+
+def attention_windows(gm, target) -> list:
+    return [n.args[6] if len(n.args) > 6 else n.kwargs.get("sliding_window", 0)
+            for n in gm.graph.nodes if n.op == "call_function" and n.target in target]  # fmt: skip
+
+
+def test_sliding_window_survives_the_split():
+    """The window on atomc.attention moves to the paged_attention that replaces it, and the fused graph
+    computes the windowed result over prefill and decode (7 tokens, window 3)."""
+    gm, inputs, result, after = windowed_graphs(3)
+    assert result.rewritten == 1
+    assert attention_windows(gm, ATTENTION_TARGETS) == [3]
+    assert attention_windows(after, (torch.ops.atomc.paged_attention.default,)) == [3]
+    assert_same_over_prefill_and_decode(gm, after, inputs, A)
+    # and the window is live: a full-attention graph gives other outputs over the same steps
+    full, full_inputs, _, _ = windowed_graphs(0)
+    assert attention_windows(full, ATTENTION_TARGETS) == [0]
+    x = torch.randn(6, A.hidden_size)
+    outs = []
+    for g, ins in ((gm, inputs), (full, full_inputs)):
+        shape = (len(BLOCKS), PAGE, A.num_kv_heads, A.head_dim)
+        with set_forward_context(context(0, 6, (torch.zeros(shape), torch.zeros(shape)))):
+            outs.append(run(g, with_inputs(ins, torch.arange(6), x)))
+    assert not torch.allclose(outs[0][0], outs[1][0], atol=1e-4)
+
+
+ATTENTION_TARGETS = (torch.ops.atomc.attention, torch.ops.atomc.attention.default)

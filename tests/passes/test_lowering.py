@@ -1,6 +1,6 @@
 import sys
 
-import fake_aiter
+from tests.kernels import fake_aiter
 import pytest
 import torch
 from pass_helpers import apply, assert_same, decoder_graph, ops, run, through
