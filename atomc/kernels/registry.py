@@ -114,9 +114,20 @@ for _op in OPS:
 # ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----
 @functools.cache
 def _aiter_ops():
-    importlib.import_module("atomc.kernels.aiter.ops")
+    importlib.import_module("atomc.kernels.aiter.ops")  # norms, activation, RoPE
+    importlib.import_module("atomc.kernels.aiter.attention")  # attention, the KV-cache write
     return torch.ops.atomc_aiter
 
 
-for _op in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope", "rope_and_write_kv"):
+AITER_OPS = (
+    "rms_norm",
+    "fused_add_rms_norm",
+    "silu_and_mul",
+    "rope",
+    "rope_and_write_kv",
+    "qk_norm_rope_and_write_kv",
+    "attention",
+    "paged_attention",
+)
+for _op in AITER_OPS:
     register(_op, "aiter")(functools.partial(lambda name: getattr(_aiter_ops(), name).default, _op))

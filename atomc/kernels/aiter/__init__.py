@@ -1,6 +1,7 @@
 """AITER (ROCm) kernels behind atomc ops. UNTESTED ON AMD HARDWARE: the wrappers follow AITER's
 documented signatures (keyword arguments, since positional order drifts between releases) and are
-checked only against a stand-in `aiter` module on CPU (tests/passes/test_aiter_wrappers.py)."""
+checked only against a stand-in `aiter` module on CPU (tests/kernels/test_aiter_wrappers.py).
+`ops.py` holds norms, activation and RoPE; `attention.py` attention and the KV-cache write."""
 
 from __future__ import annotations
 

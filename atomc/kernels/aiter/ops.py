@@ -1,15 +1,15 @@
-"""`torch.ops.atomc_aiter.*`: atomc ops implemented with AITER (ROCm). Same schemas as the atomc ops,
-so lowering swaps targets only. Untested on AMD hardware (see atomc/kernels/aiter/__init__.py).
+"""`torch.ops.atomc_aiter.*` for norms, activation and RoPE: atomc ops implemented with AITER (ROCm).
+Same schemas as the atomc ops, so lowering swaps targets only. Untested on AMD hardware (see
+atomc/kernels/aiter/__init__.py). Attention and the ops that write the KV cache are in attention.py.
 
 Layouts: AITER RMSNorm takes 2-D rows; its RoPE takes [s, b, h, d] with cos/sin [max_pos, 1, 1, d/2]
-and positions [s, b]; reshape_and_cache_flash takes NHD pages [blocks, page, kvh, d] like atomc's cache.
+and positions [s, b].
 """
 
 from __future__ import annotations
 
 import torch
 
-from atomc.forward_context import layer_cache
 from atomc.kernels.binding import fake_as_atomc
 
 
@@ -45,7 +45,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _rope(positions, q, k, cos_sin_cache):
+def rope_rows(positions, q, k, cos_sin_cache):
+    """Neox RoPE of q [T, Hq, D] and k [T, Hkv, D] by AITER's cached-positions kernel; new tensors."""
     half = cos_sin_cache.shape[-1] // 2
     # neox halves: the first d/2 of the table are cos, the rest sin, reused for both halves of x
     cos = cos_sin_cache[:, :half].to(q.dtype).view(-1, 1, 1, half)
@@ -68,36 +69,8 @@ def _rope(positions, q, k, cos_sin_cache):
 def rope(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rope(positions, q, k, cos_sin_cache)
+    return rope_rows(positions, q, k, cos_sin_cache)
 
 
-@torch.library.custom_op("atomc_aiter::rope_and_write_kv", mutates_args=())
-def rope_and_write_kv(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    layer_idx: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # two AITER kernels (rope, then the cache write): AITER has no fused rope+cache-write entry we use
-    q_rot, k_rot = _rope(positions, q, k, cos_sin_cache)
-    cache = layer_cache(layer_idx)
-    if cache is not None:
-        meta, k_cache, v_cache = cache
-        one = torch.ones(1, dtype=torch.float32, device=k.device)
-        _aiter().reshape_and_cache_flash(
-            key=k_rot,
-            value=v,
-            key_cache=k_cache,
-            value_cache=v_cache,
-            slot_mapping=meta.slot_mapping,
-            kv_cache_dtype="auto",
-            k_scale=one,
-            v_scale=one,
-        )
-    return q_rot, k_rot
-
-
-for _name in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope", "rope_and_write_kv"):
+for _name in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope"):
     fake_as_atomc("atomc_aiter", _name)
