@@ -10,7 +10,6 @@ import sys
 
 import fake_aiter
 import pytest
-import torch
 
 from atomc import LLM, SamplingParams
 from atomc.graphs import build
@@ -25,9 +24,8 @@ def rocm_pipeline(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "aiter", fake_aiter.module())
     monkeypatch.setattr(registry, "backend_available", lambda backend: backend != "triton")
-    monkeypatch.setattr(
-        build, "make_pass_manager", lambda config, device: PassManager.for_platform("rocm", config.compile.disabled_passes)
-    )
+    rocm = lambda config, device: PassManager.for_platform("rocm", config.compile.disabled_passes)  # noqa: E731
+    monkeypatch.setattr(build, "make_pass_manager", rocm)
     fake_aiter.CALLS.clear()
 
 

@@ -6,11 +6,11 @@ import sys
 import fake_aiter
 import pytest
 import torch
-from tests.passes.pass_helpers import assert_same
 from triton_kernel_cases import ATTN_CASES, WINDOW_CASES, attention_reference, make_batch
 
 from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.kernels import registry
+from tests.passes.pass_helpers import assert_same
 
 
 @pytest.fixture
@@ -82,7 +82,12 @@ def test_aiter_window_arguments(aiter_ops, monkeypatch):
     seen = {}
     for name in ("paged_attention_v1", "flash_attn_varlen_func"):
         real = getattr(sys.modules["aiter"], name)
-        monkeypatch.setattr(sys.modules["aiter"], name, lambda _r=real, _n=name, **kw: seen.setdefault(_n, []).append(kw) or _r(**kw))
+
+        def record(_real=real, _name=name, **kw):
+            seen.setdefault(_name, []).append(kw)
+            return _real(**kw)
+
+        monkeypatch.setattr(sys.modules["aiter"], name, record)
     for case in ("decode", "decode_w24", "mixed", "mixed_w70"):
         run_paged(aiter_ops.paged_attention, case)
     pa, fa = seen["paged_attention_v1"], seen["flash_attn_varlen_func"]

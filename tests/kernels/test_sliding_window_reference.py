@@ -39,7 +39,7 @@ def test_window_wider_than_every_context_is_full_attention():
 def test_no_cache_path_and_ops_take_the_window():
     # one causal sequence without a KV cache (plain forward, tracing): same dense oracle
     g = torch.Generator().manual_seed(5)
-    q, k, v = torch.randn(30, 4, 16, generator=g), torch.randn(30, 2, 16, generator=g), torch.randn(30, 2, 16, generator=g)
+    q, k, v = (torch.randn(30, h, 16, generator=g) for h in (4, 2, 2))
     got = causal_attention(q, k, v, 0.25, sliding_window=7)
     pos = torch.arange(30)
     mask = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < 7)

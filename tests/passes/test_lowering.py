@@ -1,6 +1,5 @@
 import sys
 
-from tests.kernels import fake_aiter
 import pytest
 import torch
 from pass_helpers import apply, assert_same, decoder_graph, ops, run, through
@@ -12,6 +11,7 @@ from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
 from atomc.passes.fuse_silu_mul import FuseSiluMul
 from atomc.passes.lowering import Lowering
 from atomc.passes.noop_elimination import NoopElimination
+from tests.kernels import fake_aiter
 
 FUSED = (NoopElimination(), Canonicalize(), FuseAddRMSNorm(), FuseSiluMul(), FuseRopeKVWrite())
 
@@ -83,7 +83,8 @@ def windowed_attention_graph(window):
 
 
 def windows_of(gm) -> dict[str, int]:
-    return {str(n.target): n.args[6] for n in gm.graph.nodes if n.op == "call_function" and "attention" in str(n.target)}
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and "attention" in str(n.target)]
+    return {str(n.target): n.args[6] for n in nodes}
 
 
 def test_sliding_window_survives_lowering(monkeypatch):
