@@ -64,7 +64,7 @@ def record(op: str, shape: str, nbytes: float, us: float, us_graph: float | None
 # ---- decode attention ------------------------------------------------------------------------
 
 
-def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool) -> None:
+def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool, window: int = 0) -> None:
     blocks = ctx // PAGE
     perm = torch.randperm(pool_k.shape[0], device=DEV)[: bs * blocks]
     block_tables = perm.view(bs, blocks).int()
@@ -75,25 +75,31 @@ def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool) -> None:
     scale = D**-0.5
 
     def ours(**kw):
+        kw = dict(kw, sliding_window=window) if window else kw
         return lambda: paged_attention(q, pool_k, pool_v, out, qsl, seq_lens, block_tables, scale, 1, ctx, bs, **kw)
+
+    # a window W: the query (at ctx - 1) sees the last W keys
+    seen = min(ctx, window) if window else ctx
+    mask = (torch.arange(ctx, device=DEV) >= ctx - seen)[None, None, None, :] if window else None
 
     def gathered():  # what a torch fallback does: gather the pages, then SDPA
         k = pool_k[block_tables].view(bs, ctx, HKV, D).transpose(1, 2)
         v = pool_v[block_tables].view(bs, ctx, HKV, D).transpose(1, 2)
-        return F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)[:, :, 0]
+        o = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        return o[:, :, 0]
 
     ref = gathered()
     ours()()
     err = rel_err(out, ref)
     assert err < 1e-2, f"decode bs={bs} ctx={ctx}: rel err {err}"
-    nbytes = 2 * bs * ctx * HKV * D * 2 + 2 * q.numel() * 2
-    shape = f"bs={bs} ctx={ctx}"
+    nbytes = 2 * bs * seen * HKV * D * 2 + 2 * q.numel() * 2  # the K/V a query reads
+    shape = f"bs={bs} ctx={ctx}" + (f" window={window}" if window else "")
     us, us_graph = timed(ours())
     ref_us, _ = timed(gathered, graph=False)
 
     # oracle: FlashAttention (torch SDPA flash backend) on contiguous K/V, no paging
-    k_c = pool_k[block_tables].view(bs, ctx, HKV, D).transpose(1, 2).contiguous()
-    v_c = pool_v[block_tables].view(bs, ctx, HKV, D).transpose(1, 2).contiguous()
+    k_c = pool_k[block_tables].view(bs, ctx, HKV, D)[:, ctx - seen :].transpose(1, 2).contiguous()
+    v_c = pool_v[block_tables].view(bs, ctx, HKV, D)[:, ctx - seen :].transpose(1, 2).contiguous()
 
     def flash():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -126,17 +132,17 @@ def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool) -> None:
     record("decode_attention", shape, nbytes, us, us_graph, **extra)
 
 
-def bench_decode(batches, contexts, sweep: bool) -> None:
-    bench_decode_pairs(list(itertools.product(batches, contexts)), sweep)
+def bench_decode(batches, contexts, sweep: bool, window: int = 0) -> None:
+    bench_decode_pairs(list(itertools.product(batches, contexts)), sweep, window)
 
 
-def bench_decode_pairs(pairs, sweep: bool) -> None:
+def bench_decode_pairs(pairs, sweep: bool, window: int = 0) -> None:
     need = max(b * c for b, c in pairs) // PAGE
     num_blocks = int(need * 1.25)  # a pool larger than the batch, so pages are scattered
     pool_k = torch.randn(num_blocks, PAGE, HKV, D, device=DEV, dtype=BF16)
     pool_v = torch.randn(num_blocks, PAGE, HKV, D, device=DEV, dtype=BF16)
     for bs, ctx in pairs:
-        decode_case(pool_k, pool_v, bs, ctx, sweep)
+        decode_case(pool_k, pool_v, bs, ctx, sweep, window)
         torch.cuda.empty_cache()
 
 
@@ -377,6 +383,7 @@ def main() -> None:
     ap.add_argument("--only", default="decode,prefill,norm,rope,silu,gemv", help="also: gemv_cold")
     ap.add_argument("--gemv-shapes", default="qkv,o,gate_up,down,lm_head", help="for gemv_cold")
     ap.add_argument("--decode-shapes", default=None, help="bs:ctx pairs for decode, e.g. 8:4096,64:1024")
+    ap.add_argument("--window", type=int, default=0, help="decode with a sliding window of this many keys")
     args = ap.parse_args()
     only = set(args.only.split(","))
     torch.manual_seed(0)
@@ -385,9 +392,9 @@ def main() -> None:
     if "decode" in only:
         if args.decode_shapes:
             pairs = [tuple(int(v) for v in p.split(":")) for p in args.decode_shapes.split(",")]
-            bench_decode_pairs(pairs, args.sweep)
+            bench_decode_pairs(pairs, args.sweep, args.window)
         else:
-            bench_decode(batches, contexts, args.sweep)
+            bench_decode(batches, contexts, args.sweep, args.window)
     if "prefill" in only:
         bench_prefill([1024] if args.quick else [1024, 4096])
     if "norm" in only:
