@@ -142,15 +142,16 @@ def test_paged_attention_heads(hq, hkv, d):
 
 
 @needs_loops
-def test_paged_attention_seq_len_upper_bound():
+@pytest.mark.parametrize("window", [0, 24])
+def test_paged_attention_seq_len_upper_bound(window):
     # CUDA-graph decode passes an upper bound for max_seq_len; results must not change
     q, k_cache, v_cache, meta = make_batch([1, 1], [20, 90], 4, 2, 16, torch.float32, "cpu", pad_tokens=0)
-    ref = attention_reference(q, k_cache, v_cache, meta, 0.25)
+    ref = attention_reference(q, k_cache, v_cache, meta, 0.25, window)
     for bound, segs in [(90, None), (4096, None), (4096, 8)]:
         out = torch.full_like(q, float("nan"))
         paged_attention(
             q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.25,
-            1, bound, 2, num_segments=segs,
+            1, bound, 2, num_segments=segs, sliding_window=window,
         )  # fmt: skip
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -310,13 +311,13 @@ def test_paged_attention_empty_sequence(segments):
 
 
 @needs_loops
-@pytest.mark.parametrize("case", ["mixed", "chunked_prefill"])
+@pytest.mark.parametrize("case", ["mixed", "chunked_prefill", "mixed_w70", "chunked_prefill_w20"])
 def test_paged_attention_mixed_graph_layout(case):
     """The layout a mixed-batch CUDA graph replays: metadata for `max_seqs` sequences where the ones
     after the real ones are empty (start = end = real tokens, seq_len 0), extra padded tokens owned
     by no sequence, num_seqs = max_seqs and max_query_len > 1. Real rows match the unpadded call;
     padded rows stay untouched."""
-    q_lens, seq_lens = ATTN_CASES[case]
+    q_lens, seq_lens, window = WINDOW_CASES[case] if case in WINDOW_CASES else (*ATTN_CASES[case], 0)
     q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, 4, 2, 16, torch.float32, "cpu", pad_tokens=5)
     t, n, max_seqs = meta.query_start_loc_host[-1], len(seq_lens), len(seq_lens) + 6
     qsl = torch.full((max_seqs + 1,), t, dtype=torch.int32)
@@ -325,9 +326,9 @@ def test_paged_attention_mixed_graph_layout(case):
     lens[:n] = meta.seq_lens
     tables = torch.zeros(max_seqs, meta.block_tables.shape[1], dtype=torch.int32)
     tables[:n] = meta.block_tables
-    ref = attention_reference(q, k_cache, v_cache, meta, 0.25)
+    ref = attention_reference(q, k_cache, v_cache, meta, 0.25, window)
     out = torch.full_like(q, float("nan"))
-    paged_attention(q, k_cache, v_cache, out, qsl, lens, tables, 0.25, 2, 4096, max_seqs)
+    paged_attention(q, k_cache, v_cache, out, qsl, lens, tables, 0.25, 2, 4096, max_seqs, sliding_window=window)
     torch.testing.assert_close(out[:t], ref[:t], atol=1e-5, rtol=1e-5)
     assert out[t:].isnan().all()
 
