@@ -1,29 +1,49 @@
-"""Which architectures atomc runs, and the class that builds each."""
+"""Which architectures atomc runs: HF `architectures[0]` -> the family module and its model class.
+
+Classes are named as strings and imported on first use, so checking a config (ModelArch) imports no
+model code. Each family module defines its model class, whose `parse_config` turns the config.json
+fields it needs into its own config; adding a family is one module plus one line here.
+"""
 
 from __future__ import annotations
 
-import torch
+import importlib
 
-from models.llama import LlamaForCausalLM
-
-# HF `architectures[0]` -> model class. Mistral and Qwen2 are Llama with config switches
-# (sliding window, qkv bias); Qwen3 adds q/k RMSNorm, also a switch of the same class.
-_MODELS: dict[str, type[torch.nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": LlamaForCausalLM,
+_FAMILIES: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("models.llama", "LlamaForCausalLM"),  # Llama + sliding window (a runtime field)
+    "Qwen2ForCausalLM": ("models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("models.qwen3", "Qwen3ForCausalLM"),
+    "Phi3ForCausalLM": ("models.phi3", "Phi3ForCausalLM"),
 }
-SUPPORTED_ARCHITECTURES = tuple(_MODELS)
+SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
 
 
 def check_supported(architecture: str) -> str:
-    if architecture not in _MODELS:
+    if architecture not in _FAMILIES:
         raise ValueError(
             f"architecture {architecture!r} is not supported; atomc supports: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     return architecture
 
 
-def build_model(arch) -> torch.nn.Module:
-    return _MODELS[check_supported(arch.architecture)](arch)
+def family_module(architecture: str) -> str:
+    """The module that holds the family's code (what a trace of this model runs)."""
+    return _FAMILIES[check_supported(architecture)][0]
+
+
+def model_class(architecture: str):
+    module, name = _FAMILIES[check_supported(architecture)]
+    return getattr(importlib.import_module(module), name)
+
+
+def parse_family_config(arch):
+    """The family's own config (a DecoderConfig for the Llama-style families) from `arch.raw`."""
+    return model_class(arch.architecture).parse_config(arch)
+
+
+def build_model(arch, parallel=None):
+    """The model on the current default device and dtype (the loader builds it on meta)."""
+    from models.layers.parallel import SINGLE
+
+    return model_class(arch.architecture)(arch, parallel or SINGLE)

@@ -47,6 +47,8 @@ FAMILIES = {
     "mistral": dict(cls="MistralConfig", head_dim=32, sliding_window=None, tie_word_embeddings=False),
     "qwen2": dict(cls="Qwen2Config", tie_word_embeddings=True),
     "qwen3": dict(cls="Qwen3Config", head_dim=32, tie_word_embeddings=True),
+    # Phi-3 stores q/k/v and gate/up fused (qkv_proj, gate_up_proj): the weight_loader's shard_id=None path
+    "phi3": dict(cls="Phi3Config", pad_token_id=0, tie_word_embeddings=False),
 }
 
 

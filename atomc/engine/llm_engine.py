@@ -29,7 +29,7 @@ from atomc.runtime.model_runner import ModelRunner
 from atomc.runtime.sampler import PendingSample
 from atomc.sampling_params import SamplingParams
 from models.arch import ModelArch
-from models.default_model import DEFAULT_MODEL_NAME, resolve_model_path
+from models.loader.default_model import DEFAULT_MODEL_NAME, resolve_model_path
 
 log = logging.getLogger(__name__)
 

@@ -117,7 +117,6 @@ def compile_or_load(
 ) -> CompileResult:
     t0 = time.perf_counter()
     pm = pm if pm is not None else make_pass_manager(config, device)
-    pm.transform_module(model)  # every load: artifacts hold no weights, the module must match the graph
     plan = plan_for(model_dir, config, device, dtype, pm, fmt)
     entry = plan.store.entry(plan.key)
     res = _try_load(entry, model, pm, t0, raise_errors=config.compile.require_artifacts)
@@ -259,7 +258,7 @@ def resolve_target(config: EngineConfig) -> tuple[Path, str, torch.dtype]:
     """(model dir, device, dtype) exactly as the engine resolves them, so keys agree with `serve`."""
     from atomc.config import resolve_device, resolve_dtype
     from models.arch import ModelArch
-    from models.default_model import resolve_model_path
+    from models.loader.default_model import resolve_model_path
 
     device = resolve_device(config.device)
     model_dir = Path(resolve_model_path(config.model.model, config.cache_path))

@@ -33,10 +33,6 @@ class AtomcPass:
         payload = f"{self.name}\0{self.version}\0{self.platform or ''}\0{source}".encode()
         return hashlib.sha256(payload).hexdigest()
 
-    def transform_module(self, model: torch.nn.Module) -> int:
-        """Load-time rewrite before tracing; runs on every load, since artifacts hold no weights."""
-        return 0
-
     def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
         raise NotImplementedError
 

@@ -2,7 +2,7 @@
 
 Pattern:      gate, up = y.split([I, I], -1)   (or y.chunk(2, -1));   out = atomc.silu_mul(gate, up)
 Replacement:  out = atomc.silu_and_mul(y)
-Without merge_linears (separate gate/up GEMMs) there is nothing to fuse: silu_mul stays.
+With separate gate and up GEMMs there is no split to fold: silu_mul stays (atomc's loader merges them).
 """
 
 from __future__ import annotations

@@ -31,11 +31,9 @@ def default_passes(platform: str) -> list[AtomcPass]:
     from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
     from atomc.passes.fuse_silu_mul import FuseSiluMul
     from atomc.passes.lowering import Lowering
-    from atomc.passes.merge_linears import MergeLinears
     from atomc.passes.noop_elimination import NoopElimination
 
     return [
-        MergeLinears(),
         NoopElimination(),
         Canonicalize(),
         FuseAddRMSNorm(),
@@ -56,7 +54,6 @@ class PassManager:
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate pass names: {names}")
         self.passes = list(passes)
-        self.module_changes: dict[str, int] = {}
 
     @classmethod
     def for_platform(cls, platform: str, disabled: Iterable[str] = ()) -> PassManager:
@@ -76,11 +73,6 @@ class PassManager:
     def uuids(self) -> list[tuple[str, str]]:
         return [(p.name, p.uuid()) for p in self.passes]
 
-    def transform_module(self, model: torch.nn.Module) -> dict[str, int]:
-        # kept so the report of the next run() also counts what each pass rewrote at load
-        self.module_changes = {p.name: p.transform_module(model) for p in self.passes}
-        return self.module_changes
-
     def run(self, gm: torch.fx.GraphModule) -> list[PassReport]:
         reports = []
         for p in self.passes:
@@ -89,11 +81,7 @@ class PassManager:
             gm.graph.lint()
             gm.recompile()
             seconds = time.perf_counter() - start
-            at_load = self.module_changes.get(p.name, 0)
-            notes = "; ".join(filter(None, [result.notes, f"{at_load} modules rewritten at load" if at_load else ""]))
             reports.append(
-                PassReport(
-                    p.name, p.uuid(), result.matched + at_load, result.rewritten + at_load, seconds, gm.code, notes
-                )
+                PassReport(p.name, p.uuid(), result.matched, result.rewritten, seconds, gm.code, result.notes)
             )
         return reports

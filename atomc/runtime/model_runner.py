@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from atomc.config import EngineConfig
-from atomc.kernels.registry import ensure_registered
-from atomc.platforms import platform_of
 from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.graphs.partition import resolve_capture_sizes
+from atomc.kernels.registry import ensure_registered
+from atomc.platforms import platform_of
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
 from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch

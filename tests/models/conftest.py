@@ -28,7 +28,7 @@ def model_cache_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def default_model(model_cache_root) -> Path:
     """The default model's HF folder (SmolLM2-135M-Instruct), converted once per cache."""
-    from models.default_model import default_model_dir
+    from models.loader.default_model import default_model_dir
 
     start = time.perf_counter()
     path = default_model_dir(model_cache_root)

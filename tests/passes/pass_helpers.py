@@ -70,26 +70,60 @@ def assert_same(a, b, atol=0.0, rtol=0.0):
 
 
 def arch(**kw):
-    """A tiny ModelArch stand-in for building models.llama / models.layers modules directly."""
+    """A tiny ModelArch stand-in: the head counts the shared layers are built from."""
     base = dict(
         num_heads=4, num_kv_heads=2, head_dim=16, hidden_size=64, intermediate_size=96,
         qkv_bias=False, o_bias=False, qk_norm=False, rms_norm_eps=1e-6, mlp_bias=False,
+        num_layers=1, vocab_size=128, max_position_embeddings=64,
     )  # fmt: skip
     base.update(kw)
     return SimpleNamespace(**base)
 
 
-def decoder_graph(merge: bool = True, tokens: int = 6):
-    """A traced Llama decoder layer + final norm (fp32) and its inputs, merged at load like atomc does."""
-    from models.layers import RMSNorm, RotaryEmbedding
-    from models.llama import DecoderLayer
+def randomize(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
+    """Layers create their weights uninitialised (the loader fills them): give them random values,
+    norm weights around 1."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.5 * torch.randn_like(p))
+            else:
+                p.normal_(0, std)
+    return module
+
+
+def attention(a, layer_idx: int = 0):
+    """models.layers.attention.LlamaStyleAttention for the stand-in `a`, with random weights."""
+    from models.layers.attention import LlamaStyleAttention
+
+    qk_eps = a.rms_norm_eps if a.qk_norm else None
+    attn = LlamaStyleAttention(
+        a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim, layer_idx,
+        qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm_eps=qk_eps,
+    )  # fmt: skip
+    return randomize(attn)
+
+
+def decoder_layer(a, layer_idx: int = 0):
+    from models.decoder import DecoderConfig, DecoderLayer
+
+    cfg = DecoderConfig(
+        arch=a, hidden_size=a.hidden_size, intermediate_size=a.intermediate_size, rms_norm_eps=a.rms_norm_eps,
+        rope_theta=10000.0, rope_scaling=None, qkv_bias=a.qkv_bias, o_bias=a.o_bias, mlp_bias=a.mlp_bias,
+        qk_norm=a.qk_norm,
+    )  # fmt: skip
+    return randomize(DecoderLayer(cfg, layer_idx))
+
+
+def decoder_graph(tokens: int = 6):
+    """A traced Llama decoder layer + final norm (fp32) and its inputs, with the weight layout atomc
+    loads (qkv_proj and gate_up_proj merged)."""
+    from models.layers.norm import RMSNorm
+    from models.layers.rotary import RotaryEmbedding
 
     a = arch()
     torch.manual_seed(0)
-    layer, rope, norm = DecoderLayer(a, 0), RotaryEmbedding(a.head_dim, 64, 10000.0, None), RMSNorm(64, 1e-6)
-    if merge:
-        layer.self_attn.merge_qkv()
-        layer.mlp.merge_gate_up()
+    layer, rope, norm = decoder_layer(a), RotaryEmbedding(a.head_dim, 64, 10000.0, None), RMSNorm(64, 1e-6)
     return capture(lambda p, x: norm(layer(p, x, rope)), torch.arange(tokens), torch.randn(tokens, a.hidden_size))
 
 

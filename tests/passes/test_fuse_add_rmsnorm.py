@@ -4,7 +4,7 @@ from pass_helpers import apply, assert_same, capture, ops, run
 from atomc.passes.canonicalize import Canonicalize
 from atomc.passes.fuse_add_rmsnorm import FuseAddRMSNorm
 from atomc.passes.noop_elimination import NoopElimination
-from models.layers import RMSNorm
+from models.layers.norm import RMSNorm
 
 norm = RMSNorm(32, 1e-6)
 torch.nn.init.normal_(norm.weight)

@@ -1,19 +1,18 @@
 import torch
-from pass_helpers import apply, arch, assert_same, capture, ops, run
+from pass_helpers import apply, arch, assert_same, attention, capture, ops, run
 from test_fuse_rope_kv_write import assert_same_over_prefill_and_decode
 
 from atomc.passes.canonicalize import Canonicalize
 from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
 from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
 from atomc.passes.noop_elimination import NoopElimination
-from models.layers import RotaryEmbedding
-from models.llama import Attention
+from models.layers.rotary import RotaryEmbedding
 
 
 def graphs(qk_norm: bool):
     a = arch(qk_norm=qk_norm)
     torch.manual_seed(0)
-    attn, rope = Attention(a, 0), RotaryEmbedding(a.head_dim, 64, 10000.0, None)
+    attn, rope = attention(a), RotaryEmbedding(a.head_dim, 64, 10000.0, None)
     if qk_norm:  # weights away from 1, so a dropped norm weight shows in the numbers
         for norm in (attn.q_norm, attn.k_norm):
             norm.weight.data = 1 + 0.5 * torch.randn_like(norm.weight)

@@ -1,16 +1,15 @@
 import torch
-from pass_helpers import apply, arch, assert_same, capture, ops, run
+from pass_helpers import apply, arch, assert_same, attention, capture, ops, run
 
 from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.passes.canonicalize import Canonicalize
 from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
 from atomc.passes.noop_elimination import NoopElimination
-from models.layers import RotaryEmbedding
-from models.llama import Attention
+from models.layers.rotary import RotaryEmbedding
 
 A = arch()
 torch.manual_seed(0)
-ATTN, ROPE = Attention(A, 0), RotaryEmbedding(A.head_dim, 64, 10000.0, None)
+ATTN, ROPE = attention(A), RotaryEmbedding(A.head_dim, 64, 10000.0, None)
 PAGE, BLOCKS = 4, [2, 0, 3, 1]  # one sequence over shuffled pages
 
 

@@ -6,7 +6,7 @@ from atomc.passes.base import AtomcPass, PassResult
 from atomc.passes.noop_elimination import NoopElimination
 
 ORDER = [
-    "merge_linears", "noop_elimination", "canonicalize", "fuse_add_rmsnorm", "fuse_silu_mul",
+    "noop_elimination", "canonicalize", "fuse_add_rmsnorm", "fuse_silu_mul",
     "fuse_rope_kv_write", "fuse_qk_norm_rope", "decode_gemv", "lowering",
 ]  # fmt: skip
 

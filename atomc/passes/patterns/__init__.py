@@ -21,7 +21,7 @@ PATTERNS: list[Pattern] = [
     AttentionPattern(),
     # ---- reserved: MoE and MLA patterns (added with the MoE / MLA models) ----
     # MoE: router (softmax or sigmoid, topk, renormalise) + the per-expert loop
-    #      -> atomc::moe_router + atomc::fused_moe (weights stacked at load by a transform_module).
+    #      -> atomc::moe_router + atomc::fused_moe (weights stacked at load by the MoE layer's weight_loader).
     # MLA: compressed q/kv projections, the rope/nope split and latent attention
     #      -> atomc::mla_attention (absorbed form for decode).
     # Register them with `register(...)` from the model's module, or list them here.

