@@ -45,10 +45,12 @@ def test_greedy_tokens_match_transformers_generate(family, checkpoints, hf_model
 
 def test_rope_llama3_scaling_is_applied(checkpoints):
     # the llama fixture uses rope_type llama3: the inverse frequencies must differ from plain RoPE
-    from models.layers import rope_inv_freq
+    from models.layers.rotary import rope_inv_freq
 
     model = load_model(checkpoints["llama"], torch.float32, "cpu")
-    scaled = rope_inv_freq(model.arch.head_dim, model.arch.rope_theta, model.arch.rope_scaling)
-    plain = rope_inv_freq(model.arch.head_dim, model.arch.rope_theta, None)
+    cfg = model.config
+    assert cfg.rope_scaling["rope_type"] == "llama3"
+    scaled = rope_inv_freq(model.arch.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    plain = rope_inv_freq(model.arch.head_dim, cfg.rope_theta, None)
     assert not torch.allclose(scaled, plain)
     assert torch.allclose(scaled[0], plain[0])  # the highest frequency is kept

@@ -1,0 +1,133 @@
+"""The safetensors loader: clear errors naming the tensor (missing, unexpected, wrong shape), tied
+heads, ignored buffers, the dummy format, and the shapes a checkpoint of a model holds."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.loader import load_model
+from models.loader.safetensors import build_on_meta, checkpoint_shapes, map_checkpoint_name
+
+
+def edited_copy(src, dst, edit):
+    """A copy of checkpoint `src` at `dst` whose tensors went through `edit(dict)`."""
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def test_missing_section_of_a_merged_layer_is_named(checkpoints, tmp_path):
+    path = edited_copy(checkpoints["llama"], tmp_path / "m", lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"))
+    with pytest.raises(ValueError, match=r"missing: model\.layers\.1\.self_attn\.k_proj\.weight$"):
+        load_model(path, torch.float32, "cpu")
+
+
+def test_missing_whole_tensors_are_named(checkpoints, tmp_path):
+    def drop(t):
+        t.pop("lm_head.weight")
+        t.pop("model.layers.0.mlp.gate_proj.weight")
+        t.pop("model.layers.0.mlp.up_proj.weight")
+
+    path = edited_copy(checkpoints["llama"], tmp_path / "m", drop)
+    with pytest.raises(ValueError) as err:
+        load_model(path, torch.float32, "cpu")
+    msg = str(err.value)
+    for name in ("lm_head.weight", "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"):
+        assert name in msg
+
+
+def test_unexpected_tensor_is_named(checkpoints, tmp_path):
+    def add(t):
+        t["model.layers.0.self_attn.extra_proj.weight"] = torch.zeros(2, 2)
+
+    path = edited_copy(checkpoints["llama"], tmp_path / "u", add)
+    with pytest.raises(ValueError, match=r"unexpected: model\.layers\.0\.self_attn\.extra_proj\.weight"):
+        load_model(path, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [("model.layers.0.self_attn.v_proj.weight", (16, 64)), ("model.norm.weight", (63,))],
+)
+def test_wrong_shape_names_the_tensor_and_file(checkpoints, tmp_path, name, shape):
+    def reshape(t):
+        t[name] = torch.zeros(shape)
+
+    path = edited_copy(checkpoints["llama"], tmp_path / "s", reshape)
+    with pytest.raises(ValueError, match=re.escape(f"model.safetensors: {name} has shape {tuple(shape)}")):
+        load_model(path, torch.float32, "cpu")
+
+
+def test_tied_head_loads_with_or_without_its_tensor(checkpoints, tmp_path):
+    src = checkpoints["qwen2"]  # tied embeddings
+    assert "lm_head.weight" not in load_file(str(src / "model.safetensors"))
+
+    def add_head(t):
+        t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
+
+    with_head = edited_copy(src, tmp_path / "t", add_head)
+    a, b = load_model(src, torch.float32, "cpu"), load_model(with_head, torch.float32, "cpu")
+    for m in (a, b):
+        assert m.lm_head.weight is m.model.embed_tokens.weight
+    assert torch.equal(a.lm_head.weight, b.lm_head.weight)
+
+
+def test_rotary_inv_freq_in_a_checkpoint_is_ignored(checkpoints, tmp_path):
+    def add(t):
+        t["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+
+    load_model(edited_copy(checkpoints["llama"], tmp_path / "r", add), torch.float32, "cpu")
+
+
+def test_unknown_load_format(checkpoints):
+    with pytest.raises(ValueError, match="load format 'pt' is not one of: safetensors, dummy"):
+        load_model(checkpoints["llama"], torch.float32, "cpu", "pt")
+
+
+def test_dummy_weights_keep_ties_and_shapes(checkpoints):
+    model = load_model(checkpoints["qwen3"], torch.float32, "cpu", "dummy")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert torch.equal(model.model.layers[0].self_attn.q_norm.weight, torch.ones(32))
+    assert model.model.layers[0].self_attn.qkv_proj.weight.std() > 0
+    logits = model.compute_logits(model(torch.arange(5), torch.arange(5)))
+    assert logits.shape == (5, 384) and torch.isfinite(logits).all()
+
+
+def test_build_materialise_keeps_the_dtype_and_meta_costs_nothing(checkpoints):
+    from models.arch import ModelArch
+
+    arch = ModelArch.from_dir(checkpoints["llama"])
+    meta = build_on_meta(arch, torch.bfloat16)
+    assert all(p.is_meta and p.dtype == torch.bfloat16 for p in meta.parameters())
+    model = load_model(checkpoints["llama"], torch.bfloat16, "cpu")
+    assert all(p.dtype == torch.bfloat16 and not p.is_meta for p in model.parameters())
+    assert all(hasattr(p, "weight_loader") for p in model.model.layers[0].self_attn.parameters())
+
+
+def test_name_mapping_matches_whole_components():
+    mapping = {"k_proj": ("qkv_proj", "k"), "up_proj": ("gate_up_proj", 1)}
+    assert map_checkpoint_name("model.layers.3.self_attn.k_proj.bias", mapping) == (
+        "model.layers.3.self_attn.qkv_proj.bias",
+        "k",
+    )
+    assert map_checkpoint_name("model.layers.0.mlp.gate_up_proj.weight", mapping) == (
+        "model.layers.0.mlp.gate_up_proj.weight",
+        None,
+    )
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
+def test_checkpoint_shapes_are_the_checkpoints(checkpoints, family):
+    model = load_model(checkpoints[family], torch.float32, "cpu")
+    ckpt = {n: tuple(t.shape) for n, t in load_file(str(checkpoints[family] / "model.safetensors")).items()}
+    shapes = checkpoint_shapes(model)
+    if model.arch.tie_word_embeddings:
+        shapes.pop("lm_head.weight")
+    assert shapes == ckpt
