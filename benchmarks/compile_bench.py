@@ -33,7 +33,7 @@ def write_checkpoint(out: Path, device: str, layers: int | None, hidden: int | N
     from safetensors.torch import save_file
 
     from models.arch import ModelArch
-    from models.registry import build_model
+    from models.loader.safetensors import build_on_meta, checkpoint_shapes
 
     cfg = dict(CONFIGS["llama-3.1-8b"])
     if layers:
@@ -54,9 +54,8 @@ def write_checkpoint(out: Path, device: str, layers: int | None, hidden: int | N
     (ckpt / "config.json").write_text(json.dumps(cfg, indent=2))
     if not weights:
         return ckpt
-    with torch.device("meta"):
-        model = build_model(ModelArch.from_dict(cfg))
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    # the checkpoint's own names and shapes (q/k/v and gate/up apart), not the merged parameters
+    shapes = checkpoint_shapes(build_on_meta(ModelArch.from_dict(cfg), torch.bfloat16))
     gen = torch.Generator(device=device).manual_seed(0)
     weight_map, shard, shard_bytes, idx = {}, {}, 0, 0
 

@@ -1,6 +1,6 @@
 """`atomc::rms_norm` and `atomc::fused_add_rms_norm`: canonical RMSNorm ops the passes rewrite to.
 
-The reference bodies repeat models.layers.RMSNorm op for op (fp32 statistics, cast back, then the
+The reference bodies repeat models.layers.norm.RMSNorm op for op (fp32 statistics, cast back, then the
 weight), so a rewritten graph gives bit-identical results on the torch backend.
 """
 

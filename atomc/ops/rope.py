@@ -1,6 +1,6 @@
 """`atomc::rope`: Neox-style (rotate-half) RoPE of q and k from a [max_pos, D] cos|sin table.
 
-The reference repeats models.layers.RotaryEmbedding op for op, so the rewrite is bit-identical.
+The reference repeats models.layers.rotary.RotaryEmbedding op for op, so the rewrite is bit-identical.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def test_pieces_fallback_format(compiled, llama_dir):
     assert after["dynamo_calls_captured"] == before["dynamo_calls_captured"]  # no recompiles
 
 
-@pytest.mark.parametrize("fam", ["mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("fam", ["mistral", "qwen2", "qwen3", "phi3"])
 def test_other_families_match_eager(fam, checkpoints, shared_root, compiled):
     """Every family through the passes and the artifact: hidden states within 1e-5, same greedy tokens."""
     from tests.graphs.helpers import make_config

@@ -131,3 +131,20 @@ def test_checkpoint_shapes_are_the_checkpoints(checkpoints, family):
     if model.arch.tie_word_embeddings:
         shapes.pop("lm_head.weight")
     assert shapes == ckpt
+
+
+def test_an_8b_shape_builds_without_any_init():
+    """The dummy format and every load build on meta: no CPU init of a full model, whatever its size."""
+    import time
+
+    from models.arch import ModelArch
+
+    cfg = dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=131072, rope_theta=5e5,
+    )  # fmt: skip
+    start = time.perf_counter()
+    model = build_on_meta(ModelArch.from_dict(cfg), torch.bfloat16)
+    assert time.perf_counter() - start < 5.0
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 8.03

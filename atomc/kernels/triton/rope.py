@@ -1,7 +1,7 @@
 """Neox (rotate-half) RoPE on q and k in place, optionally fused with the KV-cache write and,
 before the rotation, with a per-head RMSNorm of q and k (Qwen3's q_norm / k_norm).
 
-cos_sin_cache [max_pos, D] fp32 = cat(cos, sin) over D/2 each (models.layers.RotaryEmbedding).
+cos_sin_cache [max_pos, D] fp32 = cat(cos, sin) over D/2 each (models.layers.rotary.RotaryEmbedding).
 Fusing the write saves re-reading the rotated k and v from memory in a second kernel; fusing the
 norms saves two more kernels per layer (each a few µs at batch 1).
 """

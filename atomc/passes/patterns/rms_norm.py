@@ -1,6 +1,6 @@
 """RMSNorm -> atomc::rms_norm.
 
-Pattern (models.layers.RMSNorm; the casts are gone after noop_elimination in fp32 models):
+Pattern (models.layers.norm.RMSNorm; the casts are gone after noop_elimination in fp32 models):
     xf = x.float();  y = xf * rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps);  out = w * y.to(x.dtype)
 Replacement:
     out = atomc.rms_norm(x, w, eps)

@@ -1,6 +1,6 @@
 """Neox (rotate-half) RoPE on q and k -> atomc::rope.
 
-Pattern (models.layers.RotaryEmbedding; `.to` is gone after noop_elimination in fp32 models):
+Pattern (models.layers.rotary.RotaryEmbedding; `.to` is gone after noop_elimination in fp32 models):
     c, s = cos_sin[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
     cos, sin = cat([c, c], -1), cat([s, s], -1)
     x1, x2 = x.chunk(2, dim=-1);  x_rot = x * cos + cat([-x2, x1], -1) * sin      (for x in q, k)
