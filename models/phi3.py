@@ -1,4 +1,4 @@
-"""Phi-3 / Phi-3.5 (dense): Llama-style, but the checkpoint already stores q/k/v
+"""Phi-3 (dense): Llama-style, but the checkpoint already stores q/k/v
 fused (`qkv_proj`, sections q | k | v) and gate/up fused (`gate_up_proj`, sections gate | up).
 
 No packed-module mapping is needed: those tensors reach the merged layers' weight_loader with
