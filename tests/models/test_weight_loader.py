@@ -215,3 +215,18 @@ def test_unquantized_apply_traces_to_one_f_linear():
     counts = ops(gm)
     assert counts["linear"] == 1 and sum(counts.values()) == 1
     torch.testing.assert_close(layer(torch.ones(1, 6)), F.linear(torch.ones(1, 6), layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_fused_and_per_section_loads_agree_with_biases(rank):
+    p = ParallelInfo(rank, 2)
+    fused, apart = QKVParallelLinear(8, 2, 4, 2, True, p), QKVParallelLinear(8, 2, 4, 2, True, p)
+    w = {"q": torch.randn(8, 8), "k": torch.randn(4, 8), "v": torch.randn(4, 8)}
+    b = {s: torch.randn(len(t)) for s, t in w.items()}
+    fused.weight_loader(fused.weight, torch.cat(list(w.values())))
+    fused.weight_loader(fused.bias, torch.cat(list(b.values())))
+    for sid in "qkv":
+        apart.weight_loader(apart.weight, w[sid], sid)
+        apart.weight_loader(apart.bias, b[sid], sid)
+    assert torch.equal(fused.weight, apart.weight) and torch.equal(fused.bias, apart.bias)
+    assert torch.equal(fused.bias, torch.cat([rows(b[s], rank, 2) for s in "qkv"]))
