@@ -80,7 +80,8 @@ class LinearBase(nn.Module):
         if getattr(param, "per_shard", False):  # one entry per section (e.g. a per-tensor scale each)
             if fused:
                 return _copy(param.data, loaded, "")
-            return _copy(param.data[self._index(shard_id)], loaded.reshape(param.shape[1:]), _what(shard_id))
+            dst = param.data[self._index(shard_id)]
+            return _copy(dst, loaded.reshape(dst.shape) if loaded.numel() == dst.numel() else loaded, _what(shard_id))
         if fused and out_dim is not None:  # a checkpoint tensor holding every section: cut it here
             if loaded.dim() <= out_dim or loaded.shape[out_dim] != sum(self.output_sizes):
                 raise ValueError(
