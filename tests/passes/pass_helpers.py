@@ -94,12 +94,13 @@ def randomize(module: torch.nn.Module, std: float = 0.1) -> torch.nn.Module:
 
 def attention(a, layer_idx: int = 0):
     """models.layers.attention.LlamaStyleAttention for the stand-in `a`, with random weights."""
+    from models.arch import layer_sliding_window
     from models.layers.attention import LlamaStyleAttention
 
     qk_eps = a.rms_norm_eps if a.qk_norm else None
     attn = LlamaStyleAttention(
         a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim, layer_idx,
-        qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm_eps=qk_eps,
+        qkv_bias=a.qkv_bias, o_bias=a.o_bias, qk_norm_eps=qk_eps, sliding_window=layer_sliding_window(a, layer_idx),
     )  # fmt: skip
     return randomize(attn)
 

@@ -86,7 +86,7 @@ def test_same_cache_and_outputs_over_prefill_and_decode():
 
 def windowed_graphs(window):
     torch.manual_seed(0)
-    attn = Attention(arch(sliding_window=window), 0)
+    attn = attention(arch(sliding_window=window))
     attn.load_state_dict(ATTN.state_dict())
     gm, inputs = capture(lambda p, x: attn(p, x, ROPE), torch.arange(5), torch.randn(5, A.hidden_size))
     _, canon = apply(Canonicalize(), apply(NoopElimination(), gm)[1])

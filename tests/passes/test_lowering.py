@@ -70,14 +70,13 @@ def test_registry_covers_every_op_and_names_cut_points():
 
 def windowed_attention_graph(window):
     """atomc.rope + atomc.attention of one fp16 Llama attention layer with a sliding window, fused."""
-    from pass_helpers import arch, capture
+    from pass_helpers import arch, attention, capture
 
-    from models.layers import RotaryEmbedding
-    from models.llama import Attention
+    from models.layers.rotary import RotaryEmbedding
 
     a = arch(sliding_window=window)
     torch.manual_seed(0)
-    attn, rope = Attention(a, 0).half(), RotaryEmbedding(a.head_dim, 64, 10000.0, None)
+    attn, rope = attention(a).half(), RotaryEmbedding(a.head_dim, 64, 10000.0, None)
     gm, inputs = capture(lambda p, x: attn(p, x, rope), torch.arange(5), torch.randn(5, a.hidden_size).half())
     return a, through(gm, *FUSED), inputs
 
