@@ -81,6 +81,9 @@ def test_sliding_window_per_layer():
         config("Qwen2ForCausalLM", "qwen2", sliding_window=64, use_sliding_window=True, layer_types=types)
     )
     assert mixed.layer_sliding_windows() == [None, 64, 64]
+    old_qwen2 = config("Qwen2ForCausalLM", "qwen2", sliding_window=64, use_sliding_window=True, max_window_layers=2)
+    assert old_qwen2.get("layer_types") is None
+    assert ModelArch.from_dict(old_qwen2).layer_sliding_windows() == [None, None, 64]
 
 
 def test_kv_cache_specs_follow_the_config():
