@@ -72,6 +72,15 @@ class ServeConfig:
     api_key: str | None = None
     chat_template: str | None = None
     max_request_bytes: int = 8 * 1024 * 1024
+    # bounded work per request (400 past each): prompts in one completions request, sequences it
+    # fans out to (prompts x n), and logprob entries its response can carry (tokens x (logprobs + 1),
+    # echoed prompt tokens included; about 40 bytes of JSON each)
+    max_prompts_per_request: int = 256
+    max_seqs_per_request: int = 1024
+    max_logprob_entries_per_request: int = 1_000_000
+    request_body_timeout_s: float = 30.0  # to receive a whole body once its headers are in (408 past it)
+    timeout_keep_alive_s: int = 5  # idle keep-alive connections close after this (uvicorn's)
+    max_header_bytes: int = 64 * 1024  # one request's header block (h11's incomplete-event limit)
     drain_timeout_s: float = 30.0
     die_with_parent: bool = False  # SIGTERM when the parent process exits (harnesses that spawn a server)
     # the engine loop in its own process (HTTP/SSE work then never holds the GIL the engine needs):

@@ -34,3 +34,5 @@ class RequestOutput:
     metrics: dict = field(
         default_factory=dict
     )  # arrival, first-token and finish times (perf_counter seconds)
+    # set when the engine failed this request (a step it was in raised); the text is for the log only
+    error: str | None = None

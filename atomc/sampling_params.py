@@ -1,8 +1,23 @@
-"""SamplingParams: vLLM's names and defaults; validated at construction so bad values never reach the engine."""
+"""SamplingParams: vLLM's names and defaults; validated at construction so bad values never reach the engine.
+
+The sampler casts the float fields to float32 on the device: a value that is not finite, overflows
+float32 (a temperature of 1e39 becomes inf) or underflows to zero there (a top_p of 5e-324 becomes 0,
+which masks every token) is refused here with the field's name, not left to empty a row mid-batch.
+"""
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass, field
+
+# the float fields, each cast to float32 by the sampler
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def as_float32(value: float) -> float:
+    """`value` as float32 holds it; OverflowError when float32 cannot hold it at all."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 @dataclass
@@ -43,10 +58,25 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             bad(f"n must be an integer >= 1, got {self.n!r}")
+        for name in FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                bad(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                bad(f"{name} must be a finite number, got {value}")
+            try:
+                cast = as_float32(value)
+            except OverflowError:
+                bad(f"{name} is out of float32's range, got {value}")
+            if value != 0 and cast == 0:
+                bad(f"{name} is too small to be represented (rounds to 0 in float32), got {value}")
         if self.temperature < 0:
             bad(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             bad(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("top_k", "min_tokens"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                bad(f"{name} must be an integer, got {getattr(self, name)!r}")
         if self.top_k < 0:
             bad(f"top_k must be 0 or -1 (off) or a positive integer, got {self.top_k}")
         if not 0 <= self.min_p <= 1:

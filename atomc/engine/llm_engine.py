@@ -3,6 +3,11 @@
 engine -> scheduler (which sequences, how many tokens) -> model runner (forward + sample) ->
 engine (append tokens, stop checks, detokenize, free finished sequences). Not thread-safe: the
 server drives it from one engine thread.
+
+A step that raises fails only its own requests (`_fail_step`): the requests whose sequences were in
+the batch end with `RequestOutput.error` set and their KV blocks freed, and the engine keeps serving
+the others. Only `MAX_FAILED_STEPS` failures in a row (a broken device, not one bad request) escape
+`step()`, and then the server treats the engine as dead.
 """
 
 from __future__ import annotations
@@ -32,6 +37,18 @@ from models.arch import ModelArch
 from models.loader.default_model import DEFAULT_MODEL_NAME, resolve_model_path
 
 log = logging.getLogger(__name__)
+
+MAX_FAILED_STEPS = 3  # consecutive failed steps after which the engine gives up (step() raises)
+
+def served_model_name(config: EngineConfig) -> str:
+    """The `model` id the server lists: --served-model-name, else the checkpoint folder's (or .gguf
+    file's) name, never a path of this machine; the default model goes by its own name."""
+    if config.model.served_model_name:
+        return config.model.served_model_name
+    if not config.model.model:
+        return DEFAULT_MODEL_NAME
+    return Path(config.model.model).expanduser().name or DEFAULT_MODEL_NAME
+
 
 class _Request:
     def __init__(self, request_id: str, prompt: str | None, seqs: list[Sequence], arrival: float, tokenizer):
@@ -69,8 +86,7 @@ class LLMEngine:
         self.inputs = InputProcessor(
             self.tokenizer, self.arch.vocab_size, self.max_model_len, config.serve.chat_template
         )
-        # like vLLM: the --model value is the served name; the default model goes by its own name
-        self.model_name = config.model.served_model_name or config.model.model or DEFAULT_MODEL_NAME
+        self.model_name = served_model_name(config)
         self.dtype = resolve_dtype(config.model.dtype, self.arch.torch_dtype, self.device)
         self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
         self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
@@ -89,6 +105,9 @@ class LLMEngine:
         self.last_step: dict = {}
         self._in_flight: _Launched | None = None
         self._seq_ids = itertools.count()
+        self._failed_steps = 0  # consecutive
+        self.num_failed_steps = 0
+        self.num_sampler_fallbacks = 0
 
     def _max_model_len(self) -> int:
         limit = self.arch.max_position_embeddings
@@ -164,6 +183,45 @@ class LLMEngine:
     # -- one step ------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One step (see `_step`); a step that raises fails its own requests instead (see `_fail_step`)."""
+        before = dict(self.requests)
+        try:
+            outputs = self._step()
+        except Exception as e:
+            return self._fail_step(e, before)
+        self._failed_steps = 0
+        return outputs
+
+    def _fail_step(self, error: Exception, before: dict[str, _Request]) -> list[RequestOutput]:
+        """End every request the failed step held (running, or with a token in flight) with an error
+        output and free its blocks; requests that finished before the failure keep their output."""
+        self._failed_steps += 1
+        self.num_failed_steps += 1
+        if self._failed_steps >= MAX_FAILED_STEPS:
+            raise error
+        in_flight = {seq.request_id for seq in self._in_flight.samplers} if self._in_flight else set()
+        self._in_flight = None  # its tokens are lost with the step
+        outputs = [self._output(req, True) for rid, req in before.items() if rid not in self.requests]
+        failed = []
+        for rid, req in list(self.requests.items()):
+            involved = rid in in_flight or any(
+                s.status is SeqStatus.RUNNING or s.num_pending or s.num_computed_tokens for s in req.seqs
+            )
+            if not involved:
+                continue  # still waiting, never in a batch: it runs later as usual
+            for seq in req.seqs:
+                seq.num_pending = 0
+                if not seq.finished:
+                    self.scheduler.finish(seq, "abort")
+            del self.requests[rid]
+            out = self._output(req, True)
+            out.error = f"{type(error).__name__}: {error}"
+            outputs.append(out)
+            failed.append(rid)
+        log.error("engine step failed; failing its %d request(s) %s", len(failed), failed[:8], exc_info=error)
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         """Schedule and launch one step; return the outputs of the step whose tokens were read back.
 
         With async scheduling that is the step launched by the previous call: step N+1 is scheduled
@@ -211,6 +269,8 @@ class LLMEngine:
     def _complete(self, launched: _Launched) -> list[RequestOutput]:
         """Read a launched step's tokens back: append them, detokenize, check stops, build outputs."""
         sampled = launched.sample.result()
+        self.num_sampler_fallbacks += sampled.num_fallbacks
+        vocab = self.arch.vocab_size
         touched: dict[str, _Request] = {}
         now = time.perf_counter()
         for k, seq in enumerate(launched.samplers):
@@ -220,6 +280,8 @@ class LLMEngine:
             req = self.requests[seq.request_id]
             touched[seq.request_id] = req
             token = sampled.token_ids[k]
+            if not 0 <= token < vocab:  # never feed the next step an id the embedding cannot look up
+                raise RuntimeError(f"the sampler returned token id {token}, outside the vocabulary [0, {vocab})")
             seq.token_ids.append(token)
             if sampled.logprobs[k] is not None:
                 seq.logprobs.append(sampled.logprobs[k])
@@ -300,4 +362,6 @@ class LLMEngine:
             "prefix_cache_queries": self.blocks.prefix_queries,
             "prefix_cache_hits": self.blocks.prefix_hits,
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_sampler_fallbacks": self.num_sampler_fallbacks,
+            "num_failed_steps": self.num_failed_steps,
         }

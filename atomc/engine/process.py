@@ -85,7 +85,7 @@ class OutputDeltas:
             prompt_logprobs, first.prompt_logprobs = out.prompt_logprobs, True
         if out.finished:
             self.forget(out.request_id, len(out.outputs))
-        return (out.request_id, out.finished, out.num_cached_tokens, prompt_logprobs, out.metrics, seqs)
+        return (out.request_id, out.finished, out.num_cached_tokens, prompt_logprobs, out.metrics, seqs, out.error)
 
     def forget(self, request_id: str, n: int) -> None:
         for i in range(n):
@@ -182,7 +182,7 @@ class _Assembly:
         self.prompt_logprobs = None
 
     def apply(self, delta: tuple) -> RequestOutput:
-        _, finished, num_cached, prompt_logprobs, metrics, seqs = delta
+        _, finished, num_cached, prompt_logprobs, metrics, seqs, error = delta
         if prompt_logprobs is not None:
             self.prompt_logprobs = prompt_logprobs
         for index, tokens, keep, text, logprobs, *ends in seqs:
@@ -193,7 +193,9 @@ class _Assembly:
                     self.logprobs[index] = []
                 self.logprobs[index].extend(logprobs)
             self.ends[index] = tuple(ends)
-        return self.output(finished, num_cached, metrics)
+        out = self.output(finished, num_cached, metrics)
+        out.error = error
+        return out
 
     def output(self, finished: bool, num_cached: int = 0, metrics: dict | None = None) -> RequestOutput:
         # fresh lists each time: the event loop reads these while the next delta arrives
@@ -330,6 +332,7 @@ class EngineProcessClient:
                 out = req.output(True)
                 for c in out.outputs:
                     c.finish_reason = "abort"
+                out.error = error
                 outputs.append(out)
         return outputs
 

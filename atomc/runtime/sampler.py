@@ -4,6 +4,11 @@ Order per row: penalties -> min_tokens mask -> greedy argmax, or temperature -> 
 draw. Logprobs come from the raw logits (vLLM's default "raw_logprobs"). Mask work is batched; only the
 random draws loop per row, each on CPU with the row's own generator, so a seeded row reproduces exactly
 whatever else is in the batch and whatever device the logits live on.
+
+The sampler never returns an id outside [0, vocab): a drawn row with no finite probability mass left
+(inf or NaN logits, every token masked) takes the argmax of its logits before the masks, NaN read as
+-inf, and is counted in `SamplerOutput.num_fallbacks` (the server exports it as a metric). The count
+rides back with the tokens, so the check costs no extra device sync.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class SamplerOutput:
     token_ids: list[int]
     # per row: {sampled token: lp, top-N tokens: lp} when params.logprobs is not None, else None
     logprobs: list[dict[int, float] | None]
+    num_fallbacks: int = 0  # rows with nothing left to draw from, given their fallback token
 
 
 class PendingSample:
@@ -50,10 +56,18 @@ class PendingSample:
     on the device, where the next step can take its inputs from it before anything is read back.
     """
 
-    def __init__(self, token_ids: torch.Tensor, logprob_rows: list[int], logprob_n: list[int], lp: list[torch.Tensor]):
+    def __init__(
+        self,
+        token_ids: torch.Tensor,
+        logprob_rows: list[int],
+        logprob_n: list[int],
+        lp: list[torch.Tensor],
+        fallbacks: torch.Tensor | None = None,
+    ):
         self.token_ids = token_ids
         self._rows, self._n = logprob_rows, logprob_n
         self._host = [to_host_async(t) for t in (token_ids, *lp)]
+        self._fallbacks = None if fallbacks is None else to_host_async(fallbacks)
         self._ready = None
         if token_ids.device.type == "cuda":
             self._ready = torch.cuda.Event()
@@ -65,7 +79,8 @@ class PendingSample:
             if self._ready is not None:
                 self._ready.synchronize()
             token_list = self._host[0].tolist()
-            self._result = SamplerOutput(token_list, self._logprobs(token_list))
+            fallbacks = 0 if self._fallbacks is None else int(self._fallbacks)
+            self._result = SamplerOutput(token_list, self._logprobs(token_list), fallbacks)
         return self._result
 
     def _logprobs(self, token_list: list[int]) -> list[dict[int, float] | None]:
@@ -188,17 +203,26 @@ def apply_min_p(logits: torch.Tensor, min_p: Sequence[float] | torch.Tensor) -> 
     return logits.masked_fill(probs < threshold, _NEG_INF)
 
 
-def _draw_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def _draw_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse-CDF draw: one uniform per row picks the token where the row's CDF first exceeds it.
 
     Only B uniforms cross to the device (not B x V noise); float64 keeps the CDF accurate over large vocabs.
+    Returns the drawn ids, each in [0, V), and a [B] mask of the rows that had mass to draw from: a
+    row whose total is NaN, inf or 0 has no CDF, and its id means nothing (the caller replaces it).
     """
     cdf = probs.to(torch.float64).cumsum(dim=-1)
     total = cdf[:, -1:]
     target = to_device(uniforms, torch.float64, probs.device).reshape(-1, 1) * total
     # u * total can round up to total; stay strictly below so a positive-probability token is hit
     target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).reshape(-1)
+    drawn = torch.searchsorted(cdf, target, right=True).reshape(-1)
+    ok = (torch.isfinite(total) & (total > 0)).reshape(-1)
+    return drawn.clamp_(max=probs.shape[-1] - 1), ok
+
+
+def fallback_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """A defined token for a row that has nothing left to draw from: the argmax, NaN read as -inf."""
+    return logits.masked_fill(logits.isnan(), _NEG_INF).argmax(dim=-1)
 
 
 class Sampler:
@@ -264,20 +288,29 @@ class Sampler:
             if any(p.min_p > 0.0 for p in rp):
                 xr = apply_min_p(xr, [p.min_p for p in rp])
             uniforms = self._uniforms([batch.generators[i] for i in rand])
-            tokens[idx] = _draw_from_probs(xr.softmax(dim=-1), uniforms)
-        return self._with_logprobs(logits, params, tokens)
+            drawn, ok = _draw_from_probs(xr.softmax(dim=-1), uniforms)
+            tokens[idx] = torch.where(ok, drawn, fallback_tokens(x[idx]))
+            fallbacks = (~ok).sum()
+        else:
+            fallbacks = None
+        return self._with_logprobs(logits, params, tokens, fallbacks)
 
     @staticmethod
-    def _with_logprobs(logits: torch.Tensor, params: Sequence[SamplingParams], tokens: torch.Tensor) -> PendingSample:
+    def _with_logprobs(
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        tokens: torch.Tensor,
+        fallbacks: torch.Tensor | None = None,
+    ) -> PendingSample:
         """Logprobs from the raw logits for the rows that asked: the sampled token's, and the top N."""
         rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not rows:
-            return PendingSample(tokens, [], [], [])
+            return PendingSample(tokens, [], [], [], fallbacks)
         idx = to_device(rows, torch.long, logits.device)
         lp = torch.log_softmax(logits[idx].float(), dim=-1)
         sampled = lp.gather(-1, tokens[idx].reshape(-1, 1)).reshape(-1)
         n = [params[i].logprobs for i in rows]
         if max(n) <= 0:
-            return PendingSample(tokens, rows, n, [sampled])
+            return PendingSample(tokens, rows, n, [sampled], fallbacks)
         top = lp.topk(min(max(n), lp.shape[-1]), dim=-1)
-        return PendingSample(tokens, rows, n, [sampled, top.values, top.indices])
+        return PendingSample(tokens, rows, n, [sampled, top.values, top.indices], fallbacks)

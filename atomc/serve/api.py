@@ -1,7 +1,9 @@
 """The FastAPI app: OpenAI-compatible routes over an `AsyncEngine`.
 
-Handlers read the body themselves (size limit, then JSON, then pydantic), so every failure has
-OpenAI's error shape with the status the issue asks for: 413 too large, 422 not JSON, 400 invalid.
+Handlers read the body themselves (size limit and read timeout, then JSON, then pydantic), so every
+failure has OpenAI's error shape: 413 too large, 408 too slow, 400 not JSON or invalid; the routes
+declare their request models in the OpenAPI document all the same (`openapi_extra`). A 500 never
+carries an exception's text (it is logged).
 A request reaches the engine only once it validated; from then on every exit path (done, client
 gone, engine failure, shutdown) aborts whatever still runs, so KV blocks never leak.
 """
@@ -30,12 +32,20 @@ from starlette.requests import ClientDisconnect
 from atomc.config import EngineConfig
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.sampling_params import SamplingParams
-from atomc.serve.async_engine import AsyncEngine, ChatPrompt, EngineDeadError, OutputStream
+from atomc.serve.async_engine import (
+    AsyncEngine,
+    ChatPrompt,
+    EngineDeadError,
+    OutputStream,
+    RequestFailedError,
+    ShuttingDownError,
+)
 from atomc.serve.metrics import HTTPMetricsMiddleware, RequestTracker, ServerMetrics
 from atomc.serve.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    RequestLimits,
     bad_request,
     chat_logprobs,
     legacy_logprobs,
@@ -79,6 +89,26 @@ class ServerState:
         self.metrics = ServerMetrics(async_engine.stats, lambda: async_engine.healthy)
         self.created = int(time.time())
         self._token_strs: dict[int, str] = {}
+        self.jobs: set[_Job] = set()  # requests being answered (event-loop side only)
+        serve = config.serve
+        self.limits = RequestLimits(
+            serve.max_prompts_per_request,
+            serve.max_seqs_per_request,
+            serve.max_logprob_entries_per_request,
+            self.engine.max_model_len,
+        )
+
+    def begin_drain(self, drain_s: float) -> None:
+        """Shutdown began (on the event loop): requests still running after `drain_s` are cut, each
+        with an error (503, or an SSE error event then `[DONE]` in a stream), before uvicorn's own
+        deadline (a little later) would cancel them mid-body."""
+        asyncio.get_running_loop().call_later(drain_s, self.cut_requests)
+
+    def cut_requests(self) -> None:
+        if self.jobs:
+            logger.warning("drain time is up: cutting %d request(s) still running", len(self.jobs))
+        for job in list(self.jobs):
+            job.stream._post_error(ShuttingDownError("the server is shutting down; the request was cut"))
 
     def token_str(self, token_id: int) -> str:
         # bounded by the vocabulary; decoding is a read-only call on the Rust tokenizer
@@ -91,7 +121,10 @@ class ServerState:
         return self.engine.tokenizer.decode(token_ids)
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        # without --served-model-name the --model value itself is accepted too, as vLLM serves it
+        # (clients such as vLLM's benchmark send it), though only the folder's name is listed
+        alias = None if self.config.model.served_model_name else self.config.model.model
+        if model is not None and model != self.model_name and model != alias:
             raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
     async def submit(self, base_id: str, prompts: list, params) -> OutputStream:
@@ -130,12 +163,14 @@ class _Job:
         self.states: dict[tuple[int, int], _ChoiceState] = {}
         stops = [] if req.include_stop_str_in_output else params.stop
         self.holdback = max((len(s) - 1 for s in stops), default=0)
+        srv.jobs.add(self)
 
     def choice(self, i: int, out: RequestOutput, c: CompletionOutput, st: _ChoiceState, final: bool) -> dict:
         raise NotImplementedError
 
     def close(self) -> None:
         """Every exit path: abort what still runs (frees its KV blocks), count it in the metrics."""
+        self.srv.jobs.discard(self)
         self.stream.abort()
         self.tracker.close()
 
@@ -166,8 +201,8 @@ class _Job:
         try:
             async for _ in self._outputs():
                 pass
-        except EngineDeadError as e:
-            raise APIError(500, str(e), type="server_error", code="engine_failed") from None
+        except (EngineDeadError, RequestFailedError) as e:
+            raise _engine_error(e) from None
         choices = [
             self.choice(i, out, c, _ChoiceState(), final=True)
             for i, out in sorted(self.latest.items())
@@ -192,8 +227,8 @@ class _Job:
                 body = self._envelope(self.object_chunk, [])
                 body["usage"] = self.usage()
                 yield _sse(body)
-        except EngineDeadError as e:  # headers are out already: report in-band, as vLLM does
-            yield _sse(APIError(500, str(e), type="server_error", code="engine_failed").body())
+        except (EngineDeadError, RequestFailedError) as e:  # headers are out already: report in-band, as vLLM does
+            yield _sse(_engine_error(e).body())
         yield "data: [DONE]\n\n"
 
     def _changed(self, c: CompletionOutput, st: _ChoiceState) -> bool:
@@ -273,6 +308,12 @@ class ChatJob(_Job):
         }
 
 
+def _engine_error(e: Exception) -> APIError:
+    if isinstance(e, ShuttingDownError):
+        return APIError(503, str(e), type="server_error", code="server_shutting_down")
+    return APIError(500, str(e), type="server_error", code="engine_failed")
+
+
 def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
@@ -320,22 +361,39 @@ async def _respond(request: Request, job: _Job) -> Response:
 # ---------------------------------------------------------------- app
 
 
-async def read_json(request: Request, limit: int):
+async def read_json(request: Request, limit: int, timeout_s: float | None = None):
+    """The body as JSON: 413 past `limit` bytes, 408 when it takes longer than `timeout_s` to arrive
+    (a Content-Length longer than what is sent would otherwise hold the connection forever), 400 when
+    it is not JSON."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
-    body = bytearray()
-    try:
+
+    async def receive() -> bytearray:
+        body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
                 raise APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+        return body
+
+    try:
+        body = await asyncio.wait_for(receive(), timeout_s)
     except ClientDisconnect:  # gone mid-upload: nobody reads the answer, but do not log a crash
         raise bad_request("client disconnected while sending the body") from None
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout") from None
     try:
         return json.loads(body)
+    except RecursionError:  # deeper than the parser's stack: never valid for these routes
+        raise bad_request("request body is nested too deeply", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(422, f"request body is not valid JSON: {e}", code="invalid_json") from None
+        raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+
+async def _read_body(request: Request, model):
+    cfg = _srv(request).config.serve
+    return parse_request(model, await read_json(request, cfg.max_request_bytes, cfg.request_body_timeout_s))
 
 
 def _srv(request: Request) -> ServerState:
@@ -354,24 +412,33 @@ async def _check_api_key(request: Request) -> None:
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(_check_api_key)])
 
 
-@v1.post("/completions")
+def _body_schema(model) -> dict:
+    """`openapi_extra` for a route that reads its own body: the request model as its requestBody
+    (the schemas themselves are added to the document's components by `_openapi`)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+@v1.post("/completions", openapi_extra=_body_schema(CompletionRequest))
 async def create_completion(request: Request) -> Response:
     srv = _srv(request)
-    req = parse_request(CompletionRequest, await read_json(request, srv.config.serve.max_request_bytes))
+    req = await _read_body(request, CompletionRequest)
     srv.check_model(req.model)
     params = req.sampling_params(srv.engine.sampling_defaults)
     prompts = req.prompts()
+    srv.limits.check(prompts, params, echo=req.echo)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     stream = await srv.submit(request_id, prompts, params)
     return await _respond(request, CompletionJob(srv, req, request_id, stream, params))
 
 
-@v1.post("/chat/completions")
+@v1.post("/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
 async def create_chat_completion(request: Request) -> Response:
     srv = _srv(request)
-    req = parse_request(ChatCompletionRequest, await read_json(request, srv.config.serve.max_request_bytes))
+    req = await _read_body(request, ChatCompletionRequest)
     srv.check_model(req.model)
     params = req.sampling_params(srv.engine.sampling_defaults)
+    srv.limits.check([None], params)
     prompt = ChatPrompt(req.template_messages(), srv.chat_template)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     stream = await srv.submit(request_id, [prompt], params)
@@ -386,7 +453,7 @@ async def list_models(request: Request) -> dict:
         "object": "model",
         "created": srv.created,
         "owned_by": "atomc",
-        "root": srv.config.model.model or srv.model_name,
+        "root": srv.model_name,  # never the checkpoint's path on this machine
         "max_model_len": srv.engine.max_model_len,
     }
     return {"object": "list", "data": [card]}
@@ -399,7 +466,7 @@ ops = APIRouter()
 async def health(request: Request) -> Response:
     aengine = _srv(request).aengine
     if not aengine.healthy:
-        reason = f"engine failed: {aengine.error!r}" if aengine.error else "engine is not running"
+        reason = "the engine failed; see the server log" if aengine.error else "the engine is not running"
         raise APIError(503, reason, type="server_error", code="engine_unavailable")
     return Response(status_code=200)
 
@@ -413,6 +480,41 @@ async def version() -> dict:
 async def metrics(request: Request) -> Response:
     body, content_type = _srv(request).metrics.render()
     return Response(body, media_type=content_type)
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's document plus the request models, which the routes read themselves (see _body_schema)."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in (CompletionRequest, ChatCompletionRequest):
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        app.openapi_schema = doc
+    return app.openapi_schema
+
+
+def _docs_router(app: FastAPI) -> APIRouter:
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+
+    docs = APIRouter(dependencies=[Depends(_check_api_key)], include_in_schema=False)
+
+    @docs.get("/openapi.json")
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @docs.get("/docs")
+    async def swagger() -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="atomc")
+
+    @docs.get("/redoc")
+    async def redoc() -> Response:
+        return get_redoc_html(openapi_url="/openapi.json", title="atomc")
+
+    return docs
 
 
 def _error_response(e: APIError) -> JSONResponse:
@@ -435,8 +537,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_crash(request: Request, e: Exception) -> JSONResponse:
+        # the exception's text stays in the log: it can hold paths, prompts or other clients' data
         logger.exception("unhandled error on %s", request.url.path)
-        return _error_response(APIError(500, f"internal error: {e!r}", type="server_error"))
+        return _error_response(APIError(500, "internal server error", type="server_error", code="internal_error"))
 
 
 def build_app(async_engine: AsyncEngine, config: EngineConfig) -> FastAPI:
@@ -448,10 +551,13 @@ def build_app(async_engine: AsyncEngine, config: EngineConfig) -> FastAPI:
         yield
         await async_engine.shutdown()
 
-    app = FastAPI(title="atomc", version=VERSION, lifespan=lifespan)
+    # the API description follows --api-key like /v1/* does: mounted below, behind the same check
+    app = FastAPI(title="atomc", version=VERSION, lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.atomc = srv = ServerState(async_engine, config)
     app.include_router(v1)
     app.include_router(ops)
+    app.openapi = lambda: _openapi(app)
+    app.include_router(_docs_router(app))
     _install_error_handlers(app)
     app.add_middleware(HTTPMetricsMiddleware, metrics=srv.metrics)
     return app

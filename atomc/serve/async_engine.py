@@ -10,9 +10,12 @@ an `OutputStream` keeps only the latest one per request: a slow reader costs no 
 the same text, just in larger deltas.
 
 One `OutputStream` carries every engine request of one HTTP request (several prompts), so the
-HTTP side waits on one event instead of merging iterators. If `step()` raises, every in-flight
-stream fails with `EngineDeadError`, the thread exits, health turns 503 and later submissions fail
-at once. The thread's exit path fails every stream it holds, and a request still being added
+HTTP side waits on one event instead of merging iterators. A step that failed only its own requests
+(`RequestOutput.error`, see LLMEngine.step) fails those streams with `RequestFailedError` and the
+loop goes on. If `step()` raises (the engine gave up), every in-flight stream fails with
+`EngineDeadError`, the thread exits, health turns 503, later submissions fail at once, and
+`on_dead` runs (the server exits non-zero on it, so a supervisor restarts it). The thread's exit
+path fails every stream it holds, and a request still being added
 re-checks the thread now and then, so no client hangs.
 """
 
@@ -48,6 +51,14 @@ class ChatPrompt:
 
 class EngineDeadError(RuntimeError):
     """The engine thread failed or stopped; requests get 500 / 503 instead of hanging."""
+
+
+class ShuttingDownError(EngineDeadError):
+    """The drain time ran out with this request still running: 503, or an SSE error event in a stream."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed this request (a step it was in raised) but keeps serving others: a 500."""
 
 
 class OutputStream:
@@ -128,14 +139,18 @@ class OutputStream:
             for i, out in sorted(batch.items()):
                 if out.finished:
                     self._unfinished.discard(i)
+                if out.error is not None:
+                    self.abort()  # the other prompts of this HTTP request fail with it
+                    raise RequestFailedError("the engine failed while running this request")
                 yield i, out
 
 
 class AsyncEngine:
     """Thread-safe, asyncio-facing wrapper around a synchronous `LLMEngine`."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Any, on_dead: Callable[[], None] | None = None):
         self.engine = engine
+        self.on_dead = on_dead  # called once from the engine thread when the engine failed for good
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, OutputStream] = {}  # engine-thread only
         self._thread: threading.Thread | None = None
@@ -163,7 +178,7 @@ class AsyncEngine:
 
     def check_alive(self) -> None:
         if self._error is not None:
-            raise EngineDeadError(f"engine failed: {self._error!r}")
+            raise EngineDeadError("the engine failed; see the server log")
         if self._thread is None or not self._thread.is_alive():
             raise EngineDeadError("engine is not running")
         if not getattr(self.engine, "alive", True):
@@ -214,6 +229,8 @@ class AsyncEngine:
         engine = self.engine
         try:
             while True:
+                if not getattr(engine, "alive", True):  # an engine process that died while idle
+                    raise RuntimeError("the engine process exited")
                 busy = engine.has_unfinished_requests()
                 if not self._drain_commands(block=not busy):
                     break
@@ -295,12 +312,17 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         logger.exception("engine loop failed; failing %d in-flight request(s)", len(self._streams))
         self._error = error
-        dead = EngineDeadError(f"engine failed: {error!r}")
+        dead = EngineDeadError("the engine failed; see the server log")
         for stream in set(self._streams.values()):
             stream._deliver(stream._post_error, dead)
         self._streams.clear()
         # answer commands that raced with the failure, so nobody waits for a dead thread
         self._answer_dead(dead)
+        if self.on_dead is not None and not self._stopping:
+            try:
+                self.on_dead()
+            except Exception:
+                logger.exception("on_dead callback failed")
 
     def _answer_dead(self, dead: EngineDeadError) -> None:
         while True:

@@ -2,12 +2,16 @@
 
 Unknown fields are ignored (as vLLM does) so newer clients keep working; fields we cannot honour
 (`suffix`, `logit_bias`, tools, non-text content) are rejected with 400 rather than silently dropped.
-Wrong types and bad values are 400 `invalid_request_error`; only unparsable JSON is 422.
+Wrong types, bad values and bodies that are not JSON are 400 `invalid_request_error` (OpenAI's and
+vLLM's code). Before the models see a body, `check_json_body` refuses what would break later stages:
+nesting deeper than `MAX_JSON_DEPTH` and strings holding lone UTF-16 surrogates (not UTF-8, so the
+tokenizer cannot take them). `RequestLimits` bounds the work one request may ask for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -15,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from atomc.sampling_params import SamplingParams
 
 MAX_N = 128  # choices per prompt; larger fan-outs are more likely mistakes than workloads
+MAX_JSON_DEPTH = 32  # the deepest valid request (chat content parts) is 5 levels
 _SEED_RANGE = dict(ge=-(2**63), le=2**63 - 1)  # int64, as vLLM; seed + sample index still fits manual_seed
 
 
@@ -48,7 +53,8 @@ class StreamOptions(BaseModel):
 class _SamplingRequest(BaseModel):
     """Fields shared by completions and chat; null means "the default", as in OpenAI's API."""
 
-    model_config = ConfigDict(extra="ignore")
+    # NaN / Infinity are valid to Python's JSON parser but never a valid sampling value
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
     n: int | None = 1
@@ -203,10 +209,89 @@ class ChatCompletionRequest(_SamplingRequest):
             raise
 
 
+def check_json_body(data: Any) -> None:
+    """400 for nesting deeper than MAX_JSON_DEPTH or a string that is not valid Unicode (a lone
+    surrogate from a `\\ud800` escape); one iterative walk, so no depth can overflow the stack."""
+    stack: list[tuple[Any, int, str]] = [(data, 1, "")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, where)
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth > MAX_JSON_DEPTH:
+            field = where.split(".")[0].split("[")[0] or None
+            raise bad_request(f"request body is nested deeper than {MAX_JSON_DEPTH} levels", field)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                _check_text(k, where)
+                if isinstance(v, str | dict | list):
+                    stack.append((v, depth + 1, f"{where}.{k}" if where else k))
+        else:
+            for i, v in enumerate(value):
+                if isinstance(v, str | dict | list):
+                    stack.append((v, depth + 1, f"{where}[{i}]"))
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        field = where.split(".")[0].split("[")[0] or None
+        message = f"{where or 'a key'}: string holds a lone UTF-16 surrogate, which is not valid Unicode"
+        raise bad_request(message, field) from None
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds on the work one request may ask for (ServeConfig's max_*_per_request)."""
+
+    max_prompts: int
+    max_seqs: int
+    max_logprob_entries: int
+    max_model_len: int
+
+    def check(self, prompts: list, params: SamplingParams, echo: bool = False) -> None:
+        if len(prompts) > self.max_prompts:
+            raise bad_request(
+                f"{len(prompts)} prompts in one request; at most {self.max_prompts} (--max-prompts-per-request)",
+                "prompt",
+            )
+        seqs = len(prompts) * params.n
+        if seqs > self.max_seqs:
+            raise bad_request(
+                f"{len(prompts)} prompts x n={params.n} = {seqs} sequences; at most {self.max_seqs} "
+                "(--max-seqs-per-request)",
+                "n",
+            )
+        if params.logprobs is None:
+            return
+        per_token = params.logprobs + 1  # the sampled token and the top-N
+        generated = params.max_tokens if params.max_tokens is not None else self.max_model_len
+        tokens = seqs * min(generated, self.max_model_len)
+        if echo:  # every choice scores its prompt again; a prompt has at most one token per UTF-8 byte
+            tokens += params.n * sum(min(_token_bound(p), self.max_model_len) for p in prompts)
+        if tokens * per_token > self.max_logprob_entries:
+            raise bad_request(
+                f"the response could carry {tokens * per_token} logprob entries ({tokens} tokens x "
+                f"{per_token}); at most {self.max_logprob_entries} (--max-logprob-entries-per-request): "
+                "lower logprobs, max_tokens, n or the number of prompts",
+                "logprobs",
+            )
+
+
+def _token_bound(prompt) -> int:
+    if isinstance(prompt, str):
+        return len(prompt.encode("utf-8")) + 2  # byte-level vocabularies; + BOS / EOS
+    return len(prompt)
+
+
 def parse_request(model: type[BaseModel], data: Any) -> Any:
     """Validate a decoded JSON body; pydantic errors become one readable 400."""
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object")
+    check_json_body(data)
     try:
         return model.model_validate(data)
     except ValidationError as e:

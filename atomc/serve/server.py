@@ -1,9 +1,13 @@
 """`atomc serve`: load the engine, serve the app with uvicorn, drain on SIGTERM.
 
+Start-up: the port is bound first (`bind_socket`), so a busy or invalid port fails in a second with
+one line, before the model loads; a SIGTERM during start-up exits non-zero (nothing was served).
+
 Shutdown: on SIGTERM (or Ctrl-C) uvicorn stops accepting connections and lets in-flight requests,
-streams included, finish for up to `serve.drain_timeout_s`; then it cancels what is left (each
-cancelled request aborts its engine request), the app's lifespan stops the engine thread, and the
-process exits with status 0.
+streams included, finish for up to `serve.drain_timeout_s`; then the app cuts what is left (a 503,
+or an SSE error event then `[DONE]`; each aborts its engine request), the app's lifespan stops the
+engine thread, and the process exits with status 0. If the engine dies for good the server stops
+at once and exits 1, so a supervisor restarts it; /health answers 503 meanwhile.
 
 Parent death: with `--die-with-parent` (ServeConfig.die_with_parent) the server asks Linux
 (prctl PR_SET_PDEATHSIG) for a SIGTERM when its parent exits, so a harness that spawns
@@ -58,11 +62,63 @@ def _exit_zero_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
 
 
+def _exit_nonzero_on_sigterm() -> None:
+    # during start-up nothing is served yet: a stop then is not a clean one (128 + SIGTERM, as a shell)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signal.SIGTERM))
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind and listen before anything slow, so a bad or busy port fails in a second with one line."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ValueError(f"cannot resolve --host {host!r}: {e.strerror}") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+# uvicorn's own deadline comes this long after ours, so the app cuts streams cleanly first
+_DRAIN_GRACE_S = 2.0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, telling the app when shutdown begins so it can cut what still runs at the
+    end of the drain with an error event instead of a broken body (ServerState.begin_drain)."""
+
+    def __init__(self, config: uvicorn.Config, drain_s: float):
+        super().__init__(config)
+        self.drain_s = drain_s
+
+    async def shutdown(self, sockets=None) -> None:
+        state = getattr(getattr(self.config.app, "state", None), "atomc", None)
+        if state is not None:
+            state.begin_drain(self.drain_s)
+        await super().shutdown(sockets)
+
+
+def make_server(app, config: EngineConfig, **overrides) -> DrainingServer:
+    return DrainingServer(uvicorn_config(app, config, **overrides), config.serve.drain_timeout_s)
+
+
 def uvicorn_config(app, config: EngineConfig, **overrides) -> uvicorn.Config:
     kw = dict(
         host=config.serve.host,
         port=config.serve.port,
-        timeout_graceful_shutdown=config.serve.drain_timeout_s,
+        timeout_graceful_shutdown=config.serve.drain_timeout_s + _DRAIN_GRACE_S,
+        timeout_keep_alive=config.serve.timeout_keep_alive_s,
+        # one request's header block (uvicorn's h11 default is 16 KiB)
+        h11_max_incomplete_event_size=config.serve.max_header_bytes,
         log_level="info",
         lifespan="on",
     )
@@ -83,8 +139,11 @@ def uses_engine_process(config: EngineConfig) -> bool:
     return mode == "on"
 
 
-def build_server_app(config: EngineConfig):
+def build_server_app(config: EngineConfig, on_dead=None):
     """Load the model (slow) and wrap it in the app; the engine thread starts with the app.
+
+    `on_dead` runs (on the engine thread) when the engine fails for good; `run_server` stops the
+    server with a non-zero status on it.
 
     With an engine process (`serve.engine_process`, see `uses_engine_process`) the model lives in
     a spawned process (engine_process.py) and this process keeps only the tokenizer and the HTTP side.
@@ -100,7 +159,7 @@ def build_server_app(config: EngineConfig):
         from atomc.engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
-    return build_app(AsyncEngine(engine), config)
+    return build_app(AsyncEngine(engine, on_dead=on_dead), config)
 
 
 def prepare_process(config: EngineConfig) -> None:
@@ -108,34 +167,59 @@ def prepare_process(config: EngineConfig) -> None:
     if config.serve.die_with_parent:
         die_with_parent()
     if threading.current_thread() is threading.main_thread():
-        _exit_zero_on_sigterm()
+        _exit_nonzero_on_sigterm()
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def serve_app(app, config: EngineConfig) -> None:
-    """Blocking: serve until SIGTERM / SIGINT, drain (up to `serve.drain_timeout_s`), stop the engine."""
+class _Serving:
+    """The uvicorn server of `atomc serve`, and whether it stopped because the engine died."""
+
+    def __init__(self):
+        self.server: uvicorn.Server | None = None
+        self.engine_died = False
+
+    def engine_dead(self) -> None:
+        # from the engine thread: /health already says 503; stop now (the failed streams end at once)
+        self.engine_died = True
+        logger.error("the engine failed for good; stopping the server (exit status 1)")
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+def serve_app(app, config: EngineConfig, sock: socket.socket | None = None, serving: _Serving | None = None) -> int:
+    """Blocking: serve until SIGTERM / SIGINT, drain (up to `serve.drain_timeout_s`), stop the engine.
+    Returns the exit status: 0 for a stop asked for, 1 when the engine died."""
+    serving = serving or _Serving()
+    serving.server = make_server(app, config)
+    if threading.current_thread() is threading.main_thread():
+        _exit_zero_on_sigterm()  # serving now: a SIGTERM from here on is a clean stop
     try:
-        uvicorn.Server(uvicorn_config(app, config)).run()
+        serving.server.run(sockets=[sock] if sock is not None else None)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its drain: that is a clean stop here
         pass
+    return 1 if serving.engine_died else 0
 
 
-def run_server(config: EngineConfig) -> None:
-    """`atomc serve`: load the model, then serve it until SIGTERM / SIGINT."""
+def run_server(config: EngineConfig) -> int:
+    """`atomc serve`: bind the port, load the model, then serve it until SIGTERM / SIGINT."""
     prepare_process(config)
+    if config.serve.api_key is not None and not config.serve.api_key.strip():
+        raise ValueError("--api-key is empty: it would turn authentication off; leave the flag out instead")
+    sock = bind_socket(config.serve.host, config.serve.port)  # before the slow load: fail fast
     t0 = time.perf_counter()
-    app = build_server_app(config)
+    serving = _Serving()
+    app = build_server_app(config, on_dead=serving.engine_dead)
     srv = app.state.atomc
     logger.info(
         "serving %s (max_model_len %d) on http://%s:%d; loaded in %.1fs",
         srv.model_name,
         srv.engine.max_model_len,
         config.serve.host,
-        config.serve.port,
+        sock.getsockname()[1],
         time.perf_counter() - t0,
     )
-    serve_app(app, config)
+    return serve_app(app, config, sock, serving)
 
 
 class ServerThread:
@@ -150,7 +234,7 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn_config(app, config, host=host, port=self.port, log_level="warning"))
+        self.server = make_server(app, config, host=host, port=self.port, log_level="warning")
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, name="atomc-uvicorn", daemon=True
         )

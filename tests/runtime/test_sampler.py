@@ -300,7 +300,8 @@ def test_draw_edges_never_pick_zero_probability_tokens():
     # u = 0, a CDF step and u just below 1 (u * total may round up to total) must all land on kept tokens
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).expand(3, -1)
     u = torch.tensor([0.0, 0.5, 1 - 2**-53], dtype=torch.float64)
-    assert _draw_from_probs(probs, u).tolist() == [1, 3, 3]
+    drawn, ok = _draw_from_probs(probs, u)
+    assert drawn.tolist() == [1, 3, 3] and ok.all()
 
 
 def test_empty_batch():

@@ -6,6 +6,7 @@ parent-death guard, the last two in real subprocesses.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -197,13 +198,128 @@ def test_body_too_large(http, model):
 
 
 @pytest.mark.parametrize("raw", [b"{bad json", b"", b'{"prompt": "hi",}', b"\xff\xfe\x00"])
-def test_malformed_json_422(http, raw):
-    assert_error(http.post("/v1/completions", content=raw, headers={"content-type": "application/json"}), 422)
-    assert_error(http.post("/v1/chat/completions", content=raw), 422)
+def test_malformed_json_400(http, raw):
+    # OpenAI's and vLLM's status for a body that is not JSON (FastAPI's own would be 422)
+    err = assert_error(http.post("/v1/completions", content=raw, headers={"content-type": "application/json"}), 400)
+    assert err["code"] == "invalid_json"
+    assert_error(http.post("/v1/chat/completions", content=raw), 400)
 
 
 def test_json_that_is_not_an_object(http):
     assert_error(http.post("/v1/completions", json=[1, 2, 3]), 400)
+
+
+# ---------------------------------------------------------------- hostile values: a 400, never a dead server
+
+# each of these once aborted the whole process (or left it answering 503 forever): NaN / Infinity
+# are valid to Python's JSON parser; the finite ones overflow or underflow float32 in the sampler
+HOSTILE_FLOATS = [
+    ("temperature", "NaN"),
+    ("temperature", "Infinity"),
+    ("temperature", "1e39"),
+    ("top_p", "5e-324"),
+    ("top_p", "NaN"),
+    ("repetition_penalty", "1e-46"),
+    ("repetition_penalty", "-Infinity"),
+    ("min_p", "NaN"),
+    ("presence_penalty", "NaN"),
+    ("frequency_penalty", "Infinity"),
+]
+
+
+@pytest.mark.parametrize(("field", "raw"), HOSTILE_FLOATS, ids=[f"{f}={v}" for f, v in HOSTILE_FLOATS])
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_hostile_floats_are_400_and_the_server_keeps_serving(http, model, route, field, raw):
+    body = '{"model": "%s", "max_tokens": 3, %s, "%s": %s}' % (
+        model,
+        '"prompt": "hi"' if route == "/v1/completions" else '"messages": [{"role": "user", "content": "hi"}]',
+        field,
+        raw,
+    )
+    err = assert_error(http.post(route, content=body, headers={"content-type": "application/json"}), 400, field)
+    assert field in err["message"]
+    ok = http.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 2, "temperature": 0.9})
+    assert ok.status_code == 200, ok.text
+
+
+def test_lone_surrogates_are_400(http, model):
+    raw = '{"model": "%s", "prompt": "a\\ud800b", "max_tokens": 2}' % model
+    assert_error(http.post("/v1/completions", content=raw), 400, "prompt")
+    chat = '{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}]}' % model
+    assert_error(http.post("/v1/chat/completions", content=chat), 400, "messages")
+    stop = '{"model": "%s", "prompt": "hi", "stop": ["\\ud83d"]}' % model
+    assert_error(http.post("/v1/completions", content=stop), 400, "stop")
+
+
+@pytest.mark.parametrize("depth", [40, 1000, 30_000])  # 30,000: under the body limit
+def test_deep_json_is_400(http, model, depth):
+    raw = '{"model": "%s", "prompt": %s1%s}' % (model, "[" * depth, "]" * depth)
+    err = assert_error(http.post("/v1/completions", content=raw), 400)
+    assert "nested" in err["message"]
+
+
+def test_limits_on_work_per_request(http, model, server, monkeypatch):
+    limits = server.state.limits
+    many = {"model": model, "prompt": ["hi"] * (limits.max_prompts + 1), "max_tokens": 1}
+    err = assert_error(http.post("/v1/completions", json=many), 400, "prompt")
+    assert "--max-prompts-per-request" in err["message"]
+    # the case from the issue: a small body fanning out to a huge number of sequences
+    fan = {"model": model, "prompt": ["a"] * 100, "n": 100, "max_tokens": 1}
+    err = assert_error(http.post("/v1/completions", json=fan), 400, "n")
+    assert "--max-seqs-per-request" in err["message"]
+    # echo + logprobs scores every prompt token of every choice: the response is bounded too
+    monkeypatch.setattr(server.state, "limits", dataclasses.replace(limits, max_logprob_entries=10_000))
+    scored = {"model": model, "prompt": ["word " * 20] * 10, "echo": True, "logprobs": 20, "max_tokens": 1}
+    err = assert_error(http.post("/v1/completions", json=scored), 400, "logprobs")
+    assert "--max-logprob-entries-per-request" in err["message"]
+    scored["prompt"] = ["word " * 20] * 2  # 2 x (102 + 1) tokens x 21 entries fit
+    assert http.post("/v1/completions", json=scored).status_code == 200
+
+
+def test_internal_errors_do_not_echo_the_exception(server, http, model, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("secret /internal/path detail")
+
+    monkeypatch.setattr(server.state, "check_model", boom)
+    err = assert_error(http.post("/v1/completions", json={"model": model, "prompt": "hi"}), 500)
+    assert "secret" not in err["message"] and err["type"] == "server_error"
+
+
+def test_openapi_declares_the_request_models_and_follows_the_key(server, http):
+    assert httpx.get(server.base_url + "/openapi.json").status_code == 401
+    assert httpx.get(server.base_url + "/docs").status_code == 401
+    assert httpx.get(server.base_url + "/redoc").status_code == 401
+    doc = http.get("/openapi.json").json()
+    for path, model in [("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatCompletionRequest")]:
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"}
+        schema = doc["components"]["schemas"][model]
+        assert {"temperature", "max_tokens", "n"} <= set(schema["properties"])
+    assert "ChatMessage" in doc["components"]["schemas"]  # nested models resolve inside the document
+    assert http.get("/docs").status_code == 200
+
+
+def test_slow_body_times_out(server, model, monkeypatch):
+    monkeypatch.setattr(server.state.config.serve, "request_body_timeout_s", 0.5)
+    with socket.create_connection((server.host, server.port), timeout=10) as s:
+        head = (
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Length: 1000\r\n\r\n"
+        )
+        s.sendall(head.encode() + b'{"prompt": ')  # and never the rest
+        t0 = time.monotonic()
+        reply = s.recv(4096).decode()
+        assert reply.startswith("HTTP/1.1 408"), reply
+        assert time.monotonic() - t0 < 5
+
+
+def test_models_lists_the_folder_name_not_a_path(http, server):
+    card = http.get("/v1/models").json()["data"][0]
+    assert card["id"] == Path(server.state.config.model.model).name == card["root"]
+    assert "/" not in card["id"] + card["root"]
+    # the --model value itself is still accepted as the model id, as vLLM serves it
+    body = {"model": server.state.config.model.model, "prompt": "hi", "max_tokens": 1}
+    assert http.post("/v1/completions", json=body).status_code == 200
 
 
 def test_still_healthy_and_nothing_leaked(server, http, model):
@@ -268,15 +384,118 @@ def test_engine_failure_fails_requests_and_health():
 
         t = threading.Thread(target=blocking_call)
         t.start()
-        with pytest.raises(openai.APIError, match="simulated device failure"):
+        with pytest.raises(openai.APIError, match="the engine failed") as e:
             for _ in stream:
                 pass
+        assert "simulated" not in str(e.value)  # the exception's text stays in the log
         t.join(10)
         assert result == {"status": 500}
-        assert_error(httpx.get(st.base_url + "/health"), 503)
+        health = assert_error(httpx.get(st.base_url + "/health"), 503)
+        assert "simulated" not in health["message"]
         late = httpx.post(st.base_url + "/v1/completions", json={"model": "fake", "prompt": "c"}, timeout=10)
         assert_error(late, 503)
         assert "engine_healthy 0.0" in httpx.get(st.base_url + "/metrics").text
+
+
+class OneBadRequestEngine:
+    """Same API as LLMEngine; the request with prompt "bad" ends as a failed step ends it (error set)."""
+
+    model_name, max_model_len, tokenizer, sampling_defaults = "fake", 64, None, {}
+
+    def __init__(self):
+        self.live: dict[str, str] = {}
+
+    def add_request(self, request_id, prompt, params, arrival_time=None):
+        self.live[request_id] = prompt
+
+    def abort_request(self, request_id):
+        self.live.pop(request_id, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    def step(self):
+        time.sleep(0.005)
+        outs = []
+        for rid, prompt in list(self.live.items()):
+            out = RequestOutput(rid, prompt, [1], [CompletionOutput(0, "x", [7], "stop")], True)
+            if prompt == "bad":
+                out.outputs[0].finish_reason, out.error = "abort", "IndexError: internal detail"
+            outs.append(out)
+            del self.live[rid]
+        return outs
+
+    def stats(self):
+        return {"num_running": len(self.live), "num_waiting": 0}
+
+
+def test_a_failed_request_is_500_and_the_server_keeps_serving():
+    app = build_app(AsyncEngine(OneBadRequestEngine()), EngineConfig())
+    with ServerThread(app, EngineConfig()) as st:
+        url = st.base_url + "/v1/completions"
+        err = assert_error(httpx.post(url, json={"prompt": "bad"}, timeout=10), 500)
+        assert err["code"] == "engine_failed" and "internal detail" not in err["message"]
+        with httpx.stream("POST", url, json={"prompt": "bad", "stream": True}, timeout=10) as r:
+            lines = [line for line in r.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]" and '"engine_failed"' in lines[-2]
+        # one prompt of several failing fails the whole HTTP request
+        assert_error(httpx.post(url, json={"prompt": ["good", "bad"]}, timeout=10), 500)
+        assert httpx.get(st.base_url + "/health").status_code == 200
+        assert httpx.post(url, json={"prompt": "good"}, timeout=10).status_code == 200
+
+
+DYING_SERVER = """
+import sys
+from atomc.config import EngineConfig
+from atomc.serve.api import build_app
+from atomc.serve.async_engine import AsyncEngine
+from atomc.serve.server import _Serving, bind_socket, prepare_process, serve_app
+
+class DyingEngine:
+    model_name, max_model_len, tokenizer, sampling_defaults = "dying", 64, None, {}
+    live = False
+    def add_request(self, request_id, prompt, params, arrival_time=None):
+        self.live = True
+    def abort_request(self, request_id):
+        pass
+    def has_unfinished_requests(self):
+        return self.live
+    def step(self):
+        raise RuntimeError("device lost")
+    def stats(self):
+        return {}
+
+cfg = EngineConfig()
+cfg.serve.port = int(sys.argv[1])
+prepare_process(cfg)
+serving = _Serving()
+app = build_app(AsyncEngine(DyingEngine(), on_dead=serving.engine_dead), cfg)
+sys.exit(serve_app(app, cfg, bind_socket("127.0.0.1", cfg.serve.port), serving))
+"""
+
+
+def test_server_exits_non_zero_when_the_engine_dies():
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-c", DYING_SERVER, str(port)], env=subprocess_env(), stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        r = httpx.post(base + "/v1/completions", json={"prompt": "x"}, timeout=10)
+        assert r.status_code == 500
+        t0 = time.monotonic()
+        assert proc.wait(timeout=10) == 1
+        assert time.monotonic() - t0 < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 # ---------------------------------------------------------------- process lifecycle
@@ -386,7 +605,9 @@ def test_sigterm_drain_timeout_cuts_long_streams():
     try:
         t0 = time.monotonic()
         rest = sigterm_mid_stream(proc, base, max_tokens=1000)  # ~10 s of tokens: longer than the drain
-        assert "data: [DONE]" not in rest and len(rest) < 500
+        # cut cleanly: an SSE error event, then [DONE], not a broken chunked body
+        assert rest[-1] == "data: [DONE]" and len(rest) < 500, rest[-3:]
+        assert '"code":"server_shutting_down"' in rest[-2]
         assert proc.wait(timeout=10) == 0
         assert time.monotonic() - t0 < 8
     finally:
