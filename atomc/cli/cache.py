@@ -1,4 +1,7 @@
-"""`atomc cache ...` (typer app) and `compile_command`, which `atomc compile` calls."""
+"""`atomc cache ...` (typer app) and `compile_command`, which `atomc compile` calls.
+
+The graph modules (torch) are imported inside the commands, so `atomc --help` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import json
 import shutil
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,17 +26,24 @@ from atomc.cli.flags import (
     config_from,
 )
 from atomc.config import EngineConfig, ModelConfig, SchedulerConfig
-from atomc.graphs.cache_key import diff, format_diff
-from atomc.graphs.cache_store import CacheStore, Entry
-from atomc.graphs.report import format_report, human_bytes, to_json
 
-cache_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+if TYPE_CHECKING:
+    from atomc.graphs.cache_store import CacheStore, Entry
+
+cache_app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120, "help_option_names": ["-h", "--help"]},
+)
 
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
 def compile_command(config: EngineConfig, as_json: bool) -> int:
     from atomc.graphs.build import compile_model
+    from atomc.graphs.report import format_report, to_json
 
     res = compile_model(config, progress=sys.stderr.isatty() and not as_json)
     manifest = {**res.manifest, "hit": res.hit, "run_timings": res.timings, "entry": str(res.entry_dir)}
@@ -46,6 +56,8 @@ def compile_command(config: EngineConfig, as_json: bool) -> int:
 
 
 def _store(cache_dir: str | None) -> CacheStore:
+    from atomc.graphs.cache_store import CacheStore
+
     return CacheStore(cache_dir or env.cache_dir())
 
 
@@ -53,15 +65,30 @@ def _resolve(store: CacheStore, key: str) -> Entry:
     try:
         return store.resolve(key)
     except KeyError as e:
-        typer.secho(f"error: {e.args[0]}", err=True, fg=typer.colors.RED)
+        hint = ""
+        if any(m.name == key for m in store.converted_models()) or key == "models":
+            hint = " (that is a converted model, not a compile entry: `atomc cache ls` lists both)"
+        typer.secho(f"error: {e.args[0]}{hint}", err=True, fg=typer.colors.RED)
         raise typer.Exit(2) from None
 
 
+def _manifest(e: Entry) -> dict:
+    from atomc.graphs.cache_store import ManifestError
+
+    try:
+        return e.manifest()
+    except ManifestError as err:
+        typer.secho(f"error: {err} (`atomc cache clear {e.key}` removes it)", err=True, fg=typer.colors.RED)
+        raise typer.Exit(1) from None
+
+
 def _summary(e: Entry) -> dict:
+    from atomc.graphs.cache_store import ManifestError
+
     row = {"key": e.key, "ready": e.ready, "size_bytes": e.size_bytes()}
     try:
         m = e.manifest()
-    except Exception:
+    except ManifestError:
         return row
     f = m.get("factors", {})
     cfg = f.get("model_config", {})
@@ -78,23 +105,39 @@ def _summary(e: Entry) -> dict:
     return row
 
 
+def _model_rows(store: CacheStore) -> list[dict]:
+    return [
+        {"name": m.name, "complete": m.complete, "size_bytes": m.size_bytes(), "path": str(m.path)}
+        for m in store.converted_models()
+    ]
+
+
 @cache_app.command("ls")
 def ls(cache_dir: CacheDir = None, as_json: AsJson = False) -> None:
-    """List entries."""
-    rows = [_summary(e) for e in _store(cache_dir).entries()]
+    """List compile entries and, apart from them, converted models (sizes included)."""
+    from atomc.graphs.report import human_bytes, to_json
+
+    store = _store(cache_dir)
+    rows = [_summary(e) for e in store.entries()]
+    models = _model_rows(store)
     if as_json:
-        typer.echo(to_json(rows))
+        typer.echo(to_json({"entries": rows, "models": models}))
         return
     if not rows:
-        typer.echo(f"no entries in {_store(cache_dir).root}")
-        return
-    typer.echo(f"{'KEY':<26}{'READY':<7}{'FORMAT':<8}{'DEVICE':<7}{'DTYPE':<10}{'TORCH':<14}{'SIZE':>10}  MODEL")
-    for r in rows:
-        typer.echo(
-            f"{r['key']:<26}{'yes' if r['ready'] else 'NO':<7}{r.get('format') or '-':<8}{r.get('device') or '-':<7}"
-            f"{r.get('dtype') or '-':<10}{r.get('torch') or '-':<14}{human_bytes(r['size_bytes']):>10}  "
-            f"{r.get('model', '-')}"
-        )
+        typer.echo(f"no compile entries in {store.root}")
+    else:
+        typer.echo(f"{'KEY':<26}{'READY':<7}{'FORMAT':<8}{'DEVICE':<7}{'DTYPE':<10}{'TORCH':<14}{'SIZE':>10}  MODEL")
+        for r in rows:
+            typer.echo(
+                f"{r['key']:<26}{'yes' if r['ready'] else 'NO':<7}{r.get('format') or '-':<8}"
+                f"{r.get('device') or '-':<7}{r.get('dtype') or '-':<10}{r.get('torch') or '-':<14}"
+                f"{human_bytes(r['size_bytes']):>10}  {r.get('model', '-')}"
+            )
+    if models:
+        typer.echo(f"\nconverted models in {store.models_dir}")
+        typer.echo(f"{'NAME':<48}{'COMPLETE':<10}{'SIZE':>10}")
+        for m in models:
+            typer.echo(f"{m['name']:<48}{'yes' if m['complete'] else 'NO':<10}{human_bytes(m['size_bytes']):>10}")
 
 
 @cache_app.command("show")
@@ -105,16 +148,18 @@ def show(
     as_json: AsJson = False,
 ) -> None:
     """Factors, pass report, partitions, sizes and timings of one entry."""
+    from atomc.graphs.report import format_report, to_json
+
     e = _resolve(_store(cache_dir), key)
-    m = e.manifest()
+    m = _manifest(e)
     if graph is not None:
         rel = (
             m.get("graph_before")
             if graph == "before"
-            else next((p.get("graph") for p in m.get("passes", []) if p["name"] == graph), None)
+            else next((p.get("graph") for p in m.get("passes", []) if p.get("name") == graph), None)
         )
         if not rel:
-            names = ", ".join(["before"] + [p["name"] for p in m.get("passes", [])])
+            names = ", ".join(["before"] + [p.get("name", "?") for p in m.get("passes", [])])
             typer.secho(f"error: no graph for pass {graph!r} (have: {names})", err=True, fg=typer.colors.RED)
             raise typer.Exit(2)
         typer.echo((e.path / rel).read_text())
@@ -130,9 +175,12 @@ def show(
 @cache_app.command("diff")
 def diff_cmd(key1: str, key2: str, cache_dir: CacheDir = None, as_json: AsJson = False) -> None:
     """Factors that differ between two entries."""
+    from atomc.graphs.cache_key import diff, format_diff
+    from atomc.graphs.report import to_json
+
     store = _store(cache_dir)
     a, b = _resolve(store, key1), _resolve(store, key2)
-    rows = diff(a.manifest()["factors"], b.manifest()["factors"])
+    rows = diff(_manifest(a)["factors"], _manifest(b)["factors"])
     if as_json:
         typer.echo(to_json([{"factor": p, key1: x, key2: y} for p, x, y in rows]))
     elif not rows:
@@ -168,16 +216,25 @@ def explain(
 
 @cache_app.command("verify")
 def verify(key: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheDir = None) -> None:
-    """Check every entry's files against the manifest checksums; non-zero exit if any is bad."""
+    """Check every compile entry's files against the manifest checksums, and that converted models
+    finished converting; non-zero exit if anything is bad."""
     store = _store(cache_dir)
     entries = [_resolve(store, key)] if key else store.entries()
+    models = [] if key else store.converted_models()
     bad = 0
     for e in entries:
-        problems = e.verify()
+        problems = e.verify() + e.trust_problems()
         bad += bool(problems)
         typer.echo(f"{e.key}  " + ("ok" if not problems else "BAD: " + "; ".join(problems)))
+    for m in models:
+        bad += not m.complete
+        typer.echo(f"models/{m.name}  " + ("ok" if m.complete else "BAD: conversion did not finish"))
     if bad:
-        typer.secho(f"{bad} of {len(entries)} entries damaged (`atomc cache clear KEY` removes one)", err=True)
+        typer.secho(
+            f"{bad} of {len(entries) + len(models)} damaged (`atomc cache clear KEY` removes an entry, "
+            "`atomc cache clear --model NAME` a converted model)",
+            err=True,
+        )
         raise typer.Exit(1)
 
 
@@ -185,14 +242,28 @@ def verify(key: Annotated[str | None, typer.Argument()] = None, cache_dir: Cache
 def clear(
     key: Annotated[str | None, typer.Argument()] = None,
     older_than: Annotated[float | None, typer.Option("--older-than", help="days")] = None,
-    all_: Annotated[bool, typer.Option("--all", help="every entry and Inductor's pinned cache")] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="every compile entry and Inductor's pinned cache (not converted models)")
+    ] = False,
+    model: Annotated[
+        str | None, typer.Option("--model", help="a converted model by name (see `ls`); 'all' for every one")
+    ] = None,
     cache_dir: CacheDir = None,
 ) -> None:
-    """Remove one entry, entries older than N days, or everything."""
+    """Remove one entry, entries older than N days, every entry, or converted models."""
     store = _store(cache_dir)
-    if sum(x is not None and x is not False for x in (key, older_than, all_)) != 1:
-        typer.secho("error: give exactly one of KEY, --older-than DAYS, --all", err=True, fg=typer.colors.RED)
+    if sum(x is not None and x is not False for x in (key, older_than, all_, model)) != 1:
+        typer.secho("error: give exactly one of KEY, --older-than DAYS, --all, --model NAME", err=True, fg=typer.colors.RED)
         raise typer.Exit(2)
+    if model is not None:
+        found = [m for m in store.converted_models() if model in (m.name, "all")]
+        if not found:
+            typer.secho(f"error: no converted model {model!r} in {store.models_dir}", err=True, fg=typer.colors.RED)
+            raise typer.Exit(2)
+        for m in found:
+            shutil.rmtree(m.path, ignore_errors=True)
+        typer.echo(f"removed {len(found)} converted model{'' if len(found) == 1 else 's'}")
+        return
     if key:
         targets = [_resolve(store, key)]
     elif all_:
@@ -210,5 +281,5 @@ def clear(
 def _created(e: Entry) -> float:
     try:
         return float(e.manifest()["created"])
-    except Exception:  # unfinished entry: fall back to the directory's age
+    except Exception:  # unfinished or malformed entry: fall back to the directory's age
         return e.path.stat().st_mtime

@@ -34,10 +34,14 @@ from atomc.cli.flags import (
 )
 from atomc.config import CacheConfig, CompileConfig, EngineConfig, ModelConfig, SchedulerConfig, ServeConfig
 
+# plain click help (rich_markup_mode=None): rich's boxed tables cut long flag names at 80 columns
+HELP_SETTINGS = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings=HELP_SETTINGS,
     help="atomc: compile a model once, then serve it fast.",
 )
 
@@ -128,6 +132,31 @@ def serve(
             help="auto | on | off: the engine loop in its own process (auto: on a GPU) or on a server thread",
         ),
     ] = ServeConfig.engine_process,
+    max_prompts_per_request: Annotated[
+        int, typer.Option("--max-prompts-per-request", help="prompts in one completions request")
+    ] = ServeConfig.max_prompts_per_request,
+    max_seqs_per_request: Annotated[
+        int, typer.Option("--max-seqs-per-request", help="sequences one request fans out to (prompts x n)")
+    ] = ServeConfig.max_seqs_per_request,
+    max_logprob_entries_per_request: Annotated[
+        int,
+        typer.Option(
+            "--max-logprob-entries-per-request",
+            help="logprob entries one response may carry: tokens (echoed prompts included) x (logprobs + 1)",
+        ),
+    ] = ServeConfig.max_logprob_entries_per_request,
+    max_request_bytes: Annotated[
+        int, typer.Option("--max-request-bytes", help="request body size limit (413 past it)")
+    ] = ServeConfig.max_request_bytes,
+    request_body_timeout: Annotated[
+        float, typer.Option("--request-body-timeout", help="seconds to receive a body (408 past it)")
+    ] = ServeConfig.request_body_timeout_s,
+    timeout_keep_alive: Annotated[
+        int, typer.Option("--timeout-keep-alive", help="seconds an idle keep-alive connection stays open")
+    ] = ServeConfig.timeout_keep_alive_s,
+    drain_timeout: Annotated[
+        float, typer.Option("--drain-timeout", help="seconds in-flight requests may finish after SIGTERM")
+    ] = ServeConfig.drain_timeout_s,
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     from pathlib import Path
@@ -138,6 +167,13 @@ def serve(
     cfg.serve.host, cfg.serve.port, cfg.serve.api_key = host, port, api_key
     cfg.serve.die_with_parent = die_with_parent
     cfg.serve.engine_process = engine_process
+    cfg.serve.max_prompts_per_request = max_prompts_per_request
+    cfg.serve.max_seqs_per_request = max_seqs_per_request
+    cfg.serve.max_logprob_entries_per_request = max_logprob_entries_per_request
+    cfg.serve.max_request_bytes = max_request_bytes
+    cfg.serve.request_body_timeout_s = request_body_timeout
+    cfg.serve.timeout_keep_alive_s = timeout_keep_alive
+    cfg.serve.drain_timeout_s = drain_timeout
     cfg.model.served_model_name = served_model_name
     if chat_template is not None:
         path = Path(chat_template)

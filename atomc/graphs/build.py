@@ -122,6 +122,11 @@ def compile_or_load(
     res = _try_load(entry, model, pm, t0, raise_errors=config.compile.require_artifacts)
     if res is not None:
         return res
+    if not plan.store.writable:
+        raise ArtifactsMissing(
+            f"the compile cache {plan.store.root} is read-only and has no entry for key {plan.key}; "
+            f"{explain_miss(plan)}\nbuild it where the cache is writable (`atomc compile`), or use --enforce-eager"
+        )
     if config.compile.require_artifacts:
         raise ArtifactsMissing(
             f"--require-artifacts: no compiled entry for key {plan.key}; {explain_miss(plan)}\n"
@@ -138,35 +143,63 @@ def compile_or_load(
 
 
 def _try_load(entry: Entry, model, pm, t0: float, raise_errors: bool = False) -> CompileResult | None:
+    """The entry's compiled forward, or None to build it. Loading writes nothing into the cache:
+    on a read-only one Inductor's scratch goes to a temporary copy (`_inductor_dir_for_load`)."""
     if not entry.ready:
         return None
+    store = CacheStore(entry.root)
+    distrust = entry.trust_problems()
+    if distrust:  # an artifact is code: never run one someone else could have written
+        raise artifact.ArtifactError(
+            f"compile cache entry {entry.path} is not trusted ({'; '.join(distrust)}); it was not loaded. "
+            "Entries must be owned by this user and writable by nobody else (see docs/compilation.md)"
+        )
     problems = entry.verify()
     if problems:
         # never load a damaged artifact: report it, drop it, rebuild
-        if raise_errors:
+        if raise_errors or not store.writable:
             raise artifact.ArtifactError(
                 f"compile cache entry {entry.key} is damaged ({'; '.join(problems)}); it was not loaded. "
                 f"`atomc cache clear {entry.key}` removes it"
             )
         log.warning("compile cache entry %s is damaged (%s); rebuilding", entry.key, "; ".join(problems))
         with contextlib.suppress(OSError):
-            CacheStore(entry.root).remove(entry.key)
+            store.remove(entry.key)
         return None
     manifest = entry.manifest()
     t1 = time.perf_counter()
     _register_backend_ops(manifest)
     try:
-        with compat.inductor_cache_dir(str(CacheStore(entry.root).inductor_dir)):
+        with _inductor_dir_for_load(store) as inductor_dir, compat.inductor_cache_dir(inductor_dir):
             fn = _load_format(manifest, entry, model, pm)
     except artifact.ArtifactError:
-        if raise_errors:
+        if raise_errors or not store.writable:  # a read-only entry is not ours to delete
             raise
         log.warning("compile cache entry %s failed to load; rebuilding", entry.key, exc_info=True)
-        CacheStore(entry.root).remove(entry.key)
+        store.remove(entry.key)
         return None
     load_s = time.perf_counter() - t1
     timings = {"load_s": load_s, "total_s": time.perf_counter() - t0}
     return CompileResult(entry.key, entry.path, manifest, hit=True, forward=bind(fn, model), timings=timings)
+
+
+@contextlib.contextmanager
+def _inductor_dir_for_load(store: CacheStore):
+    """Inductor's cache dir for a load: the pinned one when the cache is writable; else a private
+    temporary copy of it (Inductor writes locks and scratch files even when it only reads)."""
+    if store.writable:
+        yield str(store.inductor_dir)
+        return
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="atomc-inductor-") as tmp:
+        scratch = Path(tmp) / "inductor"
+        if store.inductor_dir.is_dir():
+            shutil.copytree(store.inductor_dir, scratch, symlinks=True)
+        else:
+            scratch.mkdir()
+        yield str(scratch)
 
 
 def _register_backend_ops(manifest: dict) -> None:

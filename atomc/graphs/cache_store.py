@@ -3,9 +3,16 @@
 <root>/<key>/manifest.json      factors, pass report, partitions, sizes, timings, file checksums
 <root>/<key>/model.aot          the artifact (or pieces/<sha>.bin for the fallback format)
 <root>/<key>/graphs/NN_<pass>.py the graph after each pass, for reading
-<root>/<key>/.ready             present only once everything above is complete
+<root>/<key>/.ready             written last: the sha256 of manifest.json (so an edited manifest is caught)
 <root>/locks/<key>.lock         so two concurrent compiles of one key build once
 <root>/inductor/                Inductor's cache, pinned here so warm loads find built kernels
+<root>/models/<name>/           converted checkpoints (.gguf -> HF folder), not compile entries
+
+Trust: an entry is code (pickled Python bytecode, Inductor's generated source, `.so` files; see
+docs/compilation.md), so it is created private (0700 dirs, 0600 files, whatever the umask) and an
+entry not owned by this user, or writable by group or others, is refused (`Entry.trust_problems`).
+A manifest gets a schema check (`manifest_problems`): one that is valid JSON but wrong is a damaged
+entry (rebuilt), never a traceback.
 """
 
 from __future__ import annotations
@@ -23,7 +30,70 @@ from filelock import FileLock
 
 MANIFEST = "manifest.json"
 READY = ".ready"
-_SKIP_DIRS = {"locks", "inductor"}
+MODELS_DIR = "models"
+_SKIP_DIRS = {"locks", "inductor", MODELS_DIR}
+_FORMATS = ("aot_fn", "pieces")
+_HEX64 = frozenset("0123456789abcdef")
+
+
+class ManifestError(ValueError):
+    """manifest.json is missing, not JSON, or not the shape atomc writes."""
+
+
+def manifest_problems(m) -> list[str]:
+    """What is wrong with a decoded manifest (empty: the fields loading reads are there and sane)."""
+    if not isinstance(m, dict):
+        return ["manifest is not a JSON object"]
+    problems = []
+    if m.get("format") not in _FORMATS:
+        problems.append(f"format {m.get('format')!r} is not one of {', '.join(_FORMATS)}")
+    factors = m.get("factors")
+    if not isinstance(factors, dict) or not isinstance(factors.get("system"), dict):
+        problems.append("factors.system is missing")
+    elif not isinstance(factors["system"].get("platform"), str):
+        problems.append("factors.system.platform is missing")
+    files = m.get("files")
+    if not isinstance(files, dict):
+        problems.append("files is missing")
+    else:
+        for rel, meta in files.items():
+            parts = Path(rel).parts
+            if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in parts or not parts:
+                problems.append(f"files: {rel!r} is not a path inside the entry")
+            elif not isinstance(meta, dict) or not isinstance(meta.get("size"), int) or meta["size"] < 0:
+                problems.append(f"files: {rel}: no size")
+            elif not isinstance(meta.get("sha256"), str) or len(meta["sha256"]) != 64 or set(meta["sha256"]) - _HEX64:
+                problems.append(f"files: {rel}: no sha256")
+    if m.get("format") == "pieces" and not (
+        isinstance(m.get("pieces"), list) and all(isinstance(p, str) for p in m["pieces"])
+    ):
+        problems.append("pieces is missing")
+    return problems
+
+
+def make_private_dir(path: Path) -> None:
+    """mkdir -p with 0700 on the directories it creates, whatever the umask."""
+    path = Path(path)
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=0o700)
+            os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask; chmod is not
+
+
+def make_private(path: Path) -> None:
+    """0700 on `path` and every directory under it, 0600 on every file (what torch wrote included)."""
+    os.chmod(path, 0o700)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o700)
+        for f in filenames:
+            fp = os.path.join(dirpath, f)
+            if not os.path.islink(fp):
+                os.chmod(fp, 0o600)
 
 
 def sha256_file(path: Path) -> str:
@@ -36,7 +106,7 @@ def sha256_file(path: Path) -> str:
 
 def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -57,17 +127,49 @@ class Entry:
         return (self.path / READY).is_file() and (self.path / MANIFEST).is_file()
 
     def manifest(self) -> dict:
-        return json.loads((self.path / MANIFEST).read_text())
+        """The decoded manifest; ManifestError when it is unreadable or not the shape atomc writes."""
+        try:
+            m = json.loads((self.path / MANIFEST).read_bytes())
+        except (OSError, ValueError) as e:
+            raise ManifestError(f"{self.key}: manifest.json unreadable: {e}") from None
+        problems = manifest_problems(m)
+        if problems:
+            raise ManifestError(f"{self.key}: manifest.json is not valid: {'; '.join(problems)}")
+        return m
+
+    def trust_problems(self) -> list[str]:
+        """Why this entry must not be loaded as code: not owned by us, or writable by others."""
+        if not hasattr(os, "getuid"):
+            return []
+        uid, problems = os.getuid(), []
+        paths = [self.path, *(p for p in self.path.rglob("*") if not p.is_symlink())]
+        for p in paths:
+            st = p.lstat()
+            rel = p.relative_to(self.path).as_posix() if p != self.path else "."
+            if st.st_uid != uid:
+                problems.append(f"{rel} is owned by uid {st.st_uid}, not by this user ({uid})")
+            elif st.st_mode & 0o022:
+                problems.append(f"{rel} is writable by group or others (mode {st.st_mode & 0o777:o})")
+            if len(problems) >= 3:
+                break
+        return problems
 
     def verify(self) -> list[str]:
-        """Problems found: missing/extra-short/altered artifact files, or an unfinished entry."""
+        """Problems found: missing/extra-short/altered artifact files, an altered or malformed
+        manifest, or an unfinished entry."""
         if not (self.path / MANIFEST).is_file():
             return ["no manifest.json (unfinished compile)"]
         try:
             files = self.manifest()["files"]
-        except (json.JSONDecodeError, KeyError) as e:
-            return [f"manifest.json unreadable: {e}"]
-        problems = [] if (self.path / READY).is_file() else ["no .ready marker (unfinished compile)"]
+        except ManifestError as e:
+            return [str(e).split(": ", 1)[1]]
+        ready = self.path / READY
+        if not ready.is_file():
+            problems = ["no .ready marker (unfinished compile)"]
+        elif ready.read_text().strip() != sha256_file(self.path / MANIFEST):
+            problems = ["manifest.json does not match its checksum in .ready (altered)"]
+        else:
+            problems = []
         for rel, meta in sorted(files.items()):
             p = self.path / rel
             if not p.is_file():
@@ -77,6 +179,26 @@ class Entry:
             elif sha256_file(p) != meta["sha256"]:
                 problems.append(f"{rel}: checksum mismatch (corrupt)")
         return problems
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+
+
+@dataclass
+class ConvertedModel:
+    """A checkpoint converted into `<root>/models/` (a .gguf turned into an HF folder)."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def complete(self) -> bool:
+        from models.gguf import is_converted
+
+        return is_converted(self.path)
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
@@ -93,10 +215,22 @@ class CacheStore:
     def inductor_dir(self) -> Path:
         return self.root / "inductor"
 
+    @property
+    def models_dir(self) -> Path:
+        return self.root / MODELS_DIR
+
+    @property
+    def writable(self) -> bool:
+        """Can this process create entries here? (An image with artifacts baked in may say no.)"""
+        p = self.root
+        while not p.exists():
+            p = p.parent
+        return os.access(p, os.W_OK | os.X_OK)
+
     @contextlib.contextmanager
     def lock(self, key: str, timeout: float = -1):
-        (self.root / "locks").mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.root / "locks" / f"{key}.lock"), timeout=timeout):
+        make_private_dir(self.root / "locks")
+        with FileLock(str(self.root / "locks" / f"{key}.lock"), timeout=timeout, mode=0o600):
             yield
 
     def begin(self, key: str) -> Entry:
@@ -105,20 +239,32 @@ class CacheStore:
         e = self.entry(key)
         if e.path.exists():
             shutil.rmtree(e.path)
-        e.path.mkdir(parents=True)
+        make_private_dir(e.path)
         return e
 
     def commit(self, entry: Entry, manifest: dict, artifact_files: list[str]) -> dict:
-        """Checksum the artifact files into the manifest, write it, then `.ready` last by rename."""
+        """Checksum the artifact files into the manifest, write it, then `.ready` (the manifest's
+        checksum) last by rename; every file of the entry ends private (0600, dirs 0700)."""
         manifest["files"] = {
             rel: {"size": (entry.path / rel).stat().st_size, "sha256": sha256_file(entry.path / rel)}
             for rel in artifact_files
         }
         manifest["artifact_bytes"] = sum(f["size"] for f in manifest["files"].values())
         manifest["created"] = time.time()
-        write_atomic(entry.path / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
-        write_atomic(entry.path / READY, b"")
+        make_private(entry.path)
+        self.write_manifest(entry, manifest)
         return manifest
+
+    @staticmethod
+    def write_manifest(entry: Entry, manifest: dict) -> None:
+        data = json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()
+        write_atomic(entry.path / MANIFEST, data)
+        write_atomic(entry.path / READY, hashlib.sha256(data).hexdigest().encode())
+
+    def converted_models(self) -> list[ConvertedModel]:
+        if not self.models_dir.is_dir():
+            return []
+        return [ConvertedModel(p) for p in sorted(self.models_dir.iterdir()) if p.is_dir()]
 
     def keys(self) -> list[str]:
         if not self.root.is_dir():
@@ -140,7 +286,7 @@ class CacheStore:
     def ready_factors(self) -> dict[str, dict]:
         out = {}
         for e in self.entries(ready_only=True):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(ManifestError):
                 out[e.key] = e.manifest()["factors"]
         return out
 

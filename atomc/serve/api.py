@@ -544,6 +544,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def build_app(async_engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     """The app owns the engine thread: started on startup, stopped (aborting leftovers) on shutdown."""
+    if config.serve.api_key is not None and not config.serve.api_key.strip():
+        raise ValueError("--api-key is empty, which would turn authentication off; leave the flag out instead")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -37,6 +37,8 @@ class EngineStatsCollector(Collector):
         yield CounterMetricFamily("atomc:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", queries)
         yield CounterMetricFamily("atomc:prefix_cache_hits", "Prompt tokens found in the prefix cache.", hits)
         yield GaugeMetricFamily("atomc:prefix_cache_hit_rate", "Prefix-cache hits / queries.", hits / max(queries, 1))
+        for name, doc, key in _ENGINE_COUNTERS:
+            yield CounterMetricFamily(name, doc, float(s.get(key, 0)))
         yield GaugeMetricFamily("atomc:engine_healthy", "1 while the engine loop is alive.", float(self._healthy()))
 
 
@@ -46,6 +48,17 @@ _ENGINE_GAUGES = (
     ("atomc:kv_cache_usage_perc", "KV-cache usage, 0 to 1.", "kv_cache_usage"),
     ("atomc:kv_cache_free_blocks", "Free KV-cache blocks.", "num_free_blocks"),
     ("atomc:kv_cache_total_blocks", "KV-cache blocks in the pool.", "num_total_blocks"),
+)
+
+
+_ENGINE_COUNTERS = (
+    ("atomc:num_preemptions", "Sequences preempted (KV blocks taken back, recomputed later).", "num_preemptions"),
+    (
+        "atomc:sampler_fallbacks",
+        "Sampled rows with no finite probability left (inf/NaN logits), given their argmax instead.",
+        "num_sampler_fallbacks",
+    ),
+    ("atomc:engine_failed_steps", "Engine steps that raised; their requests got errors.", "num_failed_steps"),
 )
 
 

@@ -67,6 +67,18 @@ def _exit_nonzero_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signal.SIGTERM))
 
 
+def check_serve_config(config: EngineConfig) -> None:
+    """Refuse settings that would quietly serve less safely than asked, before anything loads."""
+    s = config.serve
+    if s.api_key is not None and not s.api_key.strip():
+        raise ValueError("--api-key is empty, which would turn authentication off; leave the flag out instead")
+    for name in ("max_prompts_per_request", "max_seqs_per_request", "max_logprob_entries_per_request"):
+        if getattr(s, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
+    if s.request_body_timeout_s <= 0 or s.drain_timeout_s < 0:
+        raise ValueError("--request-body-timeout must be > 0 and --drain-timeout >= 0")
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """Bind and listen before anything slow, so a bad or busy port fails in a second with one line."""
     if not 0 <= port <= 65535:
@@ -204,8 +216,7 @@ def serve_app(app, config: EngineConfig, sock: socket.socket | None = None, serv
 def run_server(config: EngineConfig) -> int:
     """`atomc serve`: bind the port, load the model, then serve it until SIGTERM / SIGINT."""
     prepare_process(config)
-    if config.serve.api_key is not None and not config.serve.api_key.strip():
-        raise ValueError("--api-key is empty: it would turn authentication off; leave the flag out instead")
+    check_serve_config(config)
     sock = bind_socket(config.serve.host, config.serve.port)  # before the slow load: fail fast
     t0 = time.perf_counter()
     serving = _Serving()

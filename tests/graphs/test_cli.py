@@ -10,6 +10,7 @@ import time
 from typer.testing import CliRunner
 
 from atomc.cli.cache import cache_app, compile_command
+from atomc.graphs.cache_store import CacheStore
 from tests.graphs.helpers import copy_entry, make_config
 
 runner = CliRunner()
@@ -26,7 +27,7 @@ def _second_entry(root, key, new_key="f" * 24, **factor_changes):
     m = json.loads((dst / "manifest.json").read_text())
     m["key"] = new_key
     m["factors"].update(factor_changes)
-    (dst / "manifest.json").write_text(json.dumps(m))
+    CacheStore.write_manifest(CacheStore(root).entry(new_key), m)  # resealed: a valid entry
     return new_key
 
 
@@ -39,7 +40,7 @@ def test_ls_show_diff_verify(tmp_path, shared_root, compiled):
 
     out = invoke("ls", "--cache-dir", root)
     assert out.exit_code == 0 and res.key in out.output and "LlamaForCausalLM L2 H64" in out.output
-    rows = json.loads(invoke("ls", "--cache-dir", root, "--json").output)
+    rows = json.loads(invoke("ls", "--cache-dir", root, "--json").output)["entries"]
     assert {r["key"] for r in rows} == {res.key, other} and all(r["ready"] for r in rows)
 
     out = invoke("show", res.key[:8], "--cache-dir", root)
@@ -99,3 +100,59 @@ def test_compile_command_reports_a_hit(shared_root, compiled, llama_dir, capsys)
     assert compile_command(cfg, as_json=False) == 0
     text = capsys.readouterr().out
     assert "cache hit" in text and "flops" in text and "partitions" in text
+
+
+def _converted_model(root, name="SmolLM2-135M-Instruct-Q8_0-0123456789abcdef", complete=True):
+    from models.gguf import MARKER
+
+    d = root / "models" / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"\0" * 2048)
+    if complete:
+        (d / MARKER).write_text("")
+    return d
+
+
+def test_converted_models_are_not_compile_entries(tmp_path, shared_root, compiled):
+    # a fresh install holds one converted model and no compile entry: verify must pass
+    root = tmp_path / "fresh"
+    model = _converted_model(root)
+    out = invoke("verify", "--cache-dir", root)
+    assert out.exit_code == 0, out.output
+    assert f"models/{model.name}  ok" in out.output
+    out = invoke("ls", "--cache-dir", root)
+    assert out.exit_code == 0 and "no compile entries" in out.output and model.name in out.output
+    listing = json.loads(invoke("ls", "--cache-dir", root, "--json").output)
+    assert listing["entries"] == [] and listing["models"][0]["name"] == model.name
+    assert listing["models"][0]["size_bytes"] >= 2048
+    for args in (["show", "models"], ["diff", "models", "models"], ["show", model.name]):
+        out = invoke(*args, "--cache-dir", root)
+        assert out.exit_code == 2, out.output
+        assert "converted model" in out.output
+    # with a compile entry beside it, clearing entries keeps the model; --model removes it
+    _, res = compiled
+    copy_entry(shared_root, res.key, root)
+    assert invoke("clear", "--all", "--cache-dir", root).exit_code == 0
+    assert model.is_dir() and not (root / res.key).exists()
+    _converted_model(root, "half-done", complete=False)
+    out = invoke("verify", "--cache-dir", root)
+    assert out.exit_code == 1 and "models/half-done  BAD" in out.output
+    assert invoke("clear", "--model", "nope", "--cache-dir", root).exit_code == 2
+    assert "removed 2 converted models" in invoke("clear", "--model", "all", "--cache-dir", root).output
+    assert not (root / "models").exists() or not any((root / "models").iterdir())
+
+
+def test_malformed_manifest_is_an_error_line_not_a_traceback(tmp_path, shared_root, compiled):
+    _, res = compiled
+    root = tmp_path / "c"
+    root.mkdir()
+    entry = copy_entry(shared_root, res.key, root)
+    (entry / "manifest.json").write_text('{"format": "aot_fn"}')
+    for args in (["show", res.key], ["diff", res.key, res.key]):
+        out = invoke(*args, "--cache-dir", root)
+        assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.output
+        assert "not valid" in out.output
+    out = invoke("verify", "--cache-dir", root)
+    assert out.exit_code == 1 and "BAD" in out.output
+    assert invoke("ls", "--cache-dir", root).exit_code == 0

@@ -361,6 +361,9 @@ def test_metrics(server, client, model):
         "atomc:e2e_request_latency_seconds_bucket",
         "atomc:prompt_tokens_total",
         "atomc:generation_tokens_total",
+        "atomc:num_preemptions_total",
+        "atomc:sampler_fallbacks_total",
+        "atomc:engine_failed_steps_total",
     ):
         assert name in text, name
     values = {
