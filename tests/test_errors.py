@@ -109,3 +109,62 @@ def test_sharded_fp16_checkpoint_loads_and_matches(llama_dir, tmp_path):
         )
     assert (la - lb).abs().max().item() < 5e-2  # fp16 rounding of the stored weights only
     assert a.model.embed_tokens.weight.dtype == torch.float32
+
+
+# ---------------------------------------------------------------- atomc serve: fail fast, before the model loads
+
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _atomc(*args, timeout=60):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"}
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "atomc.cli", *args]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return p, time.monotonic() - t0
+
+
+def test_serve_refuses_a_bad_port_before_loading_anything(tmp_path):
+    missing = str(tmp_path / "no-model-here")  # would fail the load: the port must fail first
+    p, _ = _atomc("serve", "--model", missing, "--port", "99999")
+    assert p.returncode != 0 and "--port must be in [0, 65535]" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "no-model-here" not in p.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p, seconds = _atomc("serve", "--model", missing, "--port", str(port))
+    assert seconds < 30  # imports only: nothing loads before the port is bound
+    assert p.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "no-model-here" not in p.stderr
+    assert len([line for line in p.stderr.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_serve_refuses_an_empty_api_key(tmp_path):
+    p, _ = _atomc("serve", "--model", str(tmp_path / "nope"), "--api-key", "", "--port", "0")
+    assert p.returncode != 0 and "--api-key is empty" in p.stderr, p.stderr
+
+
+def test_help_does_not_cut_flag_names_and_imports_no_torch():
+    import typer.main
+
+    from atomc.cli.main import app
+
+    p, _ = _atomc("serve", "--help")
+    assert p.returncode == 0
+    command = typer.main.get_command(app).commands["serve"]
+    names = [o for param in command.params for o in getattr(param, "opts", []) if o.startswith("--")]
+    assert len(names) > 30
+    for name in names:
+        assert name in p.stdout, name  # rich's 80-column tables once printed `--max-num-batched-…`
+    probe = "import sys, atomc.cli.main; print('torch' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr  # `atomc --help` must not pay torch's import

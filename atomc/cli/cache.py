@@ -253,7 +253,9 @@ def clear(
     """Remove one entry, entries older than N days, every entry, or converted models."""
     store = _store(cache_dir)
     if sum(x is not None and x is not False for x in (key, older_than, all_, model)) != 1:
-        typer.secho("error: give exactly one of KEY, --older-than DAYS, --all, --model NAME", err=True, fg=typer.colors.RED)
+        typer.secho(
+            "error: give exactly one of KEY, --older-than DAYS, --all, --model NAME", err=True, fg=typer.colors.RED
+        )
         raise typer.Exit(2)
     if model is not None:
         found = [m for m in store.converted_models() if model in (m.name, "all")]

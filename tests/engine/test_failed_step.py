@@ -7,11 +7,11 @@ vocabulary are caught before they become the next step's input.
 from __future__ import annotations
 
 import pytest
-from tests.engine.helpers import assert_pool_free, make
 
 from atomc.engine.llm_engine import MAX_FAILED_STEPS
 from atomc.runtime.sampler import SamplerOutput
 from atomc.sampling_params import SamplingParams
+from tests.engine.helpers import assert_pool_free, make
 
 
 def run_all(engine, limit: int = 500) -> dict:

@@ -230,12 +230,8 @@ HOSTILE_FLOATS = [
 @pytest.mark.parametrize(("field", "raw"), HOSTILE_FLOATS, ids=[f"{f}={v}" for f, v in HOSTILE_FLOATS])
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_hostile_floats_are_400_and_the_server_keeps_serving(http, model, route, field, raw):
-    body = '{"model": "%s", "max_tokens": 3, %s, "%s": %s}' % (
-        model,
-        '"prompt": "hi"' if route == "/v1/completions" else '"messages": [{"role": "user", "content": "hi"}]',
-        field,
-        raw,
-    )
+    prompt = '"prompt": "hi"' if route == "/v1/completions" else '"messages": [{"role": "user", "content": "hi"}]'
+    body = f'{{"model": "{model}", "max_tokens": 3, {prompt}, "{field}": {raw}}}'
     err = assert_error(http.post(route, content=body, headers={"content-type": "application/json"}), 400, field)
     assert field in err["message"]
     ok = http.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 2, "temperature": 0.9})
@@ -243,17 +239,17 @@ def test_hostile_floats_are_400_and_the_server_keeps_serving(http, model, route,
 
 
 def test_lone_surrogates_are_400(http, model):
-    raw = '{"model": "%s", "prompt": "a\\ud800b", "max_tokens": 2}' % model
+    raw = f'{{"model": "{model}", "prompt": "a\\ud800b", "max_tokens": 2}}'
     assert_error(http.post("/v1/completions", content=raw), 400, "prompt")
-    chat = '{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}]}' % model
+    chat = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "\\udfff"}}]}}'
     assert_error(http.post("/v1/chat/completions", content=chat), 400, "messages")
-    stop = '{"model": "%s", "prompt": "hi", "stop": ["\\ud83d"]}' % model
+    stop = f'{{"model": "{model}", "prompt": "hi", "stop": ["\\ud83d"]}}'
     assert_error(http.post("/v1/completions", content=stop), 400, "stop")
 
 
 @pytest.mark.parametrize("depth", [40, 1000, 30_000])  # 30,000: under the body limit
 def test_deep_json_is_400(http, model, depth):
-    raw = '{"model": "%s", "prompt": %s1%s}' % (model, "[" * depth, "]" * depth)
+    raw = f'{{"model": "{model}", "prompt": {"[" * depth}1{"]" * depth}}}'
     err = assert_error(http.post("/v1/completions", content=raw), 400)
     assert "nested" in err["message"]
 
@@ -487,7 +483,8 @@ sys.exit(serve_app(app, cfg, bind_socket("127.0.0.1", cfg.serve.port), serving))
 def test_server_exits_non_zero_when_the_engine_dies():
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-c", DYING_SERVER, str(port)], env=subprocess_env(), stderr=subprocess.PIPE)
+    cmd = [sys.executable, "-c", DYING_SERVER, str(port)]
+    proc = subprocess.Popen(cmd, env=subprocess_env(), stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while True:
