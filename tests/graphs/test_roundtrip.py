@@ -9,6 +9,7 @@ from atomc import compat
 from atomc.graphs import build
 from models.loader import load_model
 from tests.graphs.helpers import assert_matches_eager
+from tests.greedy import MARGIN
 
 
 class _InductorSpy:
@@ -103,6 +104,9 @@ def test_other_families_match_eager(fam, checkpoints, shared_root, compiled):
     assert_matches_eager(res.forward, eager, sizes=(1, 9))
     ids = torch.arange(20) % eager.arch.vocab_size
     with torch.inference_mode():
-        got = eager.compute_logits(res.forward(ids, torch.arange(20))).argmax(-1)
-        want = eager.compute_logits(eager(ids, torch.arange(20))).argmax(-1)
-    assert torch.equal(got, want)
+        got = eager.compute_logits(res.forward(ids, torch.arange(20)))
+        want = eager.compute_logits(eager(ids, torch.arange(20)))
+    # compiled and eager kernels round differently: the argmax may differ only at a near-tie
+    differ = got.argmax(-1) != want.argmax(-1)
+    top2 = want.topk(2, dim=-1).values
+    assert ((top2[:, 0] - top2[:, 1])[differ] < MARGIN).all(), differ.nonzero()

@@ -1,0 +1,52 @@
+"""Comparing greedy token sequences from two different computations (batched vs alone, compiled vs
+eager, atomc vs transformers).
+
+Their logits agree to float32 rounding, not bit for bit: a different GEMM shape or kernel sums in a
+different order, and how depends on the CPU (AVX2 vs AVX-512). So two greedy runs may part at a step
+where the reference's two best logits are within that rounding of each other, a near-tie, and then
+legitimately continue differently. `assert_greedy_agree` accepts exactly that: the sequences match up
+to the first difference, and at that step the reference's top-2 gap is below `margin`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+# logits of these tiny fp32 models differ by ~1e-5 between kernels; a real divergence is far larger
+MARGIN = 1e-3
+
+
+def assert_greedy_agree(
+    got: Sequence[int],
+    want: Sequence[int],
+    prompt: Sequence[int],
+    logits_of: Callable[[list[int]], torch.Tensor],
+    margin: float = MARGIN,
+) -> None:
+    """`logits_of(ids)` -> [len(ids), vocab] reference logits for the token sequence `ids`."""
+    got, want = list(got), list(want)
+    diff = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    if diff is None:
+        assert len(got) == len(want), (got, want)
+        return
+    logits = logits_of(list(prompt) + want[: diff + 1])[len(prompt) + diff - 1].float()
+    top2 = logits.topk(2).values
+    gap = float(top2[0] - top2[1])
+    pair = float(logits[want[diff]] - logits[got[diff]])
+    assert gap < margin and abs(pair) < margin, (
+        f"greedy tokens differ at step {diff} ({got[diff]} vs {want[diff]}) where the reference's "
+        f"top-2 logit gap is {gap:.3g}, not a near-tie: got {got}, want {want}"
+    )
+
+
+def model_logits(model) -> Callable[[list[int]], torch.Tensor]:
+    """`logits_of` for an atomc model (models.loader.load_model)."""
+
+    def logits_of(ids: list[int]) -> torch.Tensor:
+        t = torch.tensor(ids)
+        with torch.inference_mode():
+            return model.compute_logits(model(t, torch.arange(t.numel())))
+
+    return logits_of
