@@ -77,6 +77,7 @@ class _Launched:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
+        t0 = time.perf_counter()
         self.config = config
         self.device = resolve_device(config.device)
         self.model_dir = resolve_model_path(config.model.model, config.cache_path)
@@ -88,7 +89,21 @@ class LLMEngine:
         )
         self.model_name = served_model_name(config)
         self.dtype = resolve_dtype(config.model.dtype, self.arch.torch_dtype, self.device)
+        # start-up phases, each logged with its time: where a slow (or silent) start goes
+        t1 = time.perf_counter()
+        log.info("start-up: model folder and tokenizer ready in %.1fs (%s)", t1 - t0, self.model_dir.name)
         self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
+        t2 = time.perf_counter()
+        info, times = self.runner.compile_info, getattr(self.runner, "timings", {})
+        what = "eager" if not info else ("artifact loaded" if info.get("hit") else "compiled")
+        log.info(
+            "start-up: weights %.1fs, model (%s) %.1fs, KV cache (%d blocks): %.1fs in all",
+            times.get("load_weights_s", 0.0),
+            what,
+            times.get("compile_or_load_s", 0.0),
+            self.runner.num_blocks,
+            t2 - t1,
+        )
         self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         if self.blocks.blocks_needed(self.max_model_len) > self.blocks.num_blocks:
             raise ValueError(
@@ -97,7 +112,9 @@ class LLMEngine:
             )
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         if self.device.startswith("cuda") and not config.compile.enforce_eager:
+            t3 = time.perf_counter()
             self.runner.capture_graphs(self.max_model_len)
+            log.info("start-up: CUDA graphs captured in %.1fs", time.perf_counter() - t3)
         self.eos_token_ids = self._eos_token_ids()
         # sampling values a request does not set come from here (see generation_defaults.py)
         self.sampling_defaults = generation_defaults(self.model_dir, config.model.generation_config)
@@ -105,6 +122,7 @@ class LLMEngine:
         self.last_step: dict = {}
         self._in_flight: _Launched | None = None
         self._seq_ids = itertools.count()
+        log.info("start-up: engine ready in %.1fs", time.perf_counter() - t0)
         self._failed_steps = 0  # consecutive
         self.num_failed_steps = 0
         self.num_sampler_fallbacks = 0

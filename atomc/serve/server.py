@@ -218,6 +218,7 @@ def run_server(config: EngineConfig) -> int:
     prepare_process(config)
     check_serve_config(config)
     sock = bind_socket(config.serve.host, config.serve.port)  # before the slow load: fail fast
+    logger.info("start-up: listening on %s:%d; loading the model", config.serve.host, sock.getsockname()[1])
     t0 = time.perf_counter()
     serving = _Serving()
     app = build_server_app(config, on_dead=serving.engine_dead)

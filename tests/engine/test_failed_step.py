@@ -113,3 +113,13 @@ def test_sampled_id_outside_the_vocabulary_fails_the_step(llama_dir, monkeypatch
     outs = engine.step()
     assert outs[0].error is not None and "outside the vocabulary" in outs[0].error
     assert_pool_free(llm)
+
+
+def test_start_up_logs_each_phase_with_its_time(llama_dir, caplog):
+    with caplog.at_level("INFO", logger="atomc.engine.llm_engine"):
+        make(llama_dir, num_kv_blocks=64)
+    phases = [r.getMessage() for r in caplog.records if r.getMessage().startswith("start-up:")]
+    assert len(phases) == 3, phases
+    assert "tokenizer ready in" in phases[0]
+    assert "weights" in phases[1] and "model (eager)" in phases[1] and "KV cache (64 blocks)" in phases[1]
+    assert "engine ready in" in phases[2]
