@@ -662,3 +662,28 @@ def test_server_dies_with_its_parent():
     finally:
         if not _gone(child):
             os.kill(child, signal.SIGKILL)
+
+
+STARTING_SERVER = """
+import time
+from atomc.config import EngineConfig
+from atomc.serve.server import prepare_process
+
+prepare_process(EngineConfig())
+print("loading", flush=True)
+time.sleep(60)  # the model load, during which nothing is served yet
+"""
+
+
+def test_sigterm_during_start_up_exits_non_zero():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STARTING_SERVER], env=subprocess_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "loading"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM  # not 0: it never served
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
