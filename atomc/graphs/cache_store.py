@@ -196,7 +196,7 @@ class ConvertedModel:
 
     @property
     def complete(self) -> bool:
-        from models.gguf import is_converted
+        from models.loader.gguf import is_converted
 
         return is_converted(self.path)
 

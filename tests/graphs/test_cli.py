@@ -103,7 +103,7 @@ def test_compile_command_reports_a_hit(shared_root, compiled, llama_dir, capsys)
 
 
 def _converted_model(root, name="SmolLM2-135M-Instruct-Q8_0-0123456789abcdef", complete=True):
-    from models.gguf import MARKER
+    from models.loader.gguf import MARKER
 
     d = root / "models" / name
     d.mkdir(parents=True)
