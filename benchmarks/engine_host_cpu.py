@@ -27,6 +27,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+PARTS = ("schedule", "launch", "complete")
+
+
 def stub_launch(runner):
     import torch
 
@@ -42,6 +45,23 @@ def stub_launch(runner):
     return launch
 
 
+def stub_model(runner, max_seqs: int) -> None:
+    """Keep the real runner launch (batch build, decode-graph staging, feed, sampler) and replace only
+    the model: the forward returns zeros and the decode graphs run it without capture."""
+    import torch
+
+    from atomc.runtime.cudagraph import DecodeGraphs
+
+    hidden, vocab = runner.arch.hidden_size, runner.arch.vocab_size
+    runner.forward = lambda ids, pos: torch.zeros(ids.shape[0], hidden)
+    runner.model.compute_logits = lambda h: torch.zeros(h.shape[0], vocab)
+    max_blocks = (runner.max_model_len + runner.block_size - 1) // runner.block_size
+    runner.decode_graphs = DecodeGraphs(
+        runner.forward, runner.model.compute_logits, runner.kv_caches, [max_seqs], max_blocks,
+        runner.max_model_len, "cpu", capture=False,
+    )  # fmt: skip
+
+
 def main() -> None:
     from conftest import build_checkpoint
 
@@ -55,6 +75,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--stub", choices=("launch", "model"), default="launch",
+        help="launch: replace the whole runner launch; model: only the model "
+        "(real batch build, graph staging, sampler)",
+    )  # fmt: skip
     ap.add_argument("--work-dir", default="/tmp/atomc-engine-host")
     args = ap.parse_args()
     model_dir = build_checkpoint("llama", Path(args.work_dir))
@@ -70,13 +95,16 @@ def main() -> None:
         cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens = n, 1 << 20
         cfg.cache.num_kv_blocks = n * ((args.context + args.steps + 64) // 16 + 2)
         eng = LLMEngine(cfg)
-        eng.runner.launch = stub_launch(eng.runner)
+        if args.stub == "launch":
+            eng.runner.launch = stub_launch(eng.runner)
+        else:
+            stub_model(eng.runner, n)
         params = SamplingParams(temperature=0, max_tokens=args.steps + 10, ignore_eos=True)
         for i in range(n):
             eng.add_request(str(i), [10 + (i + j) % 300 for j in range(args.context)], params)
         eng.step()  # the whole prefill in one step
         deltas = OutputDeltas()
-        steps, encodes = [], []
+        steps, encodes, parts = [], [], []
         prof = cProfile.Profile() if args.profile else None
         for _ in range(args.steps):
             if prof:
@@ -90,14 +118,15 @@ def main() -> None:
                 prof.disable()
             steps.append(t1 - t0)
             encodes.append(t2 - t1)
+            parts.append(dict(eng.last_step))
         row = {
             "running": n,
+            "stub": args.stub,
             "context": args.context,
             "step_ms": 1e3 * statistics.median(steps),
             "encode_pickle_ms": 1e3 * statistics.median(encodes),
-            "schedule_ms": 1e3 * eng.last_step["schedule_s"],
-            "launch_ms": 1e3 * eng.last_step["launch_s"],
-            "complete_ms": 1e3 * eng.last_step["complete_s"],
+            # medians over the steps, like step_ms (one step alone is noisy on a shared machine)
+            **{f"{k}_ms": 1e3 * statistics.median(p[f"{k}_s"] for p in parts) for k in PARTS},
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
