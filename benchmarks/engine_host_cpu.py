@@ -1,10 +1,12 @@
 """Host-side cost of one engine step, without the model: where the CPU time of a decode step goes.
 
-The model runner's forward and sampler are replaced by a stub that returns a token per sampling row
-at once; everything else a serving step does on the host runs for real: scheduling, the flat batch
-(ids, positions, KV slots, block tables), appending tokens, detokenizing, stop checks, building the
-outputs, and, as the engine process does, encoding the per-step deltas and pickling them for the
-pipe. Runs on any machine (CPU); the numbers are CPU time the GPU would otherwise wait for.
+With `--stub launch` the model runner's launch is replaced by a stub that returns a token per
+sampled row at once; everything else a serving step does on the host runs for real: scheduling,
+the step record (ids, positions, KV slots, block tables, sampling rows), appending tokens,
+detokenizing, stop checks, building the outputs, and, as the engine process does, encoding the
+per-step deltas and pickling them for the pipe. `--stub model` also keeps the runner's own host
+work (the decode graphs' staging fill without capture, the feed, the sampler): only the model is
+stubbed. Runs on any machine (CPU); the numbers are CPU time the GPU would otherwise wait for.
 
     python benchmarks/engine_host_cpu.py --running 64,256 --context 1024 [--profile]
 """
@@ -31,16 +33,16 @@ PARTS = ("schedule", "launch", "complete")
 
 
 def stub_launch(runner):
+    """Replace the runner's launch: a token per sampled row at once (the engine still builds the
+    real StepInput: the flat batch, KV slots, block tables, sampling rows)."""
     import torch
 
+    from atomc.runtime.model_runner import PendingStep
     from atomc.runtime.sampler import PendingSample
 
-    def launch(scheduled):
-        b = runner.host_batch(scheduled)  # the real host-side batch build
-        rows = [item for item in scheduled if item.samples]
-        tokens = [(len(b["ids"]) + i) % 300 + 10 for i in range(len(rows))]
-        runner.prompt_logprobs = {}
-        return PendingSample(torch.tensor(tokens), [], [], []) if rows else None
+    def launch(step):
+        tokens = [(step.num_tokens + i) % 300 + 10 for i in range(len(step.sample_rows))]
+        return PendingStep(PendingSample(torch.tensor(tokens), [], [], []), {}) if tokens else None
 
     return launch
 

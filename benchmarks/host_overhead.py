@@ -76,7 +76,7 @@ def main() -> None:
             if not overlap:
                 sync_parts = parts
         graphs = eng.runner.decode_graphs
-        size = graphs.padded_size(n)
+        size = graphs.key_for(n, 1)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(20):
@@ -127,13 +127,18 @@ def mixed_step(eng, prompt_len: int) -> dict:
     import torch
 
     from atomc import SamplingParams
+    from atomc.engine.step_input import build_step_input
     from atomc.forward_context import ForwardContext, set_forward_context
     from atomc.runtime.model_runner import device_batch
 
+    # one synchronous step reads every token back: the step built below has no pending input
+    eng.config.scheduler.async_scheduling = False
+    eng.step()
     eng.add_request("mixed", [10 + i % 300 for i in range(prompt_len)], SamplingParams(max_tokens=1))
     scheduled = eng.scheduler.schedule()
     runner = eng.runner
-    ids, pos, meta = device_batch(runner.host_batch(scheduled), runner.device)
+    step, _ = build_step_input(scheduled, runner.block_size, -1, None, [])
+    ids, pos, meta = device_batch(step, runner.device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.inference_mode(), set_forward_context(ForwardContext(meta, runner.kv_caches)):
         runner.forward(ids, pos)
@@ -157,11 +162,10 @@ def mixed_step(eng, prompt_len: int) -> dict:
     graphs = runner.mixed_graphs
     if graphs is not None and graphs.fits(row["mixed_tokens"], len(scheduled)):
         # the same forward replayed from its mixed-batch CUDA graph: staging copies + one launch + sync
-        b = runner.host_batch(scheduled)
         walls = []
         for _ in range(5):
             t0 = time.perf_counter()
-            graphs.replay(b)
+            graphs.replay(step)
             torch.cuda.synchronize()
             walls.append(time.perf_counter() - t0)
         row["graph_wall_ms"] = 1e3 * statistics.median(walls)

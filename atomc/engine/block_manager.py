@@ -120,9 +120,3 @@ class BlockManager:
     def record_lookup(self, queried: int, hit: int) -> None:
         self.prefix_queries += queried
         self.prefix_hits += hit
-
-    def reset_prefix_cache(self) -> None:
-        for block in self.blocks:
-            if block.ref_count == 0:
-                block.hash = None
-        self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].hash == h}

@@ -19,8 +19,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from atomc.config import EngineConfig, resolve_device, resolve_dtype
 from atomc.engine.block_manager import BlockManager
 from atomc.engine.detokenizer import DetokenizerState, decode_rest, decode_step
@@ -28,10 +26,10 @@ from atomc.engine.generation_defaults import generation_defaults
 from atomc.engine.inputs import InputProcessor
 from atomc.engine.scheduler import ScheduledSeq, Scheduler
 from atomc.engine.sequence import SeqStatus, Sequence
+from atomc.engine.step_input import build_step_input
 from atomc.engine.tokenizer import load_tokenizer
 from atomc.outputs import CompletionOutput, RequestOutput
-from atomc.runtime.model_runner import ModelRunner
-from atomc.runtime.sampler import PendingSample
+from atomc.runtime.model_runner import ModelRunner, PendingStep
 from atomc.sampling_params import SamplingParams
 from models.arch import ModelArch
 from models.loader.default_model import DEFAULT_MODEL_NAME, resolve_model_path
@@ -70,8 +68,9 @@ class _Request:
 class _Launched:
     """A step queued on the device whose sampled tokens have not been read back."""
 
+    step_id: int
     samplers: list[Sequence]  # one per sampled row, in row order
-    sample: PendingSample
+    pending: PendingStep
     reads_history: bool  # a row's next sampling needs this step's token on the host
 
 
@@ -122,6 +121,7 @@ class LLMEngine:
         self.last_step: dict = {}
         self._in_flight: _Launched | None = None
         self._seq_ids = itertools.count()
+        self._step_ids = itertools.count()
         log.info("start-up: engine ready in %.1fs", time.perf_counter() - t0)
         self._failed_steps = 0  # consecutive
         self.num_failed_steps = 0
@@ -172,10 +172,7 @@ class LLMEngine:
         params.eos_token_ids = self.eos_token_ids
         seqs = []
         for i in range(params.n):
-            gen = None
-            if params.seed is not None:
-                gen = torch.Generator().manual_seed(params.seed + i)
-            seq = Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params, generator=gen)
+            seq = Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params)
             seq.max_num_tokens = self.max_model_len
             if params.max_tokens is not None:
                 seq.max_num_tokens = min(seq.max_num_tokens, len(ids) + params.max_tokens)
@@ -272,21 +269,28 @@ class LLMEngine:
         return outputs
 
     def _launch(self, scheduled: list[ScheduledSeq]) -> _Launched | None:
-        samplers = [item.seq for item in scheduled if item.samples]  # the runner's rows, in its order
-        sample = self.runner.launch(scheduled)
-        for item in scheduled:
-            if item.seq.seq_id in self.runner.prompt_logprobs:
-                item.seq.prompt_logprobs.extend(self.runner.prompt_logprobs[item.seq.seq_id])
+        in_flight = self._in_flight.step_id if self._in_flight is not None else None
+        step, samplers = build_step_input(
+            scheduled, self.blocks.block_size, next(self._step_ids), in_flight, self.scheduler.take_finished()
+        )
+        pending = self.runner.launch(step)
+        if step.prompt_logprobs:
+            # computing them waited for the forward already; kept now, before a later schedule can
+            # preempt the sequence (which restarts its prompt logprobs)
+            by_id = {item.seq.seq_id: item.seq for item in scheduled}
+            for seq_id, entries in pending.result().prompt_logprobs.items():
+                by_id[seq_id].prompt_logprobs.extend(entries)
         self.scheduler.commit_computed(scheduled)
         if not samplers:
             return None
-        for seq in samplers:
+        for k, seq in enumerate(samplers):
             seq.num_pending += 1
-        return _Launched(samplers, sample, any(seq.params.reads_history for seq in samplers))
+            seq.pending_row = k
+        return _Launched(step.step_id, samplers, pending, bool(step.token_history))
 
     def _complete(self, launched: _Launched) -> list[RequestOutput]:
         """Read a launched step's tokens back: append them, detokenize, check stops, build outputs."""
-        sampled = launched.sample.result()
+        sampled = launched.pending.result()
         self.num_sampler_fallbacks += sampled.num_fallbacks
         vocab = self.arch.vocab_size
         touched: dict[str, _Request] = {}

@@ -36,12 +36,15 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.finished_seq_ids: list[int] = []
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+    def take_finished(self) -> list[int]:
+        """Ids of the sequences finished since the last call (the runner frees their state)."""
+        done, self.finished_seq_ids = self.finished_seq_ids, []
+        return done
 
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.config.max_num_batched_tokens
@@ -141,6 +144,7 @@ class Scheduler:
         self._release(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason, seq.stop_reason = reason, stop_reason
+        self.finished_seq_ids.append(seq.seq_id)
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.free_blocks(seq.block_table)

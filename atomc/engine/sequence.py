@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
-
-import torch
 
 from atomc.sampling_params import SamplingParams
 
@@ -25,12 +22,13 @@ class Sequence:
     token_ids: list[int]  # prompt + output so far
     num_prompt_tokens: int
     params: SamplingParams
-    generator: torch.Generator | None = None
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache (or queued on the GPU to be)
     # tokens sampled by launched steps whose values have not been read back yet (async scheduling):
     # they follow token_ids, and a step that takes one as input gets it on the GPU
     num_pending: int = 0
+    # the first pending token's row among the in-flight launch's sampled rows (the others follow)
+    pending_row: int = 0
     max_num_tokens: int = 2**62  # prompt + max_tokens, capped by max_model_len: it finishes there
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full, committed blocks
@@ -43,7 +41,6 @@ class Sequence:
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=lambda: [None])  # none for token 0
     cumulative_logprob: float = 0.0
     text: str = ""
-    arrival_time: float = field(default_factory=time.perf_counter)
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 import atomc.ops  # noqa: F401  (the atomc ops and their reference bodies)
+from atomc.kv_spec import KVCacheSpec
 
 BACKENDS = ("torch", "triton", "aiter")
 # preference order per platform; "torch" is always last so every op has an implementation
@@ -131,3 +132,18 @@ AITER_OPS = (
 )
 for _op in AITER_OPS:
     register(_op, "aiter")(functools.partial(lambda name: getattr(_aiter_ops(), name).default, _op))
+
+
+# ---- KV-cache page layout ----
+KV_LAYOUTS = ("NHD",)
+
+
+def kv_cache_layout(platform: str, spec: KVCacheSpec) -> str:
+    """Physical layout of a layer's KV pages on `platform`, as its attention backend reads them.
+
+    Every backend reads NHD pages today ([num_blocks, block_size, num_kv_heads, head_dim]); one
+    with its own layout (e.g. AITER's shuffled K for its asm decode kernel) answers here, and the
+    allocator (atomc/runtime/kv_cache.py) follows."""
+    if platform not in PLATFORM_BACKENDS:
+        raise ValueError(f"unknown platform {platform!r} (valid: {', '.join(PLATFORM_BACKENDS)})")
+    return "NHD"

@@ -1,16 +1,19 @@
-"""Full CUDA graphs: one per pure-decode batch size, and one per token count for mixed batches.
+"""Full CUDA graphs: one per (sequences, query tokens per sequence) for uniform decode-like
+batches, and one per token count for mixed batches.
 
-A step is hundreds of small kernels; replaying a graph removes their launch cost. On the H200 the
-compiled 8B forward takes about 22 ms of CPU time to launch whatever the batch, while a mixed step
-of 64 decodes + a 128-token chunk needs far less GPU time than that (benchmarks/host_overhead.py),
-so mixed steps are launch-bound unless they are captured too.
+A step is hundreds of small kernels; replaying a graph removes their launch cost. The compiled
+forward of a large model takes more CPU time to launch than a decode step or a mixed step with a
+short chunk needs on the GPU (docs/performance.md, benchmarks/host_overhead.py), so such steps are
+launch-bound unless they are captured.
 
 Both kinds read their inputs and attention metadata from static buffers, so a replay only copies the
 new batch in (pinned staging, no sync) and launches one graph. All graphs share one memory pool,
 captured largest first.
 
-- `DecodeGraphs` (size = sequences = tokens): forward + logits. Padded rows write no KV (slot -1)
-  and attend over one token of block 0, so they stay finite and are never read back.
+- `DecodeGraphs`, keyed by (sequences, query tokens per sequence): forward + logits of every row,
+  for steps where every sequence has the same query length q and every row is sampled: q = 1 is
+  plain decode; q = k + 1 is a speculative verify step. Padded sequences have q rows that write no
+  KV (slot -1) and attend over q tokens of block 0, so they stay finite and are never read back.
 - `MixedGraphs` (size = tokens, any mix of prefill chunks and decodes): forward only; the runner
   takes the rows it samples from the hidden states. The metadata always describes `max_seqs`
   sequences: the real ones, then empty ones (no query rows, no context), so the attention grid
@@ -25,11 +28,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 
 from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from atomc.runtime.batch import StepInput, write_batch_arrays
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,7 @@ def default_mixed_sizes(max_tokens: int, max_num_batched_tokens: int) -> list[in
 
 
 class _StaticBatchGraphs:
-    """Static inputs + metadata buffers, pinned staging, and one graph per size in one pool.
+    """Static inputs + metadata buffers, pinned staging, and one graph per key in one pool.
 
     With `capture=False` (CPU tests) a replay runs the same forward eagerly over the same static
     buffers, so the padding and buffer logic is testable without a GPU.
@@ -55,7 +59,7 @@ class _StaticBatchGraphs:
         self,
         forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        sizes: list[int],
+        keys: list[Hashable],
         max_tokens: int,
         max_seqs: int,
         max_blocks_per_seq: int,
@@ -64,8 +68,7 @@ class _StaticBatchGraphs:
         capture: bool = True,
     ):
         self.forward, self.kv_caches = forward, kv_caches
-        self.sizes = sorted(sizes)
-        self.max_size = self.sizes[-1]
+        self.keys = keys
         self.max_seqs, self.max_seq_len = max_seqs, max_seq_len
         self.use_graphs = capture
         dev = device
@@ -83,11 +86,10 @@ class _StaticBatchGraphs:
         }
         # numpy views of the staging buffers: filling them per step is plain memory writes
         self.staging_np = {name: buf.numpy() for name, buf in self.staging.items()}
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[Hashable, torch.Tensor] = {}
         self.pool = None
         self.capture_seconds = 0.0
-        self._host_meta: tuple[list[int], list[int]] = ([], [])  # only the CPU reference path reads it
         # the staging buffers may be rewritten only once the GPU has read them: a step that samples
         # nothing never syncs, so the next step could otherwise overwrite a copy still in the queue
         self._staging_read = torch.cuda.Event() if pin else None
@@ -102,80 +104,115 @@ class _StaticBatchGraphs:
             "block_tables": self.block_tables,
         }
 
-    def _metadata(self, size: int) -> AttentionMetadata:
+    def num_tokens(self, key: Hashable) -> int:
         raise NotImplementedError
+
+    def _metadata(self, key: Hashable) -> AttentionMetadata:
+        raise NotImplementedError
+
+    def _host_lists(self, num_seqs: int, query_start: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Host copies of the metadata for the torch reference path (no graphs: CPU tests only)."""
+        if self.use_graphs:
+            return [], []  # the Triton kernel reads the buffers
+        return query_start[: num_seqs + 1].tolist(), self.seq_lens[:num_seqs].tolist()
 
     def _output(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden
 
-    def _run(self, size: int) -> torch.Tensor:
-        with set_forward_context(ForwardContext(self._metadata(size), self.kv_caches)):
-            hidden = self.forward(self.input_ids[:size], self.positions[:size])
+    def _run(self, key: Hashable) -> torch.Tensor:
+        n = self.num_tokens(key)
+        with set_forward_context(ForwardContext(self._metadata(key), self.kv_caches)):
+            hidden = self.forward(self.input_ids[:n], self.positions[:n])
         return self._output(hidden)
 
     @torch.inference_mode()
     def capture(self, pool=None) -> None:
-        """Capture every size, largest first so the smaller graphs reuse its memory; `pool` shares
+        """Capture every key, largest first so the smaller graphs reuse its memory; `pool` shares
         the pool of graphs captured before (the decode graphs)."""
         t0 = time.perf_counter()
         self.pool = pool
-        for size in sorted(self.sizes, reverse=True):
-            self._run(size)  # warm-up: kernels compile and allocators settle outside the capture
+        for key in sorted(self.keys, key=self.num_tokens, reverse=True):
+            self._run(key)  # warm-up: kernels compile and allocators settle outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[size] = self._run(size)
+                self.outputs[key] = self._run(key)
             if self.pool is None:
                 self.pool = graph.pool()
-            self.graphs[size] = graph
+            self.graphs[key] = graph
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         log.info("captured %d %s graphs in %.2f s", len(self.graphs), self.kind, self.capture_seconds)
 
-    def padded_size(self, n: int) -> int | None:
-        for size in self.sizes:
-            if size >= n:
-                return size
-        return None
-
-    def _wait_staging_free(self) -> None:
+    def _stage(self, step: StepInput, num_tokens: int, num_seqs: int, pad_query_len: int, query_start: bool) -> int:
+        """Write the step into the staging buffers (after the GPU has read the previous ones)."""
         if self._staging_read is not None:
             self._staging_read.synchronize()
+        return write_batch_arrays(step, self.staging_np, num_tokens, num_seqs, pad_query_len, query_start)
 
-    def _launch(self, size: int) -> torch.Tensor:
+    def _copy_in(self, names: tuple[str, ...], n: int) -> None:
+        st = self.staging
+        for name in names:
+            getattr(self, name)[:n].copy_(st[name][:n], non_blocking=True)
+
+    def _launch(self, key: Hashable) -> torch.Tensor:
         if self._staging_read is not None:
             self._staging_read.record()  # after the copies, before the graph: they are all queued
         if self.use_graphs:
-            self.graphs[size].replay()
-            return self.outputs[size]
+            self.graphs[key].replay()
+            return self.outputs[key]
         with torch.inference_mode():
-            return self._run(size)
+            return self._run(key)
 
 
 class DecodeGraphs(_StaticBatchGraphs):
-    """Forward + logits for pure-decode batches; size = number of sequences."""
+    """Forward + logits of every row for batches of `bs` sequences with `q` query tokens each;
+    one graph per (bs, q) with bs in `sizes` and q in `query_lens`."""
 
     kind = "decode"
 
-    def __init__(self, forward, compute_logits, kv_caches, sizes, max_blocks_per_seq, max_seq_len, device, **kw):
-        n = max(sizes)
-        super().__init__(forward, kv_caches, sizes, n, n, max_blocks_per_seq, max_seq_len, device, **kw)
+    def __init__(
+        self, forward, compute_logits, kv_caches, sizes, max_blocks_per_seq, max_seq_len, device,
+        query_lens: tuple[int, ...] = (1,), **kw,
+    ):  # fmt: skip
+        self.sizes, self.query_lens = sorted(sizes), sorted(query_lens)
+        self.max_size = self.sizes[-1]
+        n, q = self.max_size, self.query_lens[-1]
+        keys = [(bs, ql) for bs in self.sizes for ql in self.query_lens]
+        super().__init__(forward, kv_caches, keys, n * q, n, max_blocks_per_seq, max_seq_len, device, **kw)
         self.compute_logits = compute_logits
-        self.query_start_loc.copy_(torch.arange(n + 1, dtype=torch.int32))  # one token each, never changes
+        # the query starts of (bs, q) are the first bs + 1 of 0, q, 2q, ...: one constant buffer per q
+        self.query_starts = {
+            ql: torch.arange(0, n * ql + 1, ql, dtype=torch.int32, device=device) for ql in self.query_lens
+        }
 
     @property
-    def logits(self) -> dict[int, torch.Tensor]:
+    def logits(self) -> dict[tuple[int, int], torch.Tensor]:
         return self.outputs
 
-    def _metadata(self, bs: int) -> AttentionMetadata:
+    def num_tokens(self, key: tuple[int, int]) -> int:
+        return key[0] * key[1]
+
+    def key_for(self, num_seqs: int, query_len: int | None) -> tuple[int, int] | None:
+        """The graph a batch of `num_seqs` sequences of `query_len` rows each pads up to, or None."""
+        if query_len not in self.query_starts:
+            return None
+        for size in self.sizes:
+            if size >= num_seqs:
+                return size, query_len
+        return None
+
+    def _metadata(self, key: tuple[int, int]) -> AttentionMetadata:
+        bs, q = key
+        starts, lens = self._host_lists(bs, self.query_starts[q])
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:bs],
-            query_start_loc=self.query_start_loc[: bs + 1],
+            slot_mapping=self.slot_mapping[: bs * q],
+            query_start_loc=self.query_starts[q][: bs + 1],
             seq_lens=self.seq_lens[:bs],
             block_tables=self.block_tables[:bs],
-            query_start_loc_host=list(range(bs + 1)) if not self.use_graphs else [],
-            seq_lens_host=self._host_meta[1] + [1] * (bs - len(self._host_meta[1])) if not self.use_graphs else [],
-            max_query_len=1,
+            query_start_loc_host=starts,
+            seq_lens_host=lens,
+            max_query_len=q,
             max_seq_len=self.max_seq_len,  # an upper bound: the kernel reads the real lengths
             num_seqs=bs,
         )
@@ -184,43 +221,19 @@ class DecodeGraphs(_StaticBatchGraphs):
         return self.compute_logits(hidden)
 
     def replay(
-        self,
-        input_ids: list[int],
-        positions: list[int],
-        slots: list[int],
-        seq_lens: list[int],
-        tables: list[list[int]],
-        feed: Callable[[torch.Tensor], None] | None = None,
+        self, step: StepInput, key: tuple[int, int], feed: Callable[[torch.Tensor], None] | None = None
     ) -> torch.Tensor:
-        """Logits [bs, vocab] for a pure-decode batch of bs = len(input_ids) sequences. `feed`
-        writes input ids known only on the device into the input buffer after the copy in."""
-        bs = len(input_ids)
-        size = self.padded_size(bs)
-        width = max(len(t) for t in tables)
-        self._wait_staging_free()
-        st_np = self.staging_np
-        st_np["input_ids"][:bs] = input_ids
-        st_np["positions"][:bs] = positions
-        # padded rows get a valid id and position too: RoPE reads its table at every row's
-        # position, and an id left by an earlier step may be a pending -1
-        st_np["input_ids"][bs:size] = 0
-        st_np["positions"][bs:size] = 0
-        st_np["slot_mapping"][:size] = -1
-        st_np["slot_mapping"][:bs] = slots
-        st_np["seq_lens"][:size] = 1
-        st_np["seq_lens"][:bs] = seq_lens
-        bt = st_np["block_tables"]
-        bt[:size, :width] = 0
-        bt[:bs, :width] = [t + [0] * (width - len(t)) for t in tables]
-        st = self.staging
-        for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
-            getattr(self, name)[:size].copy_(st[name][:size], non_blocking=True)
-        self.block_tables[:size, :width].copy_(st["block_tables"][:size, :width], non_blocking=True)
+        """Logits [T, vocab] of every row of `step` (T = its token count), from the graph `key`
+        (see key_for). `feed` writes input ids known only on the device into the input buffer
+        after the copy in."""
+        bs, q = key
+        width = self._stage(step, bs * q, bs, q, query_start=False)
+        self._copy_in(("input_ids", "positions", "slot_mapping"), bs * q)
+        self._copy_in(("seq_lens",), bs)
+        self.block_tables[:bs, :width].copy_(self.staging["block_tables"][:bs, :width], non_blocking=True)
         if feed is not None:
             feed(self.input_ids)
-        if not self.use_graphs:
-            self._host_meta = ([], list(seq_lens))
-        return self._launch(size)[:bs]
+        return self._launch(key)[: step.num_tokens]
 
 
 class MixedGraphs(_StaticBatchGraphs):
@@ -229,53 +242,48 @@ class MixedGraphs(_StaticBatchGraphs):
     kind = "mixed"
 
     def __init__(self, forward, kv_caches, sizes, max_seqs, max_blocks_per_seq, max_seq_len, device, **kw):
-        super().__init__(forward, kv_caches, sizes, max(sizes), max_seqs, max_blocks_per_seq, max_seq_len, device, **kw)
+        self.sizes = sorted(sizes)
+        self.max_size = self.sizes[-1]
+        super().__init__(
+            forward, kv_caches, self.sizes, self.max_size, max_seqs, max_blocks_per_seq, max_seq_len, device, **kw
+        )
+
+    def num_tokens(self, key: int) -> int:
+        return key
+
+    def padded_size(self, n: int) -> int | None:
+        for size in self.sizes:
+            if size >= n:
+                return size
+        return None
 
     def _metadata(self, size: int) -> AttentionMetadata:
-        starts, lens = self._host_meta  # empty under graphs: the Triton kernel reads the buffers
+        starts, lens = self._host_lists(self.max_seqs, self.query_start_loc)
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:size],
-            query_start_loc=self.query_start_loc if self.use_graphs else self.query_start_loc[: len(starts)],
-            seq_lens=self.seq_lens if self.use_graphs else self.seq_lens[: len(lens)],
-            block_tables=self.block_tables if self.use_graphs else self.block_tables[: len(lens)],
+            query_start_loc=self.query_start_loc,
+            seq_lens=self.seq_lens,
+            block_tables=self.block_tables,
             query_start_loc_host=starts,
             seq_lens_host=lens,
             max_query_len=2,  # > 1: the prefill tiling, which serves decode rows too
             max_seq_len=self.max_seq_len,
-            num_seqs=self.max_seqs if self.use_graphs else len(lens),
+            num_seqs=self.max_seqs,
         )
 
     def fits(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens <= self.max_size and num_seqs <= self.max_seqs
 
-    def replay(self, b: dict[str, list], feed: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
-        """Hidden states [T, hidden] for a batch from `flat_batch` (T = its token count); `feed`
-        as for DecodeGraphs.replay."""
-        t, n = len(b["ids"]), len(b["seq_lens"])
+    def replay(self, step: StepInput, feed: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Hidden states [T, hidden] for `step` (T = its token count); `feed` as for DecodeGraphs.replay.
+        The sequences after the real ones are empty: no query rows, no context."""
+        t, n = step.num_tokens, step.num_seqs
         size = self.padded_size(t)
-        width = max(len(x) for x in b["tables"])
-        self._wait_staging_free()
-        st_np = self.staging_np
-        st_np["input_ids"][:t] = b["ids"]
-        st_np["input_ids"][t:size] = 0
-        st_np["positions"][:t] = b["positions"]
-        st_np["positions"][t:size] = 0
-        st_np["slot_mapping"][:t] = b["slots"]
-        st_np["slot_mapping"][t:size] = -1
-        # the sequences after the real ones are empty: no query rows (start = end = t), no context
-        st_np["query_start_loc"][: n + 1] = b["starts"]
-        st_np["query_start_loc"][n + 1 :] = t
-        st_np["seq_lens"][:n] = b["seq_lens"]
-        st_np["seq_lens"][n:] = 0
-        st_np["block_tables"][:n, :width] = [x + [0] * (width - len(x)) for x in b["tables"]]
-        st = self.staging
-        for name in ("input_ids", "positions", "slot_mapping"):
-            getattr(self, name)[:size].copy_(st[name][:size], non_blocking=True)
-        self.query_start_loc.copy_(st["query_start_loc"], non_blocking=True)
-        self.seq_lens.copy_(st["seq_lens"], non_blocking=True)
-        self.block_tables[:n, :width].copy_(st["block_tables"][:n, :width], non_blocking=True)
+        width = self._stage(step, size, self.max_seqs, 0, query_start=True)
+        self._copy_in(("input_ids", "positions", "slot_mapping"), size)
+        self.query_start_loc.copy_(self.staging["query_start_loc"], non_blocking=True)
+        self.seq_lens.copy_(self.staging["seq_lens"], non_blocking=True)
+        self.block_tables[:n, :width].copy_(self.staging["block_tables"][:n, :width], non_blocking=True)
         if feed is not None:
             feed(self.input_ids)
-        if not self.use_graphs:
-            self._host_meta = (list(b["starts"]), list(b["seq_lens"]))
         return self._launch(size)[:t]

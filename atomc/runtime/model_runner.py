@@ -1,36 +1,34 @@
 """ModelRunner: owns the model, its KV cache and the sampler on one device, and runs one step.
 
-It turns scheduled sequences into a flat token batch plus attention metadata, runs the forward
-(eager, or the compiled artifact: same signature), computes logits only for rows that sample, and
-samples. Tensor parallelism slots in here: one runner per GPU process, each holding its shard of
-the weights and of the KV heads (see docs/architecture.md).
+`launch(StepInput)` runs the step the engine describes (atomc/runtime/batch.py): the flat batch
+and attention metadata go to the device (or into a CUDA graph's static buffers), the forward runs
+(eager, or the compiled artifact: same signature), logits are computed only for the rows that
+sample, and those are sampled; the returned `PendingStep` yields a `StepResult`. The runner reads
+nothing of the engine's objects, so the same record could drive a runner in another process.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from atomc.config import EngineConfig
 from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.graphs.partition import resolve_capture_sizes
-from atomc.kernels.registry import ensure_registered
+from atomc.kernels.registry import ensure_registered, kv_cache_layout
 from atomc.platforms import platform_of
+from atomc.runtime.batch import StepInput, StepResult, prefill_step_input, write_batch_arrays
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
 from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch
 from atomc.runtime.transfer import to_device
 from models.arch import ModelArch
 from models.loader import load_model
-
-if TYPE_CHECKING:  # the runner only reads these; the scheduler lives downstream of it
-    from atomc.engine.scheduler import ScheduledSeq
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ class ModelRunner:
         self.model = load_model(model_dir, dtype, device, config.model.load_format)
         self.timings = {"load_weights_s": time.perf_counter() - t0}
         self.forward = self.model.forward
-        self.compile_info: dict = {}
+        self.compile_info: dict = {}  # the artifact's key and format (read by the compile tests)
         if not config.compile.enforce_eager:
             from atomc.graphs.build import load_or_compile
 
@@ -62,27 +60,25 @@ class ModelRunner:
             self.forward, self.compile_info = load_or_compile(self.model, model_dir, config, device, dtype)
             self.timings["compile_or_load_s"] = time.perf_counter() - t0
         self.kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else getattr(torch, config.cache.kv_cache_dtype)
+        self.kv_specs = self.model.kv_cache_specs()  # one per layer
         self.num_blocks = self._num_kv_blocks()
-        self.kv_caches = allocate_kv_cache(
-            arch.num_layers,
-            self.num_blocks,
-            self.block_size,
-            arch.num_kv_heads,
-            arch.head_dim,
-            self.kv_dtype,
-            device,
-        )
+        self.kv_caches = self._allocate_kv_cache(self.num_blocks)
         self.sampler = Sampler(seed=config.model.seed)
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
-        self.prompt_logprobs: dict[int, list[dict[int, float]]] = {}
-        # the last launch's sampled tokens (on the device) and seq_id -> their row
-        self._last_sampled: tuple[torch.Tensor, dict[int, int]] | None = None
+        # the last launch that sampled: its step id and sampled tokens (on the device), for feeds
+        self._last_sampled: tuple[int, torch.Tensor] | None = None
+        self._generators: dict[int, torch.Generator] = {}  # seq id -> generator of a seeded sequence
+
+    def _allocate_kv_cache(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        platform = platform_of(self.device)
+        return allocate_kv_cache(
+            self.kv_specs, num_blocks, self.block_size, self.kv_dtype, self.device,
+            layout_of=lambda spec: kv_cache_layout(platform, spec),
+        )  # fmt: skip
 
     def _num_kv_blocks(self) -> int:
-        per_block = bytes_per_block(
-            self.arch.num_layers, self.block_size, self.arch.num_kv_heads, self.arch.head_dim, self.kv_dtype
-        )
+        per_block = bytes_per_block(self.kv_specs, self.block_size, self.kv_dtype)
         if self.config.cache.num_kv_blocks is not None:
             return self.config.cache.num_kv_blocks
         if str(self.device).startswith("cuda"):
@@ -99,20 +95,14 @@ class ModelRunner:
         total = sched.max_num_batched_tokens
         longest = min(self.max_model_len, total)
         lens = [longest] * (total // longest) + ([total % longest] if total % longest else [])
-        chunks, first_block = [], 0
-        for n in lens:  # whole prompts, each in fresh consecutive blocks of the scratch cache
-            table = list(range(first_block, first_block + (n + bs - 1) // bs))
-            first_block += len(table)
-            chunks.append(([0] * n, 0, n, table))
-        ids, positions, meta = device_batch(flat_batch(chunks, bs), self.device)
-        a = self.arch
-        scratch = allocate_kv_cache(
-            a.num_layers, first_block, bs, a.num_kv_heads, a.head_dim, self.kv_dtype, self.device
-        )
+        step = prefill_step_input(lens, bs)
+        ids, positions, meta = device_batch(step, self.device)
+        num_blocks = sum(len(t) for t in step.block_tables)
+        scratch = self._allocate_kv_cache(num_blocks)
         with set_forward_context(ForwardContext(meta, scratch)):
             hidden = self.forward(ids, positions)
         self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
-        return bytes_per_block(a.num_layers, bs, a.num_kv_heads, a.head_dim, self.kv_dtype) * first_block
+        return bytes_per_block(self.kv_specs, bs, self.kv_dtype) * num_blocks
 
     def _profile_cuda_blocks(self, per_block: int) -> int:
         """Blocks that fit in `gpu_memory_utilization` of the card after a forward at the largest batch."""
@@ -136,110 +126,104 @@ class ModelRunner:
 
     # -- one step ------------------------------------------------------------------------------------
 
-    def host_batch(self, scheduled: list[ScheduledSeq]) -> dict[str, list]:
-        chunks = [
-            (item.seq.token_ids, item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_new_tokens,
-             item.seq.block_table)
-            for item in scheduled
-        ]  # fmt: skip
-        return flat_batch(chunks, self.block_size)
-
     @torch.inference_mode()
-    def launch(self, scheduled: list[ScheduledSeq]) -> PendingSample | None:
-        """Queue this step's forward and sampling on the device; returns the sampled tokens on their
-        way back (None when no chunk ends its tokens), without waiting for them.
+    def launch(self, step: StepInput) -> PendingStep | None:
+        """Queue this step's forward and sampling on the device; returns its result on the way back
+        (None when it samples nothing and scores no prompt), without waiting for the tokens.
 
-        An input token still pending from the previous launch (async scheduling) is copied into the
-        inputs on the device from that launch's sampled tokens. Sequences that asked for prompt
-        logprobs get them in `self.prompt_logprobs` (seq_id -> list); computing those waits."""
-        rows = [i for i, item in enumerate(scheduled) if item.samples]
-        self.prompt_logprobs = {}
-        b = self.host_batch(scheduled)
-        feed = self._pending_feed(scheduled, b["starts"])
-        if self.decode_graphs is not None and self._is_graph_decode(scheduled):
-            logits = self.decode_graphs.replay(
-                b["ids"], b["positions"], b["slots"], b["seq_lens"], b["tables"], feed=feed
-            )  # fmt: skip
+        Inputs still pending from the previous launch (async scheduling) are copied into the inputs
+        on the device from that launch's sampled tokens. Prompt logprobs are computed here (that
+        waits for the forward) and come back in the result."""
+        if step.finished_seq_ids and self._generators:
+            for seq_id in step.finished_seq_ids:
+                self._generators.pop(seq_id, None)
+        feed = self._pending_feed(step)
+        prompt_logprobs: dict[int, list[dict[int, float]]] = {}
+        graphs = self.decode_graphs
+        key = None
+        # forward + logits of every row in one graph: only worth it when every row is sampled
+        if graphs is not None and len(step.sample_rows) == step.num_tokens and not step.prompt_logprobs:
+            key = graphs.key_for(step.num_seqs, step.uniform_query_len())
+        if key is not None:
+            logits = graphs.replay(step, key, feed=feed)
         else:
-            if self.mixed_graphs is not None and self.mixed_graphs.fits(len(b["ids"]), len(scheduled)):
-                hidden = self.mixed_graphs.replay(b, feed=feed)
+            if self.mixed_graphs is not None and self.mixed_graphs.fits(step.num_tokens, step.num_seqs):
+                hidden = self.mixed_graphs.replay(step, feed=feed)
             else:
-                input_ids, positions, meta = device_batch(b, self.device)
+                input_ids, positions, meta = device_batch(step, self.device)
                 if feed is not None:
                     feed(input_ids)
                 with set_forward_context(ForwardContext(meta, self.kv_caches)):
                     hidden = self.forward(input_ids, positions)
-            starts = b["starts"]
-            self._prompt_logprobs(scheduled, hidden, starts)
-            if not rows:
+            if step.prompt_logprobs:
+                prompt_logprobs = self._prompt_logprobs(step, hidden)
+            if not step.sample_rows:
                 self._last_sampled = None
-                return None
-            last = to_device([starts[i + 1] - 1 for i in rows], torch.long, self.device)
-            logits = self.model.compute_logits(hidden[last])
-        seqs = [scheduled[i].seq for i in rows]
-        # token histories are copied only for the rows that read them (penalties, min_tokens):
-        # copying every row's prompt and output each step costs O(context) host time per sequence
-        hist = [s.params.reads_history for s in seqs]
-        batch = SamplingBatch(
-            params=[s.params for s in seqs],
-            prompt_token_ids=[s.prompt_token_ids if h else [] for s, h in zip(seqs, hist, strict=True)],
-            output_token_ids=[s.output_token_ids if h else [] for s, h in zip(seqs, hist, strict=True)],
-            generators=[s.generator for s in seqs],
-        )
-        sample = self.sampler.sample(logits, batch)
-        self._last_sampled = (sample.token_ids, {s.seq_id: k for k, s in enumerate(seqs)})
-        return sample
+                return PendingStep(None, prompt_logprobs) if prompt_logprobs else None
+            logits = self.model.compute_logits(hidden[to_device(step.sample_rows, torch.long, self.device)])
+        sample = self.sampler.sample(logits, self._sampling_batch(step))
+        self._last_sampled = (step.step_id, sample.token_ids)
+        return PendingStep(sample, prompt_logprobs)
 
-    def _pending_feed(self, scheduled: list[ScheduledSeq], starts: list[int]) -> Callable | None:
+    def _sampling_batch(self, step: StepInput) -> SamplingBatch:
+        n = len(step.sample_rows)
+        # token histories only for the rows that read them (penalties, min_tokens): copying every
+        # row's prompt and output each step would cost O(context) host time per sequence
+        prompts: list[list[int]] = [[]] * n
+        outputs: list[list[int]] = [[]] * n
+        if step.token_history:
+            prompts, outputs = list(prompts), list(outputs)
+            for k, (prompt, output) in step.token_history.items():
+                prompts[k], outputs[k] = prompt, output
+        generators: list[torch.Generator | None] = [None] * n
+        for k, seed in step.seeds.items():
+            # one generator per seeded sequence, kept across its steps: its draws do not depend on
+            # the rest of the batch; freed when the engine reports the sequence finished
+            seq_id = step.sample_seq_ids[k]
+            gen = self._generators.get(seq_id)
+            if gen is None:
+                gen = self._generators[seq_id] = torch.Generator().manual_seed(seed)
+            generators[k] = gen
+        return SamplingBatch(step.sampling_params, prompts, outputs, generators)
+
+    def _pending_feed(self, step: StepInput) -> Callable | None:
         """For inputs sampled by the last launch and not read back yet: a function that writes them
         into a device input-id buffer (flat batch order), from that launch's device tokens."""
-        dst: list[int] = []
-        src: list[int] = []
-        rows = self._last_sampled[1] if self._last_sampled is not None else {}
-        for i, item in enumerate(scheduled):
-            seq = item.seq
-            if not seq.num_pending:
-                continue
-            # one step of lookahead: the one pending token is the last launch's, at position num_tokens
-            if seq.num_pending != 1 or seq.seq_id not in rows:
-                raise RuntimeError(f"sequence {seq.seq_id}: pending tokens not from the last launch")
-            dst.append(starts[i] + seq.num_tokens - seq.num_computed_tokens)
-            src.append(rows[seq.seq_id])
-        if not dst:
+        if not step.feed_rows:
             return None
-        tokens = self._last_sampled[0]
-        dst_t = to_device(dst, torch.long, self.device)
-        src_t = to_device(src, torch.long, self.device)
+        last = self._last_sampled
+        if last is None or last[0] != step.feed_step:
+            launched = None if last is None else last[0]
+            raise RuntimeError(
+                f"step {step.step_id} feeds inputs from step {step.feed_step}, but the last launch that "
+                f"sampled was {launched}"
+            )
+        tokens = last[1]
+        dst = to_device(step.feed_rows, torch.long, self.device)
+        src = to_device(step.feed_sources, torch.long, self.device)
 
         def feed(input_ids: torch.Tensor) -> None:
-            input_ids.index_copy_(0, dst_t, tokens.index_select(0, src_t))
+            input_ids.index_copy_(0, dst, tokens.index_select(0, src))
 
         return feed
 
-    def _prompt_logprobs(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor, starts: list[int]) -> None:
-        """Logprob of each prompt token given the ones before it (the row at position p scores token p+1)."""
-        for i, item in enumerate(scheduled):
-            seq, top_n = item.seq, item.seq.params.prompt_logprobs
-            begin = seq.num_computed_tokens
-            end = min(begin + item.num_new_tokens, seq.num_prompt_tokens - 1)
-            if top_n is None or end <= begin:
-                continue
-            logprobs = torch.log_softmax(self.model.compute_logits(hidden[starts[i] : starts[i] + end - begin]), -1)
-            targets = torch.tensor(seq.token_ids[begin + 1 : end + 1], device=logprobs.device)
+    def _prompt_logprobs(self, step: StepInput, hidden: torch.Tensor) -> dict[int, list[dict[int, float]]]:
+        """Logprob of each requested prompt token given the ones before it, and the top N per row."""
+        out = {}
+        for req in step.prompt_logprobs:
+            rows = hidden[req.first_row : req.first_row + len(req.target_ids)]
+            logprobs = torch.log_softmax(self.model.compute_logits(rows), -1)
+            targets = torch.tensor(req.target_ids, device=logprobs.device)
             chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
-            top = logprobs.topk(top_n, dim=-1) if top_n > 0 else None
-            out = []
-            for j, tok in enumerate(targets.tolist()):
+            top = logprobs.topk(req.top_n, dim=-1) if req.top_n > 0 else None
+            entries = []
+            for j, tok in enumerate(req.target_ids):
                 entry = {tok: chosen[j]}
                 if top is not None:
                     entry.update(zip(top.indices[j].tolist(), top.values[j].tolist(), strict=True))
-                out.append(entry)
-            self.prompt_logprobs[seq.seq_id] = out
-
-    def _is_graph_decode(self, scheduled: list[ScheduledSeq]) -> bool:
-        return len(scheduled) <= self.decode_graphs.max_size and all(
-            item.num_new_tokens == 1 and item.samples for item in scheduled
-        )
+                entries.append(entry)
+            out[req.seq_id] = entries
+        return out
 
     def capture_graphs(self, max_model_len: int) -> None:
         """Full CUDA graphs (CUDA only, not with enforce_eager): mixed batches first (the larger
@@ -270,44 +254,49 @@ class ModelRunner:
             self.timings["cudagraph_capture_s"] = self.decode_graphs.capture_seconds
 
 
-PENDING_TOKEN = -1  # an out-of-range id: a pending input the device feed missed fails loudly
+class PendingStep:
+    """One launched step on its way back: `result()` waits for the sampled tokens (if any)."""
+
+    def __init__(self, sample: PendingSample | None, prompt_logprobs: dict[int, list[dict[int, float]]]):
+        self._sample, self._prompt_logprobs = sample, prompt_logprobs
+        self._result: StepResult | None = None
+
+    def result(self) -> StepResult:
+        if self._result is None:
+            if self._sample is None:
+                self._result = StepResult([], [], self._prompt_logprobs)
+            else:
+                out = self._sample.result()
+                self._result = StepResult(out.token_ids, out.logprobs, self._prompt_logprobs, out.num_fallbacks)
+        return self._result
 
 
-def flat_batch(chunks: list[tuple[list[int], int, int, list[int]]], block_size: int) -> dict[str, list]:
-    """The flat batch as host lists. Each chunk is (token ids, begin, end, block table): the tokens
-    begin..end-1 of one sequence are computed this step, after the `begin` already in the cache."""
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    starts = [0]
-    seq_lens: list[int] = []
-    for token_ids, begin, end, table in chunks:
-        ids.extend(token_ids[begin:end])
-        if end > len(token_ids):  # pending tokens (async scheduling): filled in on the device
-            ids.extend([PENDING_TOKEN] * (end - max(begin, len(token_ids))))
-        positions.extend(range(begin, end))
-        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(begin, end))
-        starts.append(starts[-1] + end - begin)
-        seq_lens.append(end)
-    tables = [table for *_, table in chunks]
-    return dict(ids=ids, positions=positions, slots=slots, starts=starts, seq_lens=seq_lens, tables=tables)
+_ARRAYS = (  # name, numpy dtype, torch dtype: what write_batch_arrays fills
+    ("input_ids", np.int64, torch.long),
+    ("positions", np.int64, torch.long),
+    ("slot_mapping", np.int64, torch.long),
+    ("query_start_loc", np.int32, torch.int32),
+    ("seq_lens", np.int32, torch.int32),
+    ("block_tables", np.int32, torch.int32),
+)
 
 
-def device_batch(b: dict[str, list], device: str) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """Input ids, positions and attention metadata on `device` for a batch from flat_batch()."""
-    width = max(len(t) for t in b["tables"])
-    starts = b["starts"]
+def device_batch(step: StepInput, device: str) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Input ids, positions and attention metadata on `device` for a step (the eager path)."""
+    t, b = step.num_tokens, step.num_seqs
+    shapes = {"query_start_loc": b + 1, "seq_lens": b, "block_tables": (b, max(map(len, step.block_tables)))}
+    host = {name: np.empty(shapes.get(name, t), dtype) for name, dtype, _ in _ARRAYS}
+    write_batch_arrays(step, host, t, b, 0)
+    dev = {name: to_device(torch.from_numpy(host[name]), dtype, device) for name, _, dtype in _ARRAYS}
     meta = AttentionMetadata(
-        slot_mapping=to_device(b["slots"], torch.long, device),
-        query_start_loc=to_device(starts, torch.int32, device),
-        seq_lens=to_device(b["seq_lens"], torch.int32, device),
-        block_tables=to_device([t + [0] * (width - len(t)) for t in b["tables"]], torch.int32, device),
-        query_start_loc_host=starts,
-        seq_lens_host=b["seq_lens"],
-        max_query_len=max(end - begin for begin, end in itertools.pairwise(starts)),
-        max_seq_len=max(b["seq_lens"]),
-        num_seqs=len(b["seq_lens"]),
+        slot_mapping=dev["slot_mapping"],
+        query_start_loc=dev["query_start_loc"],
+        seq_lens=dev["seq_lens"],
+        block_tables=dev["block_tables"],
+        query_start_loc_host=host["query_start_loc"].tolist(),
+        seq_lens_host=host["seq_lens"].tolist(),
+        max_query_len=max(step.query_lens),
+        max_seq_len=int(host["seq_lens"].max()),
+        num_seqs=b,
     )
-    input_ids = to_device(b["ids"], torch.long, device)
-    positions = to_device(b["positions"], torch.long, device)
-    return input_ids, positions, meta
+    return dev["input_ids"], dev["positions"], meta

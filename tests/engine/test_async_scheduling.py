@@ -12,6 +12,7 @@ from atomc.config import SchedulerConfig
 from atomc.engine.block_manager import BlockManager
 from atomc.engine.scheduler import ScheduledSeq, Scheduler
 from atomc.engine.sequence import Sequence
+from atomc.engine.step_input import build_step_input
 from tests.engine.helpers import PROMPTS, assert_pool_free, make
 
 
@@ -32,9 +33,9 @@ def count_launches(llm: LLM) -> list[int]:
     runner, seen = llm.engine.runner, []
     launch = runner.launch
 
-    def counted(scheduled):
-        seen.append(sum(1 for item in scheduled if item.seq.num_pending))
-        return launch(scheduled)
+    def counted(step):
+        seen.append(len(step.feed_rows))  # one pending input per sequence: one step of lookahead
+        return launch(step)
 
     runner.launch = counted
     return seen
@@ -169,8 +170,12 @@ def test_runner_refuses_a_pending_input_it_cannot_feed(llama_dir):
     scheduled = eng.scheduler.schedule()
     eng.scheduler.commit_computed(scheduled)
     scheduled[0].seq.num_pending = 1  # pending, but no launch sampled it
-    with pytest.raises(RuntimeError, match="not from the last launch"):
-        eng.runner.launch(eng.scheduler.schedule())
+    scheduled = eng.scheduler.schedule()
+    with pytest.raises(RuntimeError, match="no launch in flight"):
+        build_step_input(scheduled, eng.blocks.block_size, 0, None, [])
+    step, _ = build_step_input(scheduled, eng.blocks.block_size, 1, 0, [])  # "from step 0", never launched
+    with pytest.raises(RuntimeError, match="feeds inputs from step 0"):
+        eng.runner.launch(step)
 
 
 def test_pending_sample_reads_back_tokens_and_logprobs():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from atomc.engine.llm_engine import MAX_FAILED_STEPS
-from atomc.runtime.sampler import SamplerOutput
+from atomc.runtime.batch import StepResult
 from atomc.sampling_params import SamplingParams
 from tests.engine.helpers import assert_pool_free, make
 
@@ -106,7 +106,7 @@ def test_sampled_id_outside_the_vocabulary_fails_the_step(llama_dir, monkeypatch
 
         def result(self):
             good = self.pending.result()
-            return SamplerOutput([vocab + 5] * len(good.token_ids), good.logprobs)
+            return StepResult([vocab + 5] * len(good.token_ids), good.logprobs)
 
     monkeypatch.setattr(engine.runner, "launch", lambda s: BadSample(real_launch(s)))
     engine.add_request("x", "1 2 3", SamplingParams(max_tokens=3))
