@@ -84,6 +84,11 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--work-dir", default="/tmp/atomc-engine-host")
     args = ap.parse_args()
+    import torch
+
+    # the host work of a step is one Python thread; torch's intra-op threads only add noise from
+    # the stub's small CPU ops (on a GPU those run on the device)
+    torch.set_num_threads(1)
     model_dir = build_checkpoint("llama", Path(args.work_dir))
     cfg_path = model_dir / "config.json"  # the tiny test model: allow long contexts (RoPE has no limit)
     cfg_json = json.loads(cfg_path.read_text())
