@@ -21,6 +21,7 @@ from pathlib import Path
 
 from atomc.config import EngineConfig, resolve_device, resolve_dtype
 from atomc.engine.block_manager import BlockManager
+from atomc.engine.client import EngineClient
 from atomc.engine.detokenizer import DetokenizerState, decode_rest, decode_step
 from atomc.engine.generation_defaults import generation_defaults
 from atomc.engine.inputs import InputProcessor
@@ -74,7 +75,7 @@ class _Launched:
     reads_history: bool  # a row's next sampling needs this step's token on the host
 
 
-class LLMEngine:
+class LLMEngine(EngineClient):
     def __init__(self, config: EngineConfig):
         t0 = time.perf_counter()
         self.config = config
@@ -147,15 +148,6 @@ class LLMEngine:
         return sorted(ids)
 
     # -- requests ------------------------------------------------------------------------------------
-
-    def default_sampling_params(self) -> SamplingParams:
-        return SamplingParams(**self.sampling_defaults)
-
-    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
-        return self.inputs.tokenize(prompt, add_special_tokens)
-
-    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None) -> str:
-        return self.inputs.apply_chat_template(messages, chat_template)
 
     def add_request(
         self,

@@ -4,7 +4,8 @@ The server process keeps the tokenizer, checks and tokenizes prompts (`InputProc
 token ids down a pipe; the engine process runs `LLMEngine.step()` back to back and sends one message
 per step with what changed: new token ids, new text, new logprobs, finish reasons. The server side
 rebuilds cumulative `RequestOutput`s from those deltas, so `AsyncEngine` and the API drive an
-`EngineProcessClient` exactly as they drive an in-process `LLMEngine`.
+`EngineProcessClient` exactly as they drive an in-process `LLMEngine` (both are `EngineClient`s,
+engine/client.py).
 
     server process                                   engine process
     AsyncEngine thread --("add"/"abort"/"stop")-->   loop: commands, step(), send deltas
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atomc.config import EngineConfig
+from atomc.engine.client import EngineClient
 from atomc.engine.inputs import InputProcessor
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.sampling_params import SamplingParams
@@ -211,8 +213,8 @@ class _Assembly:
         )  # fmt: skip
 
 
-class EngineProcessClient:
-    """The `LLMEngine` interface `AsyncEngine` drives, served by an engine process over a pipe.
+class EngineProcessClient(EngineClient):
+    """The `EngineClient` interface `AsyncEngine` drives, served by an engine process over a pipe.
 
     Not thread-safe, like `LLMEngine`: one thread (AsyncEngine's) calls everything but `alive`.
     """
@@ -254,13 +256,7 @@ class EngineProcessClient:
     def alive(self) -> bool:
         return self._proc.is_alive()
 
-    # -- the LLMEngine interface ---------------------------------------------------------------------
-
-    def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
-        return self.inputs.tokenize(prompt, add_special_tokens)
-
-    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None) -> str:
-        return self.inputs.apply_chat_template(messages, chat_template)
+    # -- the EngineClient interface (tokenize, chat template, defaults: inherited) --------------------
 
     def add_request(
         self,

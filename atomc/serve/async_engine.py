@@ -1,7 +1,8 @@
 """The engine on its own thread, so the HTTP event loop never waits on compute.
 
-The engine is an in-process `LLMEngine` or an `EngineProcessClient` (engine_process.py) with the
-same interface, whose `step()` waits for the engine process's next step instead of computing it.
+The engine is any `EngineClient` (atomc/engine/client.py): an in-process `LLMEngine`, or an
+`EngineProcessClient` (engine/process.py), whose `step()` waits for the engine process's next step
+instead of computing it.
 
 `LLMEngine` is synchronous and not thread-safe, so one background thread owns it: it drains a
 command queue (add / abort / stop), runs `step()` while there is work, and posts each
@@ -30,6 +31,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from atomc.engine.client import EngineClient
 from atomc.outputs import RequestOutput
 from atomc.sampling_params import SamplingParams
 
@@ -146,9 +148,9 @@ class OutputStream:
 
 
 class AsyncEngine:
-    """Thread-safe, asyncio-facing wrapper around a synchronous `LLMEngine`."""
+    """Thread-safe, asyncio-facing wrapper around a synchronous `EngineClient`."""
 
-    def __init__(self, engine: Any, on_dead: Callable[[], None] | None = None):
+    def __init__(self, engine: EngineClient, on_dead: Callable[[], None] | None = None):
         self.engine = engine
         self.on_dead = on_dead  # called once from the engine thread when the engine failed for good
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -169,8 +171,8 @@ class AsyncEngine:
     @property
     def healthy(self) -> bool:
         t = self._thread
-        engine_alive = getattr(self.engine, "alive", True)  # an engine process can die while idle
-        return t is not None and t.is_alive() and engine_alive and self._error is None and not self._stopping
+        # an engine process can die while idle
+        return t is not None and t.is_alive() and self.engine.alive and self._error is None and not self._stopping
 
     @property
     def error(self) -> BaseException | None:
@@ -181,7 +183,7 @@ class AsyncEngine:
             raise EngineDeadError("the engine failed; see the server log")
         if self._thread is None or not self._thread.is_alive():
             raise EngineDeadError("engine is not running")
-        if not getattr(self.engine, "alive", True):
+        if not self.engine.alive:
             raise EngineDeadError("the engine process is not running")
 
     async def shutdown(self, timeout: float = 10.0) -> None:
@@ -346,12 +348,10 @@ class AsyncEngine:
         self._streams.clear()
         self._stopping = True
         self._answer_dead(gone)
-        close = getattr(self.engine, "close", None)  # an engine process is stopped and joined here
-        if close is not None:
-            try:
-                close()
-            except Exception:
-                logger.exception("stopping the engine failed")
+        try:
+            self.engine.close()  # an engine process is stopped and joined here
+        except Exception:
+            logger.exception("stopping the engine failed")
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> None:

@@ -22,6 +22,7 @@ import openai
 import pytest
 
 from atomc.config import EngineConfig
+from atomc.engine.client import EngineClient
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.serve.api import build_app
 from atomc.serve.async_engine import AsyncEngine
@@ -340,8 +341,8 @@ def test_still_healthy_and_nothing_leaked(server, http, model):
 # ---------------------------------------------------------------- engine failure
 
 
-class ExplodingEngine:
-    """Same API as LLMEngine; `step()` raises once two requests are in flight."""
+class ExplodingEngine(EngineClient):
+    """An EngineClient whose `step()` raises once two requests are in flight."""
 
     model_name, max_model_len, tokenizer, sampling_defaults = "fake", 64, None, {}
 
@@ -404,8 +405,8 @@ def test_engine_failure_fails_requests_and_health():
         assert "engine_healthy 0.0" in httpx.get(st.base_url + "/metrics").text
 
 
-class OneBadRequestEngine:
-    """Same API as LLMEngine; the request with prompt "bad" ends as a failed step ends it (error set)."""
+class OneBadRequestEngine(EngineClient):
+    """An EngineClient; the request with prompt "bad" ends as a failed step ends it (error set)."""
 
     model_name, max_model_len, tokenizer, sampling_defaults = "fake", 64, None, {}
 
@@ -457,8 +458,9 @@ from atomc.config import EngineConfig
 from atomc.serve.api import build_app
 from atomc.serve.async_engine import AsyncEngine
 from atomc.serve.server import _Serving, bind_socket, prepare_process, serve_app
+from atomc.engine.client import EngineClient
 
-class DyingEngine:
+class DyingEngine(EngineClient):
     model_name, max_model_len, tokenizer, sampling_defaults = "dying", 64, None, {}
     live = False
     def add_request(self, request_id, prompt, params, arrival_time=None):
@@ -513,12 +515,14 @@ def test_server_exits_non_zero_when_the_engine_dies():
 SERVER_SCRIPT = """
 import sys, time
 from atomc.config import EngineConfig
+from atomc.engine.client import EngineClient
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.serve.api import build_app
 from atomc.serve.async_engine import AsyncEngine
 from atomc.serve.server import prepare_process, serve_app
+from atomc.engine.client import EngineClient
 
-class SlowEngine:
+class SlowEngine(EngineClient):
     model_name, max_model_len, tokenizer, sampling_defaults = "slow", 1024, None, {}
     def __init__(self):
         self.live = {}
