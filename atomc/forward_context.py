@@ -32,15 +32,12 @@ class AttentionMetadata:
 @dataclass
 class ForwardContext:
     attn_metadata: AttentionMetadata | None = None
-    # per layer (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim] (NHD pages)
+    # per layer (k_cache, v_cache) pages in the layout its backend reads (kernels/registry.py:
+    # kv_cache_layout; NHD, [num_blocks, block_size, num_kv_heads, head_dim], for every backend today)
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 _current = ForwardContext()
-
-
-def get_forward_context() -> ForwardContext:
-    return _current
 
 
 def layer_cache(layer_idx: int) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor] | None:
