@@ -146,3 +146,23 @@ def test_seeded_generators_are_freed_with_their_sequences(llama_dir):
     assert len(runner._generators) == 2  # one per seeded sequence, still held: no step since
     llm.generate("1 2 3", SamplingParams(temperature=0, max_tokens=2))
     assert runner._generators == {}
+
+
+def test_batch_arrays_pad_rows_and_sequences():
+    import numpy as np
+
+    from atomc.runtime.batch import write_batch_arrays
+
+    step = record(0, [3, 0], [1, 2], [11, 12, 13], [1, 1])
+    shapes = {"input_ids": 8, "positions": 8, "slot_mapping": 8, "query_start_loc": 5, "seq_lens": 4}
+    arrays = {k: np.full(n, 99, np.int64) for k, n in shapes.items()} | {"block_tables": np.full((4, 6), 99, np.int32)}
+    width = write_batch_arrays(step, arrays, num_tokens=7, num_seqs=4, pad_query_len=2)
+    assert width == 4
+    assert arrays["input_ids"][:8].tolist() == [11, 12, 13, 0, 0, 0, 0, 99]  # padded rows: id 0
+    assert arrays["positions"][:7].tolist() == [3, 0, 1, 0, 0, 0, 0]
+    assert arrays["slot_mapping"][:7].tolist() == step.slot_mapping + [-1] * 4  # padded rows write no KV
+    assert arrays["query_start_loc"].tolist() == [0, 1, 3, 5, 7]  # two padded sequences of 2 rows
+    assert arrays["seq_lens"].tolist() == [4, 2, 2, 2]
+    assert arrays["block_tables"][:, :4].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [0] * 4, [0] * 4]
+    write_batch_arrays(step, arrays, num_tokens=4, num_seqs=4, pad_query_len=0)  # mixed graphs: empty padding
+    assert arrays["query_start_loc"].tolist() == [0, 1, 3, 3, 3] and arrays["seq_lens"].tolist() == [4, 2, 0, 0]
