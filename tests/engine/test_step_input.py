@@ -63,14 +63,17 @@ def test_scheduler_reports_finished_sequences_once():
     assert sched.take_finished() == []
 
 
-def test_sliding_window_reaches_the_kv_spec_and_does_not_cap_the_context(checkpoints, tmp_path):
+def test_per_layer_windows_reach_the_kv_specs_and_do_not_cap_the_context(checkpoints, tmp_path):
     model_dir = tmp_path / "mistral"
     shutil.copytree(checkpoints["mistral"], model_dir)
     cfg_path = model_dir / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["sliding_window"] = 32
+    cfg["layer_types"] = ["full_attention", "sliding_attention"]  # one layer of each
     cfg_path.write_text(json.dumps(cfg))
     eng = LLM(model=str(model_dir), device="cpu", enforce_eager=True, dtype="float32").engine
     assert eng.max_model_len == cfg["max_position_embeddings"]  # not the window
-    a = eng.arch
-    assert eng.runner.kv_specs == [PagedAttentionSpec(a.num_kv_heads, a.head_dim, 32)] * a.num_layers
+    a, runner = eng.arch, eng.runner
+    assert runner.kv_specs == [PagedAttentionSpec(a.num_kv_heads, a.head_dim, w) for w in (None, 32)]
+    (k0, _), (k1, _) = runner.kv_caches  # unequal specs: a pool each, same page shape
+    assert k0.shape == k1.shape and k0.untyped_storage().data_ptr() != k1.untyped_storage().data_ptr()
