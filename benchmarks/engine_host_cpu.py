@@ -54,8 +54,8 @@ def stub_model(runner, max_seqs: int) -> None:
 
     from atomc.runtime.cudagraph import DecodeGraphs
 
-    hidden, vocab = runner.arch.hidden_size, runner.arch.vocab_size
-    runner.forward = lambda ids, pos: torch.zeros(ids.shape[0], hidden)
+    vocab = runner.arch.vocab_size
+    runner.forward = lambda ids, pos: torch.zeros(ids.shape[0], 1)  # the stubbed logits ignore it
     runner.model.compute_logits = lambda h: torch.zeros(h.shape[0], vocab)
     max_blocks = (runner.max_model_len + runner.block_size - 1) // runner.block_size
     runner.decode_graphs = DecodeGraphs(
