@@ -44,7 +44,8 @@ def static_but_marked() -> Iterator[None]:
 
 
 def inductor_partition_options(splitting_ops: list[str]) -> dict[str, Any]:
-    """Inductor config that cuts its graph at our splitting ops (for piecewise CUDA graphs)."""
+    """Inductor config that cuts its output at our splitting ops (graph partition: the ops that read
+    the forward context run between the compiled pieces)."""
     cfg = torch._inductor.config
     opts: dict[str, Any] = {}
     if hasattr(cfg, "graph_partition"):
@@ -103,11 +104,6 @@ def serializable_callable(compiled_fn: Callable) -> Any:
     return BundledAOTAutogradSerializableCallable(compiled_fn)
 
 
-def has_standalone_compile() -> bool:
-    fn = getattr(torch._inductor, "standalone_compile", None)
-    return fn is not None and "aot" in inspect.signature(fn).parameters
-
-
 def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
     return torch._inductor.standalone_compile(gm, example_inputs, dynamic_shapes="from_graph", aot=True)
 
@@ -116,6 +112,24 @@ def load_standalone(path: str) -> Callable:
     from torch._inductor import CompiledArtifact
 
     return CompiledArtifact.load(path=path, format="binary")
+
+
+def traced_files(gm: torch.fx.GraphModule) -> set[str]:
+    """File names of the Python code Dynamo traced into `gm` (call inside the backend). Two sources,
+    for torch versions that lack one: the tracing context's list of inlined code objects (every
+    function Dynamo stepped through, including those that produced no node), and the file names in
+    each node's recorded stack trace."""
+    import re
+
+    from torch._guards import TracingContext
+
+    files: set[str] = set()
+    tc = TracingContext.try_get()
+    for code in getattr(tc, "traced_code", None) or []:
+        files.add(code.co_filename)
+    for node in gm.graph.nodes:
+        files.update(re.findall(r'File "([^"]+)"', node.meta.get("stack_trace") or ""))
+    return files
 
 
 def torch_key() -> str:

@@ -1,12 +1,15 @@
-"""The one place atomc reads environment variables. Every variable read here enters the compile cache key."""
+"""The one place atomc reads environment variables, and which of them enter the compile cache key."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-# Variables that change what atomc builds or where; `graphs/cache_key.py` hashes their values.
+# Every variable atomc reads.
 READ_VARS = ("ATOMC_CACHE_DIR",)
+# The ones that only say where things live: not a graph factor, so `--cache-dir X` and
+# `ATOMC_CACHE_DIR=X` find the same entries, and a cache copied elsewhere still hits.
+LOCATION_VARS = ("ATOMC_CACHE_DIR",)
 
 
 def cache_dir() -> Path:
@@ -14,5 +17,10 @@ def cache_dir() -> Path:
 
 
 def snapshot() -> dict[str, str | None]:
-    """Values of every variable atomc reads (for the cache key and the manifest)."""
+    """Values of every variable atomc reads."""
     return {name: os.environ.get(name) for name in READ_VARS}
+
+
+def graph_snapshot() -> dict[str, str | None]:
+    """Values of the variables that change what atomc builds (graphs/cache_key.py hashes these)."""
+    return {k: v for k, v in snapshot().items() if k not in LOCATION_VARS}

@@ -14,18 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from atomc import env
-from atomc.cli.flags import (
-    CacheDir,
-    CaptureSizes,
-    Device,
-    DisablePass,
-    Dtype,
-    MaxBatchedTokens,
-    MaxNumSeqs,
-    Model,
-    config_from,
-)
-from atomc.config import EngineConfig, ModelConfig, SchedulerConfig
+from atomc.cli.flags import CacheDir, Device, DisablePass, Dtype, Model, config_from
+from atomc.config import EngineConfig, ModelConfig
 
 if TYPE_CHECKING:
     from atomc.graphs.cache_store import CacheStore, Entry
@@ -194,13 +184,11 @@ def explain(
     model: Model = None,
     device: Device = EngineConfig.device,
     dtype: Dtype = ModelConfig.dtype,
-    max_num_batched_tokens: MaxBatchedTokens = SchedulerConfig.max_num_batched_tokens,
-    max_num_seqs: MaxNumSeqs = SchedulerConfig.max_num_seqs,
-    cudagraph_capture_sizes: CaptureSizes = None,
     disable_pass: DisablePass = None,
     cache_dir: CacheDir = None,
 ) -> None:
-    """Would these flags hit the cache? If not, the nearest entry and the factors that differ."""
+    """Would these flags hit the cache? If not, the nearest entry and the factors that differ.
+    Only the flags that change the key are taken: batch limits and CUDA-graph sizes do not."""
     from atomc.graphs.build import explain_miss, plan_from_config
 
     cfg = config_from(locals())

@@ -13,11 +13,13 @@ import torch
 
 from atomc import compat
 from atomc.config import EngineConfig
-from atomc.graphs import artifact
-from atomc.graphs.cache_key import cache_key, collect_factors, format_diff, nearest
+from atomc.graphs import artifact, sources
+from atomc.graphs.cache_key import cache_key, collect_factors, format_diff, nearest, source_factors
 from atomc.graphs.cache_store import CacheStore, Entry
-from atomc.graphs.partition import resolve_capture_sizes, splitting_ops
+from atomc.graphs.partition import splitting_ops
 from atomc.graphs.trace import AtomcBackend, aot_trace, bind, example_inputs
+from atomc.kernels.registry import ensure_registered
+from atomc.passes.manager import PassManager
 from atomc.platforms import platform_of
 
 log = logging.getLogger(__name__)
@@ -40,11 +42,18 @@ class CompileResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def make_pass_manager(config: EngineConfig, device: str):
-    """The pass pipeline for this platform (a module-level hook: tests swap in their own)."""
-    from atomc.passes.manager import PassManager
-
+def _pass_manager(config: EngineConfig, device: str) -> PassManager:
     return PassManager.for_platform(platform_of(device), disabled=config.compile.disabled_passes)
+
+
+def model_modules(model: torch.nn.Module) -> list[str]:
+    """The modules defining the model: every submodule's class, and its parsed config (`model.arch`,
+    which turns config.json into the switches the forward reads). Non-project modules drop out later."""
+    names = {type(m).__module__ for m in model.modules()}
+    arch = getattr(model, "arch", None)
+    if arch is not None:
+        names.add(type(arch).__module__)
+    return sorted(names)
 
 
 def artifact_format() -> str:
@@ -58,26 +67,29 @@ class Plan:
     factors: dict
     key: str
     store: CacheStore
-    capture_sizes: list[int]
 
 
 def plan_for(
-    model_dir: Path, config: EngineConfig, device: str, dtype: torch.dtype, pm, fmt: str | None = None
+    model_dir: Path,
+    config: EngineConfig,
+    device: str,
+    dtype: torch.dtype,
+    pm: PassManager,
+    modules: list[str],
+    fmt: str | None = None,
 ) -> Plan:
-    sizes = resolve_capture_sizes(
-        config.compile.cudagraph_capture_sizes, config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens
-    )
+    """`modules`: model_modules(model), the roots of the model's part of the `sources` factor."""
     factors = collect_factors(
         model_dir,
         config,
         device,
         dtype,
         pm.uuids(),
+        source_files=source_factors(modules, pm.source_files()),
         splitting_ops=splitting_ops(),
-        capture_sizes=sizes,
         artifact_format=fmt or artifact_format(),
     )
-    return Plan(factors, cache_key(factors), CacheStore(config.cache_path), sizes)
+    return Plan(factors, cache_key(factors), CacheStore(config.cache_path))
 
 
 def explain_miss(plan: Plan) -> str:
@@ -111,13 +123,12 @@ def compile_or_load(
     dtype: torch.dtype,
     *,
     progress: bool = False,
-    pm=None,
+    pm: PassManager | None = None,
     fmt: str | None = None,
-    fail_after_save: bool = False,
 ) -> CompileResult:
     t0 = time.perf_counter()
-    pm = pm if pm is not None else make_pass_manager(config, device)
-    plan = plan_for(model_dir, config, device, dtype, pm, fmt)
+    pm = pm if pm is not None else _pass_manager(config, device)
+    plan = plan_for(model_dir, config, device, dtype, pm, model_modules(model), fmt)
     entry = plan.store.entry(plan.key)
     res = _try_load(entry, model, pm, t0, raise_errors=config.compile.require_artifacts)
     if res is not None:
@@ -136,7 +147,7 @@ def compile_or_load(
         res = _try_load(entry, model, pm, t0)  # another process may have built it while we waited
         if res is not None:
             return res
-        manifest = _build(model, device, pm, plan, progress=progress, fail_after_save=fail_after_save)
+        manifest = _build(model, device, pm, plan, progress=progress)
     res = _try_load(entry, model, pm, t0, raise_errors=True)
     res.hit, res.timings = False, {**manifest["timings"], "total_s": time.perf_counter() - t0}
     return res
@@ -204,10 +215,6 @@ def _inductor_dir_for_load(store: CacheStore):
 
 def _register_backend_ops(manifest: dict) -> None:
     """The artifact calls backend ops (atomc_triton::...) by name: define them before unpickling."""
-    try:
-        from atomc.kernels.registry import ensure_registered
-    except ImportError:
-        return
     ensure_registered(manifest["factors"]["system"]["platform"])
 
 
@@ -220,7 +227,7 @@ def _load_format(manifest: dict, entry: Entry, model, pm) -> Callable:
     return compat.compile_unguarded(type(model).forward, backend, model, ids, pos)
 
 
-def _build(model, device: str, pm, plan: Plan, *, progress: bool, fail_after_save: bool) -> dict:
+def _build(model, device: str, pm: PassManager, plan: Plan, *, progress: bool) -> dict:
     from atomc.graphs.progress import Phases
 
     fmt = plan.factors["artifact_format"]
@@ -243,8 +250,10 @@ def _build(model, device: str, pm, plan: Plan, *, progress: bool, fail_after_sav
     timings = {**rec.timings, "save_s": time.perf_counter() - t1, "compile_total_s": time.perf_counter() - t0}
     bar.done("save")
     graph_files = _write_graphs(entry, rec)
-    if fail_after_save:  # tests: a compile killed after the artifact is written, before .ready
-        raise RuntimeError("injected failure before commit")
+    traced = sources.project_files(rec.traced_files)
+    unhashed = sorted(set(traced) - set(plan.factors["sources"]))
+    if unhashed:  # the key would not see an edit there: say so (tests/graphs check it never happens)
+        log.warning("traced files missing from the cache key's sources: %s", ", ".join(unhashed))
     manifest = {
         "key": plan.key,
         "format": fmt,
@@ -263,7 +272,7 @@ def _build(model, device: str, pm, plan: Plan, *, progress: bool, fail_after_sav
         "graph_before": graph_files.get("<before>"),
         "partitions": rec.plan,
         "splitting_ops": rec.splitting_ops,
-        "capture_sizes": plan.capture_sizes,
+        "traced_files": traced,
         "flops": rec.flops,
         "pieces": pieces,
         "timings": timings,
@@ -312,6 +321,13 @@ def compile_model(config: EngineConfig, progress: bool = True) -> CompileResult:
 
 
 def plan_from_config(config: EngineConfig) -> tuple[Plan, Path]:
-    """The key this config would use, without loading weights (for `atomc cache explain`)."""
+    """The key this config would use, without loading weights (for `atomc cache explain`): the model
+    is built on the meta device, only to name its modules."""
+    from models.arch import ModelArch
+    from models.registry import build_model
+
     model_dir, device, dtype = resolve_target(config)
-    return plan_for(model_dir, config, device, dtype, make_pass_manager(config, device)), model_dir
+    with torch.device("meta"):
+        model = build_model(ModelArch.from_dir(model_dir))
+    pm = _pass_manager(config, device)
+    return plan_for(model_dir, config, device, dtype, pm, model_modules(model)), model_dir

@@ -1,8 +1,10 @@
 """The compile cache key: sha256 of a canonical JSON of every factor that changes the graph.
 
-A factor missing here means a stale artifact silently reused, so the list errs on the side of more.
-Weights are deliberately absent: artifacts hold no weights, one entry serves any checkpoint of the
-same config.
+A factor missing here means a stale artifact silently reused; a factor that does not shape the
+artifact means needless rebuilds. So each factor is here for a reason (docs/compilation.md, "Key
+factors"), and some things are deliberately absent: the weights (artifacts hold none, one entry
+serves every checkpoint of a config), the batch limits and CUDA-graph sizes (the token dim is
+unbacked, one graph serves every batch), and where the cache lives.
 """
 
 from __future__ import annotations
@@ -12,25 +14,24 @@ import json
 import os
 import platform
 import sys
-from functools import lru_cache
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
 from atomc import compat, env
+from atomc.graphs import sources
 from atomc.platforms import platform_of
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-file `sources`, no capture sizes, batch limit or cache location
 
-_ROOT = Path(__file__).resolve().parents[2]
-# sources that decide what graph gets built: the model code, the ops, the passes, and the tracing code
-SOURCE_DIRS = ("models", "atomc/ops", "atomc/passes", "atomc/kernels")
-SOURCE_FILES = (
-    "atomc/compat.py",
-    "atomc/graphs/trace.py",
-    "atomc/graphs/partition.py",
-    "atomc/graphs/artifact.py",
-    "atomc/forward_context.py",
+# the code that traces, cuts and stores the graph, whatever the model and passes
+TRACING_MODULES = (
+    "atomc.compat",
+    "atomc.graphs.trace",
+    "atomc.graphs.partition",
+    "atomc.graphs.artifact",
+    "atomc.forward_context",
 )
 # config.json fields that do not shape the graph
 _CONFIG_NOISE = ("transformers_version", "_name_or_path")
@@ -47,20 +48,14 @@ def cache_key(factors: dict) -> str:
     return hashlib.sha256(canonical_json(factors).encode()).hexdigest()[:24]
 
 
-def source_digest(root: Path = _ROOT, dirs=SOURCE_DIRS, files=SOURCE_FILES) -> str:
-    h = hashlib.sha256()
-    paths = [root / f for f in files]
-    for d in dirs:
-        paths += sorted((root / d).rglob("*.py")) if (root / d).is_dir() else []
-    for p in sorted(set(paths)):
-        if p.is_file():
-            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-@lru_cache(maxsize=1)
-def _cached_source_digest() -> str:
-    return source_digest()
+def source_factors(
+    model_modules: Iterable[str], pass_files: Iterable[Path], root: Path = sources.ROOT
+) -> dict[str, str]:
+    """{project file: digest} of every file the build depends on: the model's modules, the passes'
+    files (the lowering's include the backend op modules it picks) and the tracing code, each with
+    its module-level project imports (atomc/graphs/sources.py)."""
+    roots = [*model_modules, *TRACING_MODULES, *(Path(p) for p in pass_files)]
+    return sources.digests(sources.closure(roots, root), root)
 
 
 def model_config(model_dir: Path) -> dict:
@@ -105,7 +100,7 @@ def system_factors(device: str) -> dict:
 
 
 def env_factors() -> dict:
-    out = dict(env.snapshot())
+    out = dict(env.graph_snapshot())
     for k, v in sorted(os.environ.items()):
         if k.startswith(_FOREIGN_ENV_PREFIXES) and k not in _FOREIGN_ENV_SKIP:
             out[k] = v
@@ -119,17 +114,18 @@ def collect_factors(
     dtype: torch.dtype,
     pass_uuids,
     *,
+    source_files: dict[str, str],
     splitting_ops,
-    capture_sizes: list[int],
     artifact_format: str,
 ) -> dict:
-    """Every input to the build. `config` is an EngineConfig; pass_uuids is PassManager.uuids()."""
+    """Every input to the build. `config` is an EngineConfig; pass_uuids is PassManager.uuids();
+    source_files is source_factors(...)."""
     dtype_name = str(dtype).removeprefix("torch.")
     kv = config.cache.kv_cache_dtype
     return {
         "format_version": FORMAT_VERSION,
         "artifact_format": artifact_format,
-        "atomc_sources": _cached_source_digest(),
+        "sources": dict(source_files),
         "system": system_factors(device),
         "device_type": torch.device(device).type,
         "model_config": model_config(model_dir),
@@ -137,8 +133,6 @@ def collect_factors(
         "kv_cache_dtype": dtype_name if kv == "auto" else kv,
         "passes": [[name, uuid] for name, uuid in pass_uuids],
         "splitting_ops": sorted(splitting_ops),
-        "capture_sizes": list(capture_sizes),
-        "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
         "tp_size": config.parallel.tensor_parallel_size,
         "tp_rank": config.parallel.rank,
         "env": env_factors(),

@@ -1,8 +1,11 @@
-"""Where the graph is cut for piecewise CUDA graphs, and the batch sizes those graphs are captured at.
+"""Where the graph is cut: around the ops that read the forward context (KV cache, batch metadata).
 
-Ops that read per-step state (the KV cache, batch metadata) or talk to other ranks cannot live
-inside a captured graph, so the graph is cut around them: Inductor cuts its own output there
-(graph_partition), and the fallback format cuts the FX graph itself (split_graph).
+atomc captures whole-forward CUDA graphs (the runtime's concern, atomc/runtime/), so the cut is not
+for piecewise graphs. It serves two things: Inductor's graph partition (its output is cut at these
+ops, `compat.inductor_partition_options`), and the `pieces` fallback artifact format, which FX-splits
+the graph here (split_graph) and compiles each piece alone. The list of such ops is the kernel
+registry's (`registry.CONTEXT_OPS`, in every backend namespace); an op in an atomc namespace that the
+registry does not know is an error, not a guess.
 """
 
 from __future__ import annotations
@@ -11,21 +14,18 @@ import functools
 
 import torch
 
-# Always cut here; the kernel registry adds every backend's context-reading ops (see splitting_ops()).
-SPLITTING_OPS = ("atomc::attention", "atomc::paged_attention", "atomc::rope_and_write_kv", "atomc::all_reduce")
+from atomc.kernels import registry
+
+
+class UnknownAtomcOp(RuntimeError):
+    """The graph calls an atomc op the kernel registry does not list, so nothing says whether the
+    graph must be cut there."""
 
 
 @functools.cache
 def splitting_ops() -> tuple[str, ...]:
-    """Every op the graph is cut at: those that read the forward context (KV cache, batch metadata)
-    or talk to other ranks, in every backend namespace (atomc, atomc_triton, atomc_aiter)."""
-    try:
-        from atomc.kernels.registry import splitting_op_names
-
-        extra = splitting_op_names()
-    except ImportError:
-        extra = []
-    return tuple(sorted(set(SPLITTING_OPS) | set(extra)))
+    """Every op the graph is cut at, in every backend namespace (atomc, atomc_triton, atomc_aiter)."""
+    return tuple(registry.splitting_op_names())
 
 
 def op_name(node: torch.fx.Node) -> str | None:
@@ -44,19 +44,23 @@ def is_splitting(node: torch.fx.Node) -> bool:
     name = op_name(node)
     if name is None:
         return False
-    ns, _, op = name.partition("::")
-    # a new attention-like op a pass introduces is cut too, even before it is listed
-    return name in splitting_ops() or (ns.startswith("atomc") and "attention" in op)
+    if registry.is_known(name) is False:
+        raise UnknownAtomcOp(
+            f"{name} is not in atomc/kernels/registry.py: list it in OPS (and in CONTEXT_OPS if it reads "
+            "the forward context), so lowering and the graph cut know what it is"
+        )
+    return name in splitting_ops()
 
 
 def splitting_ops_in(gm: torch.fx.GraphModule) -> list[str]:
-    """Inductor's partition list: the known splitting ops plus any found in this graph."""
-    names = {op_name(n) for n in gm.graph.nodes if is_splitting(n)}
-    return sorted(set(splitting_ops()) | {n for n in names if n})
+    """Inductor's partition list: every splitting op (those absent from this graph cost nothing)."""
+    for node in gm.graph.nodes:
+        is_splitting(node)  # fails on an unknown atomc op before Inductor sees the graph
+    return list(splitting_ops())
 
 
 def partition_plan(gm: torch.fx.GraphModule) -> list[dict]:
-    """Ordered pieces: graph pieces (captured) alternating with splitting ops (run eagerly)."""
+    """Ordered pieces: graph pieces alternating with splitting ops (for the report)."""
     plan: list[dict] = []
     current = 0
     for node in gm.graph.nodes:
@@ -74,22 +78,6 @@ def partition_plan(gm: torch.fx.GraphModule) -> list[dict]:
     for i, piece in enumerate(plan):
         piece["index"] = i
     return plan
-
-
-def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
-    """1, 2, 4, then every 8 up to the largest decode batch (a decode step is one token a sequence)."""
-    top = max(1, min(max_num_seqs, max_num_batched_tokens))
-    ladder = [1, 2, 4] + list(range(8, top + 1, 8))
-    return sorted({s for s in ladder if s <= top} | {top})
-
-
-def resolve_capture_sizes(sizes: list[int] | None, max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
-    if sizes is None:
-        return default_capture_sizes(max_num_seqs, max_num_batched_tokens)
-    bad = [s for s in sizes if s < 1 or s > max_num_batched_tokens]
-    if bad:
-        raise ValueError(f"--cudagraph-capture-sizes {bad} outside 1..{max_num_batched_tokens} (max tokens)")
-    return sorted(set(sizes))
 
 
 def split_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[tuple[str, bool]]]:
@@ -117,3 +105,4 @@ def split_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[tu
             sub = getattr(split, node.target)
             order.append((node.target, any(is_splitting(n) for n in sub.graph.nodes)))
     return split, order
+

@@ -116,9 +116,6 @@ def format_report(manifest: dict) -> str:
         f"flops      {flops.get('rewritten_share', 0.0):.1%} of per-token FLOPs in rewritten kernels "
         f"(attention at a {flops.get('reference_context', REF_CONTEXT)}-token context)"
     )
-    sizes = manifest.get("capture_sizes", [])
-    shown = ", ".join(map(str, sizes[:12])) + (" ..." if len(sizes) > 12 else "")
-    lines.append(f"capture    {len(sizes)} sizes: {shown}")
     t = manifest.get("timings", {})
     lines.append("timings    " + "  ".join(f"{k.removesuffix('_s')} {v:.2f}s" for k, v in t.items()))
     lines.append(f"artifact   {human_bytes(manifest.get('artifact_bytes', 0))}")

@@ -42,6 +42,7 @@ class TraceRecord:
     timings: dict[str, float] = field(default_factory=dict)
     graph_module: torch.fx.GraphModule | None = None
     example_inputs: list = field(default_factory=list)
+    traced_files: set[str] = field(default_factory=set)  # the Python files Dynamo traced (absolute)
 
 
 class AtomcBackend:
@@ -59,6 +60,7 @@ class AtomcBackend:
         rec.timings["trace_s"] = now - rec.started
         self.on_phase("trace")
         rec.graph_before = gm.code
+        rec.traced_files = compat.traced_files(gm)
         rec.flops_before = graph_flops(gm)
         rec.pass_reports = self.pm.run(gm)
         rec.flops = graph_flops(gm, baseline=rec.flops_before)

@@ -34,8 +34,18 @@ OPS = (
     "silu_and_mul",
     "linear",
 )
-# ops that read the forward context (KV cache, batch metadata): graph cut points for CUDA graphs
+# The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
+# there (graphs/partition.py), in every backend namespace. tests/kernels/test_registry.py fails when
+# an op reads the context and is missing here. rope_and_write_kv and qk_norm_rope_and_write_kv write
+# the KV cache but declare no mutation; they are marked side-effectful below (see passes/README.md).
 CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rope_and_write_kv")
+# where each backend's ops live: torch.ops.<namespace>.*, defined by importing <module>
+NAMESPACES = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"}
+MODULES = {
+    "torch": ("atomc.ops",),
+    "triton": ("atomc.kernels.triton.ops",),
+    "aiter": ("atomc.kernels.aiter.ops", "atomc.kernels.aiter.attention"),
+}
 
 # (op, backend) -> loader returning the op's overload in that backend's namespace
 _LOADERS: dict[tuple[str, str], Callable[[], object]] = {}
@@ -72,15 +82,33 @@ def backend_available(backend: str) -> bool:
 def lookup(op: str, backend: str):
     """The backend's overload for `op`, or None when the backend has no kernel for it."""
     loader = _LOADERS.get((op, backend))
-    return None if loader is None else loader()
+    if loader is None:
+        return None
+    overload = loader()
+    if op in CONTEXT_OPS:
+        # an op that writes the KV cache through the context has an effect its schema does not show:
+        # FX's dead-code elimination must keep it even if its outputs went unused
+        torch.fx.node.has_side_effect(overload)
+    return overload
+
+
+def choose_backend(op: str, platform: str) -> str:
+    """The first preferred backend on `platform` that implements `op` and can run here."""
+    for backend in PLATFORM_BACKENDS[platform]:
+        if (op, backend) in _LOADERS and backend_available(backend):
+            return backend
+    raise KeyError(f"no backend implements atomc::{op} on {platform}")
 
 
 def choose(op: str, platform: str) -> tuple[str, object]:
     """(backend, overload) for `op` on `platform`: the first preferred backend that has it."""
-    for backend in PLATFORM_BACKENDS[platform]:
-        if (op, backend) in _LOADERS and backend_available(backend):
-            return backend, lookup(op, backend)
-    raise KeyError(f"no backend implements atomc::{op} on {platform}")
+    backend = choose_backend(op, platform)
+    return backend, lookup(op, backend)
+
+
+def chosen_modules(platform: str) -> list[str]:
+    """The modules defining the backend ops `platform` lowers to (for the compile cache key)."""
+    return sorted({m for op in OPS for m in MODULES[choose_backend(op, platform)]})
 
 
 def ensure_registered(platform: str) -> list[str]:
@@ -91,19 +119,30 @@ def ensure_registered(platform: str) -> list[str]:
 def splitting_op_names() -> list[str]:
     """Qualified names ("atomc::attention", "atomc_triton::paged_attention", ...) of the ops that read
     the forward context, in every backend namespace: the graph must be cut there."""
-    ns = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"}
-    return sorted(f"{ns[b]}::{op}" for op, b in _LOADERS if op in CONTEXT_OPS)
+    return sorted(f"{NAMESPACES[b]}::{op}" for op, b in _LOADERS if op in CONTEXT_OPS)
+
+
+def is_known(qualified: str) -> bool | None:
+    """For 'ns::op': True if the registry lists it, False if it is in an atomc namespace but
+    unlisted (an op nothing can classify), None if it is no atomc op at all."""
+    ns, _, op = qualified.partition("::")
+    if ns not in NAMESPACES.values():
+        return None
+    return (op, next(b for b, n in NAMESPACES.items() if n == ns)) in _LOADERS
 
 
 # ---- torch: the atomc ops themselves ----
 for _op in OPS:
     register(_op, "torch")(functools.partial(lambda name: getattr(torch.ops.atomc, name).default, _op))
+for _op in CONTEXT_OPS:
+    lookup(_op, "torch")  # the atomc ops are defined already: mark their effects now, before any pass
 
 
 # ---- triton: torch.ops.atomc_triton.* (atomc/kernels/triton/ops.py, defined on first use) ----
 @functools.cache
 def _triton_ops():
-    importlib.import_module("atomc.kernels.triton.ops")
+    for module in MODULES["triton"]:
+        importlib.import_module(module)
     return torch.ops.atomc_triton
 
 
@@ -115,8 +154,8 @@ for _op in OPS:
 # ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----
 @functools.cache
 def _aiter_ops():
-    importlib.import_module("atomc.kernels.aiter.ops")  # norms, activation, RoPE
-    importlib.import_module("atomc.kernels.aiter.attention")  # attention, the KV-cache write
+    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write
+        importlib.import_module(module)
     return torch.ops.atomc_aiter
 
 

@@ -4,26 +4,23 @@ spelling -> F.linear; atomc.attention is already canonical. Later passes fuse an
 
 from __future__ import annotations
 
-import hashlib
+import inspect
 from pathlib import Path
 
 import torch
 
+from atomc.passes import patterns
 from atomc.passes.base import AtomcPass, PassResult
 from atomc.passes.patterns import PATTERNS
 
 
 class Canonicalize(AtomcPass):
     name = "canonicalize"
-    version = 1
 
-    def uuid(self) -> str:
-        # the patterns live in their own files: hash them into this pass's id as well
-        h = hashlib.sha256(super().uuid().encode())
-        for path in sorted(Path(__file__).with_name("patterns").glob("*.py")):
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
-        h.update(",".join(p.name for p in PATTERNS).encode())
-        return h.hexdigest()
+    def source_files(self) -> list[Path]:
+        # the patterns live in their own files, and their list decides what runs
+        files = [Path(inspect.getsourcefile(type(p))).resolve() for p in PATTERNS]
+        return [*super().source_files(), Path(inspect.getsourcefile(patterns)).resolve(), *files]
 
     def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
         matched = rewritten = 0

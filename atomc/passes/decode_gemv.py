@@ -12,30 +12,26 @@ from __future__ import annotations
 import torch
 
 from atomc.passes import match
-from atomc.passes.base import AtomcPass, PassResult
+from atomc.passes.base import FusionPass
 
 LINEAR = torch.ops.atomc.linear.default
 PLATFORMS = ("cuda",)
 
 
-class DecodeGemv(AtomcPass):
+class DecodeGemv(FusionPass):
     name = "decode_gemv"
-    version = 1
+    anchor = "linear"  # every spelling of F.linear
 
     def __init__(self, platform: str = "cpu"):
         self.platform = platform
 
-    def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
-        matched = rewritten = 0
-        for node in gm.graph.nodes:
-            if not match.is_op(node, "linear"):
-                continue
-            matched += 1
-            if self.platform not in PLATFORMS:
-                continue
-            x, weight = match.arg(node, 0, "input"), match.arg(node, 1, "weight")
-            bias = match.arg(node, 2, "bias")
-            node.target, node.args, node.kwargs = LINEAR, (x, weight, bias), {}
-            rewritten += 1
-        notes = "" if self.platform in PLATFORMS else f"F.linear kept on {self.platform}"
-        return PassResult(matched, rewritten, notes)
+    def rewrite(self, gm, node) -> bool:
+        if self.platform not in PLATFORMS:
+            return False
+        x, weight = match.arg(node, 0, "input"), match.arg(node, 1, "weight")
+        bias = match.arg(node, 2, "bias")
+        node.target, node.args, node.kwargs = LINEAR, (x, weight, bias), {}
+        return True
+
+    def notes(self) -> str:
+        return "" if self.platform in PLATFORMS else f"F.linear kept on {self.platform}"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from atomc.passes import match
-from atomc.passes.base import AtomcPass, PassResult
-from atomc.passes.patterns.base import call, erase_dead, getitems
+from atomc.passes.base import FusionPass
+from atomc.passes.rewrite import call, erase_dead, getitems
 
 RMS_NORM = torch.ops.atomc.rms_norm.default
 FUSED = torch.ops.atomc.fused_add_rms_norm.default
@@ -24,28 +24,22 @@ def _fusable_add(node) -> bool:
     return match.same_shape(a, b) and match.same_shape(a, node) and match.dtype(a) == match.dtype(b)
 
 
-class FuseAddRMSNorm(AtomcPass):
+class FuseAddRMSNorm(FusionPass):
     name = "fuse_add_rmsnorm"
-    version = 1
+    anchor = RMS_NORM
 
-    def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
-        matched = rewritten = 0
-        for norm in list(gm.graph.nodes):
-            if norm.op != "call_function" or norm.target is not RMS_NORM:
-                continue
-            s = norm.args[0]
-            if not _fusable_add(s):
-                continue
-            matched += 1
-            a, b = s.args
-            x, weight, eps = norm.args
-            with gm.graph.inserting_before(norm):
-                vals = (match.val(norm), match.val(s))
-                fused = call(gm.graph, FUSED, (a, b, weight, eps))
-                fused.meta["example_value"] = vals
-                normed, summed = getitems(gm.graph, fused, vals)
-            norm.replace_all_uses_with(normed)
-            s.replace_all_uses_with(summed)  # the residual stream continues from the fused op
-            erase_dead(gm.graph, [norm, s])
-            rewritten += 1
-        return PassResult(matched, rewritten)
+    def match(self, norm):
+        return norm if _fusable_add(norm.args[0]) else None  # a norm without an add is no match
+
+    def rewrite(self, gm, norm) -> bool:
+        s = norm.args[0]
+        a, b = s.args
+        x, weight, eps = norm.args
+        with gm.graph.inserting_before(norm):
+            vals = (match.val(norm), match.val(s))
+            fused = call(gm.graph, FUSED, (a, b, weight, eps), vals)
+            normed, summed = getitems(gm.graph, fused, vals)
+        norm.replace_all_uses_with(normed)
+        s.replace_all_uses_with(summed)  # the residual stream continues from the fused op
+        erase_dead(gm.graph, [norm, s])
+        return True

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from atomc.passes import match
-from atomc.passes.base import AtomcPass, PassResult
-from atomc.passes.patterns.base import call, erase_dead
+from atomc.passes.base import FusionPass
+from atomc.passes.rewrite import call, erase_dead
 
 ROPE_KV = torch.ops.atomc.rope_and_write_kv.default
 RMS_NORM = torch.ops.atomc.rms_norm.default
@@ -31,24 +31,18 @@ def _norm(node):
     return x, weight, eps
 
 
-class FuseQKNormRope(AtomcPass):
+class FuseQKNormRope(FusionPass):
     name = "fuse_qk_norm_rope"
-    version = 1
+    anchor = ROPE_KV
 
-    def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
-        matched = rewritten = 0
-        for rope in list(gm.graph.nodes):
-            if rope.op != "call_function" or rope.target is not ROPE_KV:
-                continue
-            matched += 1
-            positions, q, k, v, cos_sin, layer_idx = rope.args
-            qn, kn = _norm(q), _norm(k)
-            if qn is None or kn is None or match.ndim(q) != 3 or match.ndim(k) != 3:
-                continue
-            with gm.graph.inserting_before(rope):
-                args = (positions, qn[0], kn[0], v, qn[1], qn[2], kn[1], kn[2], cos_sin, layer_idx)
-                fused = call(gm.graph, FUSED, args, rope.meta.get("example_value"))
-            rope.replace_all_uses_with(fused)
-            erase_dead(gm.graph, [q, k, rope])
-            rewritten += 1
-        return PassResult(matched, rewritten)
+    def rewrite(self, gm, rope) -> bool:
+        positions, q, k, v, cos_sin, layer_idx = rope.args
+        qn, kn = _norm(q), _norm(k)
+        if qn is None or kn is None or match.ndim(q) != 3 or match.ndim(k) != 3:
+            return False
+        with gm.graph.inserting_before(rope):
+            args = (positions, qn[0], kn[0], v, qn[1], qn[2], kn[1], kn[2], cos_sin, layer_idx)
+            fused = call(gm.graph, FUSED, args, rope.meta.get("example_value"))
+        rope.replace_all_uses_with(fused)
+        erase_dead(gm.graph, [q, k, rope])
+        return True

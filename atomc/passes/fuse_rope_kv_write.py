@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from atomc.passes import match
-from atomc.passes.base import AtomcPass, PassResult
-from atomc.passes.patterns.base import call, erase_dead, getitems
+from atomc.passes.base import FusionPass
+from atomc.passes.rewrite import call, erase_dead, getitems
 
 ROPE = torch.ops.atomc.rope.default
 ATTENTION = (torch.ops.atomc.attention, torch.ops.atomc.attention.default)
@@ -34,37 +34,31 @@ def _rope_outputs(q, k):
     return rope
 
 
-class FuseRopeKVWrite(AtomcPass):
+class FuseRopeKVWrite(FusionPass):
     name = "fuse_rope_kv_write"
-    version = 2  # carries the sliding window
+    anchor = ATTENTION
 
-    def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
-        matched = rewritten = 0
-        for attn in list(gm.graph.nodes):
-            if attn.op != "call_function" or attn.target not in ATTENTION:
-                continue
-            matched += 1
-            q, k, v, out, layer_idx, scale, window = _attention_args(attn)
-            rope = _rope_outputs(q, k)
-            # other users of q/k (e.g. empty_like(q) for `out`) take the fused op's outputs: same values
-            if rope is None:
-                continue
-            positions, q_in, k_in, cos_sin = rope.args
-            if not _defined_before(v, rope):
-                continue
-            with gm.graph.inserting_before(rope):
-                vals = rope.meta.get("example_value", (None, None))
-                fused = call(gm.graph, ROPE_KV, (positions, q_in, k_in, v, cos_sin, layer_idx))
-                fused.meta["example_value"] = vals
-                q_new, k_new = getitems(gm.graph, fused, vals)
-            with gm.graph.inserting_before(attn):
-                paged = call(gm.graph, PAGED, (q_new, k_new, v, out, layer_idx, scale, window))
-            attn.replace_all_uses_with(paged)
-            q.replace_all_uses_with(q_new)
-            k.replace_all_uses_with(k_new)
-            erase_dead(gm.graph, [attn, q, k, rope])
-            rewritten += 1
-        return PassResult(matched, rewritten)
+    def rewrite(self, gm, attn) -> bool:
+        q, k, v, out, layer_idx, scale, window = _attention_args(attn)
+        rope = _rope_outputs(q, k)
+        # other users of q/k (e.g. empty_like(q) for `out`) take the fused op's outputs: same values
+        if rope is None:
+            return False
+        positions, q_in, k_in, cos_sin = rope.args
+        if not _defined_before(v, rope):
+            return False
+        with gm.graph.inserting_before(rope):
+            vals = rope.meta.get("example_value", (None, None))
+            fused = call(gm.graph, ROPE_KV, (positions, q_in, k_in, v, cos_sin, layer_idx), vals)
+            q_new, k_new = getitems(gm.graph, fused, vals)
+        with gm.graph.inserting_before(attn):
+            # paged_attention reads the cache rope_and_write_kv wrote: taking its outputs orders the two
+            paged = call(gm.graph, PAGED, (q_new, k_new, v, out, layer_idx, scale, window))
+        attn.replace_all_uses_with(paged)
+        q.replace_all_uses_with(q_new)
+        k.replace_all_uses_with(k_new)
+        erase_dead(gm.graph, [attn, q, k, rope])
+        return True
 
 
 def _attention_args(attn):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from atomc.passes import match
-from atomc.passes.base import AtomcPass, PassResult
-from atomc.passes.patterns.base import call, erase_dead
+from atomc.passes.base import FusionPass
+from atomc.passes.rewrite import call, erase_dead
 
 SILU_MUL = torch.ops.atomc.silu_mul.default
 SILU_AND_MUL = torch.ops.atomc.silu_and_mul.default
@@ -39,23 +39,17 @@ def _halves_of(gate, up):
     return (y, split) if ok and match.is_last_dim(dim, y) and match.same_shape(gate, up) else None
 
 
-class FuseSiluMul(AtomcPass):
+class FuseSiluMul(FusionPass):
     name = "fuse_silu_mul"
-    version = 1
+    anchor = SILU_MUL
 
-    def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
-        matched = rewritten = 0
-        for node in list(gm.graph.nodes):
-            if node.op != "call_function" or node.target is not SILU_MUL:
-                continue
-            matched += 1
-            found = _halves_of(*node.args)
-            if found is None:
-                continue
-            y, split = found
-            with gm.graph.inserting_before(node):
-                new = call(gm.graph, SILU_AND_MUL, (y,), match.val(node))
-            node.replace_all_uses_with(new)
-            erase_dead(gm.graph, [split, *node.args, node])
-            rewritten += 1
-        return PassResult(matched, rewritten)
+    def rewrite(self, gm, node) -> bool:
+        found = _halves_of(*node.args)
+        if found is None:
+            return False
+        y, split = found
+        with gm.graph.inserting_before(node):
+            new = call(gm.graph, SILU_AND_MUL, (y,), match.val(node))
+        node.replace_all_uses_with(new)
+        erase_dead(gm.graph, [split, *node.args, node])
+        return True

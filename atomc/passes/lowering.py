@@ -4,6 +4,9 @@ The backend ops share the atomc schemas, so only `node.target` changes."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import torch
 
 from atomc.kernels import registry
@@ -24,7 +27,6 @@ def atomc_op_name(node: torch.fx.Node) -> str | None:
 
 class Lowering(AtomcPass):
     name = "lowering"
-    version = 1
 
     def __init__(self, platform: str = "cpu"):
         if platform not in registry.PLATFORM_BACKENDS:
@@ -32,14 +34,11 @@ class Lowering(AtomcPass):
             raise ValueError(f"unknown platform {platform!r} (valid: {valid})")
         self.platform = platform
 
-    def uuid(self) -> str:
-        # the registry decides how each platform lowers (the platform is in the base id)
-        import hashlib
-        import inspect
-
-        h = hashlib.sha256(super().uuid().encode())
-        h.update(inspect.getsource(registry).encode())
-        return h.hexdigest()
+    def source_files(self) -> list[Path]:
+        # the registry decides how each platform lowers; the backend op modules it picks define
+        # what the lowered graph calls (atomc/ops on cpu, the Triton bindings on cuda, ...)
+        modules = [registry.__name__, *registry.chosen_modules(self.platform)]
+        return [*super().source_files(), *(Path(importlib.util.find_spec(m).origin).resolve() for m in modules)]
 
     def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
         matched = rewritten = 0

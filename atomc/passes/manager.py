@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -72,6 +73,10 @@ class PassManager:
 
     def uuids(self) -> list[tuple[str, str]]:
         return [(p.name, p.uuid()) for p in self.passes]
+
+    def source_files(self) -> list[Path]:
+        """Every pass's source files (the cache key hashes them with their project imports)."""
+        return sorted({f for p in self.passes for f in p.source_files()})
 
     def run(self, gm: torch.fx.GraphModule) -> list[PassReport]:
         reports = []

@@ -40,6 +40,15 @@ def is_op(node, name: str) -> bool:
     return node.op == "call_method" and method is not None and node.target == method
 
 
+def calls(gm: torch.fx.GraphModule, what) -> list[Node]:
+    """The nodes calling `what` (a call_function target, a tuple of them, or an OPS name for every
+    spelling), as a list taken now, so a rewrite may edit the graph while walking it."""
+    if isinstance(what, str):
+        return [n for n in gm.graph.nodes if is_op(n, what)]
+    targets = what if isinstance(what, tuple) else (what,)
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in targets]
+
+
 def arg(node: Node, index: int, kw: str | None = None, default=None):
     """Positional-or-keyword argument, the way both call_function and call_method nodes store it
     (for call_method, args[0] is self)."""
@@ -78,15 +87,6 @@ def is_last_dim(dim, node) -> bool:
     return dim == -1 or (n is not None and dim == n - 1)
 
 
-def getitem_users(node: Node) -> dict[int, Node]:
-    """{index: user} for `node[i]` users (outputs of chunk/split/multi-output ops)."""
-    out = {}
-    for u in node.users:
-        if is_op(u, "getitem") and isinstance(u.args[1], int):
-            out[u.args[1]] = u
-    return out
-
-
 def operands(node: Node) -> tuple:
     """(a, b) of a binary op node in either spelling."""
     return node.args[0], node.args[1]
@@ -96,7 +96,3 @@ def commuted(node: Node) -> Iterable[tuple]:
     a, b = operands(node)
     yield a, b
     yield b, a
-
-
-def only_users(node: Node, allowed: Iterable[Node]) -> bool:
-    return set(node.users) <= set(allowed)

@@ -69,7 +69,6 @@ CHECKS = (_is_noop_cast, _is_noop_view, _is_noop_contiguous, _is_noop_slice)
 
 class NoopElimination(AtomcPass):
     name = "noop_elimination"
-    version = 1
 
     def __call__(self, gm: torch.fx.GraphModule) -> PassResult:
         removed: dict[str, int] = {}

@@ -12,22 +12,6 @@ from models.loader import load_model
 from tests.graphs.helpers import make_config
 
 
-def _pass_manager(config, device):
-    from atomc.passes.manager import PassManager
-
-    try:  # the real pipeline when it is importable; an empty stand-in while it is being written
-        return PassManager.for_platform("cpu", disabled=config.compile.disabled_passes)
-    except Exception:
-        return PassManager([])
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _passes():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(build, "make_pass_manager", _pass_manager)
-        yield
-
-
 @pytest.fixture(scope="session")
 def shared_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("atomc_cache")

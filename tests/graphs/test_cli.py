@@ -63,12 +63,30 @@ def test_ls_show_diff_verify(tmp_path, shared_root, compiled):
     assert out.exit_code == 1 and "BAD" in out.output and "ok" in out.output
 
 
-def test_explain_hit_and_miss(shared_root, compiled, llama_dir):
-    args = ["explain", "--model", llama_dir, "--device", "cpu", "--cache-dir", shared_root]
+def test_explain_hit_and_miss(shared_root, compiled, llama_dir, monkeypatch):
+    args = ["explain", "--model", llama_dir, "--device", "cpu"]
+    out = invoke(*args, "--cache-dir", shared_root)
+    assert out.exit_code == 0 and out.output.startswith("hit:"), out.output
+    # the cache named by the environment instead of the flag is the same cache: a hit
+    monkeypatch.setenv("ATOMC_CACHE_DIR", str(shared_root))
     out = invoke(*args)
     assert out.exit_code == 0 and out.output.startswith("hit:"), out.output
-    out = invoke(*args, "--cudagraph-capture-sizes", "1,2,3")
-    assert out.exit_code == 1 and "miss" in out.output and "capture_sizes" in out.output
+    out = invoke(*args, "--disable-pass", "fuse_silu_mul")
+    assert out.exit_code == 1 and "miss" in out.output and "passes" in out.output
+
+
+def test_explain_names_the_edited_source_file(tmp_path, shared_root, compiled, llama_dir):
+    """An entry built from other text of one file: explain names that file."""
+    _, res = compiled
+    root = tmp_path / "c"
+    root.mkdir()
+    copy_entry(shared_root, res.key, root)
+    sources = dict(res.manifest["factors"]["sources"], **{"models/layers.py": "0" * 20})
+    _second_entry(root, res.key, sources=sources)
+    shutil.rmtree(root / res.key)  # only the edited entry is left: a miss
+    out = invoke("explain", "--model", llama_dir, "--device", "cpu", "--cache-dir", root)
+    assert out.exit_code == 1 and "differs in 1 factor" in out.output, out.output
+    assert "sources.models/layers.py" in out.output
 
 
 def test_clear(tmp_path, shared_root, compiled):

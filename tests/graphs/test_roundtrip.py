@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from atomc import compat
+from atomc.config import EngineConfig
 from atomc.graphs import build
 from models.loader import load_model
-from tests.graphs.helpers import assert_matches_eager
+from tests.graphs.helpers import assert_matches_eager, copy_entry
 from tests.greedy import MARGIN
 
 
@@ -37,13 +38,42 @@ def test_compile_writes_a_complete_entry(compiled):
     splits = [p for p in m["partitions"] if p["kind"] == "split"]
     assert sum("attention" in p["op"] for p in splits) == 2  # one attention per layer
     assert sum(p["kind"] == "graph" for p in m["partitions"]) == len(splits) + 1
-    assert m["capture_sizes"][0] == 1 and m["factors"]["capture_sizes"] == m["capture_sizes"]
+    assert "capture_sizes" not in m and "capture_sizes" not in m["factors"]  # the runtime's concern
     assert (res.entry_dir / m["graph_before"]).read_text().startswith("\n\n\ndef forward") or m["graph_before"]
     for p in m["passes"]:
         assert (res.entry_dir / p["graph"]).is_file()
     for phase in ("trace_s", "passes_s", "inductor_s", "save_s"):
         assert m["timings"][phase] >= 0
     assert m["flops"]["total_per_token"] > 0
+
+
+def test_every_traced_file_is_in_the_key(compiled):
+    """The files Dynamo traced are all hashed into the key (a dependency the static import closure
+    missed would fail here, not become a stale artifact)."""
+    _, res = compiled
+    traced, hashed = res.manifest["traced_files"], res.manifest["factors"]["sources"]
+    assert {"models/llama.py", "models/layers.py"} <= set(traced)
+    assert set(traced) <= set(hashed), sorted(set(traced) - set(hashed))
+
+
+def test_one_artifact_serves_other_batch_limits_and_cache_locations(compiled, llama_dir, tmp_path, monkeypatch):
+    """Capture sizes, batch limits and where the cache lives are runtime settings: the entry built
+    under the defaults is a hit for other values, from a copied cache named by the environment."""
+    cfg, first = compiled
+    copied = tmp_path / "copied"
+    copy_entry(first.entry_dir.parent, first.key, copied)
+    # a copy of the whole cache, Inductor's kernels included (linked: copying them costs time only)
+    (copied / "inductor").symlink_to(first.entry_dir.parent / "inductor", target_is_directory=True)
+    monkeypatch.setenv("ATOMC_CACHE_DIR", str(copied))
+    other = EngineConfig(device="cpu")  # cache_dir from the environment
+    other.compile.cudagraph_capture_sizes = [1, 3]
+    other.scheduler.max_num_batched_tokens, other.scheduler.max_num_seqs = 64, 4
+    other.compile.require_artifacts = True  # a miss would raise instead of compiling
+    assert other.cache_path == copied
+    model = load_model(llama_dir, torch.float32, "cpu")
+    forward, info = build.load_or_compile(model, llama_dir, other, "cpu", torch.float32)
+    assert info["hit"] and info["key"] == first.key and info["entry"] == str(copied / first.key)
+    assert_matches_eager(forward, load_model(llama_dir, torch.float32, "cpu"), sizes=(1, 64))
 
 
 def test_hit_loads_without_trace_or_inductor(compiled, llama_dir, monkeypatch):

@@ -12,7 +12,6 @@ import fake_aiter
 import pytest
 
 from atomc import LLM, SamplingParams
-from atomc.graphs import build
 from atomc.kernels import registry
 
 PROMPTS = ["The capital of France is", "Once upon a time there", "def add(a, b):\n"]
@@ -24,8 +23,9 @@ def rocm_pipeline(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "aiter", fake_aiter.module())
     monkeypatch.setattr(registry, "backend_available", lambda backend: backend != "triton")
-    rocm = lambda config, device: PassManager.for_platform("rocm", config.compile.disabled_passes)  # noqa: E731
-    monkeypatch.setattr(build, "make_pass_manager", rocm)
+    for_platform = PassManager.for_platform.__func__
+    rocm = classmethod(lambda cls, platform, disabled=(): for_platform(cls, "rocm", disabled))
+    monkeypatch.setattr(PassManager, "for_platform", rocm)  # the pipeline the build asks for, on "cpu"
     fake_aiter.CALLS.clear()
 
 

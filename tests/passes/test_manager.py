@@ -22,15 +22,27 @@ def test_default_order_and_disabling():
         PassManager.for_platform("metal")
 
 
-def test_uuids_are_stable_and_follow_version_and_platform():
+def test_uuids_are_stable_and_follow_source_and_platform(tmp_path, monkeypatch):
     a, b = PassManager.for_platform("cpu").uuids(), PassManager.for_platform("cpu").uuids()
     assert a == b and [n for n, _ in a] == ORDER and all(len(u) == 64 for _, u in a)
     assert dict(a)["lowering"] != dict(PassManager.for_platform("cuda").uuids())["lowering"]
 
-    class Bumped(NoopElimination):
-        version = 2
+    # editing a file the pass is made of changes its id
+    src = tmp_path / "noop_elimination.py"
+    src.write_text("x = 1\n")
+    monkeypatch.setattr(NoopElimination, "source_files", lambda self: [src])
+    before = NoopElimination().uuid()
+    src.write_text("x = 2\n")
+    assert NoopElimination().uuid() != before
 
-    assert Bumped().uuid() != NoopElimination().uuid()
+
+def test_source_files_name_what_each_pass_is_made_of():
+    pm = PassManager.for_platform("cpu")
+    files = {p.name: {f.name for f in p.source_files()} for p in pm.passes}
+    assert files["fuse_silu_mul"] == {"fuse_silu_mul.py"}
+    assert {"canonicalize.py", "rope.py", "rms_norm.py", "__init__.py"} <= files["canonicalize"]
+    assert {"lowering.py", "registry.py"} <= files["lowering"]
+    assert set(pm.source_files()) == {f for p in pm.passes for f in p.source_files()}
 
 
 def test_run_reports_each_pass():

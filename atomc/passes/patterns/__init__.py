@@ -1,7 +1,12 @@
-"""The registry of canonicalisation patterns, applied in this order by the canonicalize pass.
+"""The canonicalisation patterns, applied in this order by the canonicalize pass.
 
 The patterns are independent of each other (each matches plain torch ops, none reads another's
 output), so the order only fixes how reports read.
+
+Hand matching is for small elementwise idioms only. The big blocks come out of the model as atomc
+ops already (attention today; MoE, MLA and quantised linears when they arrive): a model calls
+`torch.ops.atomc.<op>` itself, so no pattern has to recognise a router loop or a latent attention
+in Dynamo's torch-level graph, where every spelling of a block would cost matching code.
 """
 
 from __future__ import annotations
@@ -19,23 +24,6 @@ PATTERNS: list[Pattern] = [
     SiluMulPattern(),
     RopePattern(),
     AttentionPattern(),
-    # ---- reserved: MoE and MLA patterns (added with the MoE / MLA models) ----
-    # MoE: router (softmax or sigmoid, topk, renormalise) + the per-expert loop
-    #      -> atomc::moe_router + atomc::fused_moe (weights stacked at load by the MoE layer's weight_loader).
-    # MLA: compressed q/kv projections, the rope/nope split and latent attention
-    #      -> atomc::mla_attention (absorbed form for decode).
-    # Register them with `register(...)` from the model's module, or list them here.
 ]
 
-
-def register(pattern: Pattern, before: str | None = None) -> None:
-    """Add a pattern (e.g. MoE/MLA); `before` names an existing pattern it must precede.
-    Patterns are part of canonicalize's source hash only if listed in this file; a pattern defined
-    elsewhere must bump Canonicalize.version or its file won't reach the compile cache key."""
-    names = [p.name for p in PATTERNS]
-    if pattern.name in names:
-        raise ValueError(f"pattern {pattern.name!r} is already registered")
-    PATTERNS.insert(names.index(before) if before else len(PATTERNS), pattern)
-
-
-__all__ = ["PATTERNS", "NodePattern", "Pattern", "register"]
+__all__ = ["PATTERNS", "NodePattern", "Pattern"]

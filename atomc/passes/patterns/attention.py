@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from atomc.passes import match
 from atomc.passes.patterns.base import Pattern
 
 ATTENTION = (torch.ops.atomc.attention, torch.ops.atomc.attention.default)
@@ -14,5 +15,4 @@ class AttentionPattern(Pattern):
     name = "attention"
 
     def apply(self, gm):
-        n = sum(1 for node in gm.graph.nodes if node.op == "call_function" and node.target in ATTENTION)
-        return n, 0
+        return len(match.calls(gm, ATTENTION)), 0

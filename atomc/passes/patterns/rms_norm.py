@@ -14,7 +14,8 @@ import torch
 from torch.fx import Node
 
 from atomc.passes import match
-from atomc.passes.patterns.base import NodePattern, call, erase_dead, single_use
+from atomc.passes.patterns.base import NodePattern
+from atomc.passes.rewrite import call, erase_dead, single_use
 
 
 @dataclass

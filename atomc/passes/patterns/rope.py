@@ -17,7 +17,8 @@ import torch
 from torch.fx import Node
 
 from atomc.passes import match
-from atomc.passes.patterns.base import Pattern, call, erase_dead, getitems
+from atomc.passes.patterns.base import Pattern
+from atomc.passes.rewrite import call, erase_dead, getitems
 
 
 @dataclass
