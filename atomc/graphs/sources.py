@@ -13,6 +13,7 @@ second, so a dependency this closure misses shows up as a failing test, not a st
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -60,8 +61,14 @@ def _import_statements(body: list[ast.stmt]) -> Iterable[ast.Import | ast.Import
             yield from _import_statements(stmt.body)
 
 
-def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
+def imported_modules(path: Path, root: Path = ROOT) -> frozenset[str]:
     """Names of the modules `path` imports at module level (each with its parent packages)."""
+    st = path.stat()  # parsed once per process while the file is unchanged: plans run at every start
+    return _imported_modules(path, root, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=1024)
+def _imported_modules(path: Path, root: Path, _mtime_ns: int, _size: int) -> frozenset[str]:
     tree = ast.parse(path.read_bytes(), filename=str(path))
     package = _module_name(path, root) if path.name == "__init__.py" else _module_name(path, root).rpartition(".")[0]
     names: set[str] = set()
@@ -79,7 +86,7 @@ def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
     for name in names:
         parts = name.split(".")
         out.update(".".join(parts[: i + 1]) for i in range(len(parts)))  # importing a.b.c runs a and a.b
-    return out
+    return frozenset(out)
 
 
 def closure(roots: Iterable[str | Path], root: Path = ROOT) -> list[Path]:
