@@ -81,12 +81,12 @@ def test_explain_names_the_edited_source_file(tmp_path, shared_root, compiled, l
     root = tmp_path / "c"
     root.mkdir()
     copy_entry(shared_root, res.key, root)
-    sources = dict(res.manifest["factors"]["sources"], **{"models/layers.py": "0" * 20})
+    sources = dict(res.manifest["factors"]["sources"], **{"models/layers/norm.py": "0" * 20})
     _second_entry(root, res.key, sources=sources)
     shutil.rmtree(root / res.key)  # only the edited entry is left: a miss
     out = invoke("explain", "--model", llama_dir, "--device", "cpu", "--cache-dir", root)
     assert out.exit_code == 1 and "differs in 1 factor" in out.output, out.output
-    assert "sources.models/layers.py" in out.output
+    assert "sources.models/layers/norm.py" in out.output
 
 
 def test_clear(tmp_path, shared_root, compiled):
