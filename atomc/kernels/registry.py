@@ -35,7 +35,7 @@ OPS = (
     "linear",
 )
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
-# there (graphs/partition.py), in every backend namespace. tests/kernels/test_registry.py fails when
+# there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
 # an op reads the context and is missing here. rope_and_write_kv and qk_norm_rope_and_write_kv write
 # the KV cache but declare no mutation; they are marked side-effectful below (see passes/README.md).
 CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rope_and_write_kv")
