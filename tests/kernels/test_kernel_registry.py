@@ -15,7 +15,7 @@ import atomc.ops
 from atomc import forward_context
 from atomc.kernels import registry
 
-READERS = (forward_context.layer_cache, forward_context.get_forward_context)
+READERS = (forward_context.layer_cache,)  # the one accessor of the per-step context
 
 
 def _names(code: types.CodeType) -> set[str]:
