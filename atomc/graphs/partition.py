@@ -106,13 +106,3 @@ def split_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, list[tu
             order.append((node.target, any(is_splitting(n) for n in sub.graph.nodes)))
     return split, order
 
-
-def __getattr__(name: str):
-    # TEMPORARY, drop at merge: atomc/runtime/model_runner.py (rewritten on another branch) still
-    # imports the capture-size policy from here; it lives in atomc/runtime/capture_sizes.py now.
-    # Looked up by name so this room never imports the runtime room.
-    if name in ("resolve_capture_sizes", "default_capture_sizes"):
-        import importlib
-
-        return getattr(importlib.import_module("atomc.runtime.capture_sizes"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
