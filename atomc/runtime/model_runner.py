@@ -19,10 +19,10 @@ import torch
 
 from atomc.config import EngineConfig
 from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
-from atomc.graphs.partition import resolve_capture_sizes
 from atomc.kernels.registry import ensure_registered, kv_cache_layout
 from atomc.platforms import platform_of
 from atomc.runtime.batch import StepInput, StepResult, prefill_step_input, write_batch_arrays
+from atomc.runtime.capture_sizes import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
 from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch
