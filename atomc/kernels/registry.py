@@ -156,7 +156,16 @@ for _op in OPS:
 def _aiter_ops():
     for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write
         importlib.import_module(module)
+    importlib.import_module("atomc.kernels.aiter.attention").set_next_backend(_rocm_after_aiter)
     return torch.ops.atomc_aiter
+
+
+def _rocm_after_aiter(q, k, v, out, layer_idx: int, scale: float, sliding_window: int) -> None:
+    """atomc::paged_attention on ROCm's first available backend after AITER (Triton, else torch)."""
+    for backend in PLATFORM_BACKENDS["rocm"][1:]:
+        if backend_available(backend):
+            return lookup("paged_attention", backend)(q, k, v, out, layer_idx, scale, sliding_window)
+    raise RuntimeError("no backend after aiter for atomc::paged_attention")  # torch is always there
 
 
 AITER_OPS = (

@@ -17,8 +17,9 @@ from tests.passes.pass_helpers import assert_same
 def aiter_ops(monkeypatch):
     monkeypatch.setitem(sys.modules, "aiter", fake_aiter.module())
     fake_aiter.CALLS.clear()
-    from atomc.kernels.aiter import attention, ops  # noqa: F401  (define torch.ops.atomc_aiter.*)
-
+    # through the registry, as the lowering loads them: it defines torch.ops.atomc_aiter.* and sets
+    # the attention's fallback to ROCm's next backend
+    registry.lookup("attention", "aiter")
     return torch.ops.atomc_aiter
 
 

@@ -26,6 +26,8 @@ Graph capture of these kernels has not been run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -114,14 +116,21 @@ def varlen(q, k_cache, v_cache, out, meta: AttentionMetadata, scale: float, slid
     )
 
 
+# ROCm's next backend for what AITER cannot run; the kernel registry, which owns the backends'
+# order, sets it when it loads these ops (this module never imports the registry)
+_next_backend: Callable | None = None
+
+
+def set_next_backend(fn: Callable) -> None:
+    global _next_backend
+    _next_backend = fn
+
+
 def next_backend(q, k, v, out, layer_idx: int, scale: float, sliding_window: int) -> None:
     """ROCm's next backend for atomc::paged_attention (the cache write, if any, is done)."""
-    from atomc.kernels import registry
-
-    for backend in registry.PLATFORM_BACKENDS["rocm"][1:]:
-        if registry.backend_available(backend):
-            return registry.lookup("paged_attention", backend)(q, k, v, out, layer_idx, scale, sliding_window)
-    raise RuntimeError("no backend after aiter for atomc::paged_attention")  # torch is always there
+    if _next_backend is None:
+        raise RuntimeError("atomc_aiter attention is loaded through atomc.kernels.registry, which sets its fallback")
+    return _next_backend(q, k, v, out, layer_idx, scale, sliding_window)
 
 
 def attend(q, k, v, out, layer_idx, scale, sliding_window) -> None:
