@@ -72,5 +72,8 @@ class EngineClient(Protocol):
         """False once an engine process has died (it can die while idle)."""
         return True
 
+    def kill(self) -> None:
+        """Stop at once, without a clean stop (a second Ctrl-C): an engine process is killed."""
+
     def close(self) -> None:
         """Stop whatever runs the engine (an engine process is stopped and joined)."""

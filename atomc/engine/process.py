@@ -332,6 +332,13 @@ class EngineProcessClient(EngineClient):
                 outputs.append(out)
         return outputs
 
+    def kill(self) -> None:
+        """Kill the engine process now (SIGKILL: it ignores SIGTERM) and reap it; the pipe is left
+        to the interpreter's exit, since the AsyncEngine thread may still be reading it."""
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join(5)
+
     def close(self, timeout: float = _STOP_TIMEOUT_S) -> None:
         """Stop the engine process: ask, then terminate, then kill."""
         if self._proc.is_alive():

@@ -6,7 +6,8 @@ one line, before the model loads; a SIGTERM during start-up exits non-zero (noth
 Shutdown: on SIGTERM (or Ctrl-C) uvicorn stops accepting connections and lets in-flight requests,
 streams included, finish for up to `serve.drain_timeout_s`; then the app cuts what is left (a 503,
 or an SSE error event then `[DONE]`; each aborts its engine request), the app's lifespan stops the
-engine thread, and the process exits with status 0. If the engine dies for good the server stops
+engine thread, and the process exits with status 0. A second Ctrl-C during the drain stops at once
+(open streams are cut, the engine process is killed) and exits 130. If the engine dies for good the server stops
 at once and exits 1, so a supervisor restarts it; /health answers 503 meanwhile.
 
 Parent death: with `--die-with-parent` (ServeConfig.die_with_parent) the server asks Linux
@@ -100,6 +101,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+# exit status of a stop forced by a second Ctrl-C: 128 + SIGINT, as a shell reports it
+_FORCED_EXIT = 128 + signal.SIGINT
+
 # uvicorn's own deadline comes this long after ours, so the app cuts streams cleanly first
 _DRAIN_GRACE_S = 2.0
 
@@ -111,6 +115,14 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain_s: float):
         super().__init__(config)
         self.drain_s = drain_s
+        self.forced = False  # a second Ctrl-C came during the drain
+
+    def handle_exit(self, sig: int, frame) -> None:
+        # uvicorn's own rule: a SIGINT while already stopping skips the drain and the app's shutdown
+        if self.should_exit and sig == signal.SIGINT and not self.forced:
+            self.forced = True
+            logger.warning("second Ctrl-C: stopping now, without draining (exit status %d)", _FORCED_EXIT)
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None) -> None:
         state = getattr(getattr(self.config.app, "state", None), "atomc", None)
@@ -201,7 +213,8 @@ class _Serving:
 
 def serve_app(app, config: EngineConfig, sock: socket.socket | None = None, serving: _Serving | None = None) -> int:
     """Blocking: serve until SIGTERM / SIGINT, drain (up to `serve.drain_timeout_s`), stop the engine.
-    Returns the exit status: 0 for a stop asked for, 1 when the engine died."""
+    Returns the exit status: 0 for a stop asked for, 1 when the engine died, 130 when a second
+    Ctrl-C cut the drain short (the engine process, if any, is killed then: nothing drained it)."""
     serving = serving or _Serving()
     serving.server = make_server(app, config)
     if threading.current_thread() is threading.main_thread():
@@ -210,6 +223,12 @@ def serve_app(app, config: EngineConfig, sock: socket.socket | None = None, serv
         serving.server.run(sockets=[sock] if sock is not None else None)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its drain: that is a clean stop here
         pass
+    if serving.server.forced:
+        # uvicorn skipped the app's shutdown: stop the engine here, or exit would wait for its process
+        state = getattr(app.state, "atomc", None)
+        if state is not None:
+            state.engine.kill()
+        return _FORCED_EXIT
     return 1 if serving.engine_died else 0
 
 

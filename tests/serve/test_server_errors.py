@@ -691,3 +691,60 @@ def test_sigterm_during_start_up_exits_non_zero():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _children(pid: int) -> set[int]:
+    kids = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            kids.update(int(k) for k in (task / "children").read_text().split())
+    return kids
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads children from /proc")
+def test_second_ctrl_c_during_the_drain_exits_non_zero_at_once(llama_dir):
+    # the real `atomc serve`, with its engine in a spawned process: the second Ctrl-C must not wait for
+    # the drain (30 s here) nor leave that process behind
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "atomc.cli.main", "serve", "--model", str(llama_dir), "--device", "cpu"]
+    cmd += ["--enforce-eager", "--engine-process", "on", "--max-model-len", "512", "--num-kv-blocks", "64"]
+    cmd += ["--port", str(port), "--drain-timeout", "30"]
+    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    kids: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.1)
+        kids = _children(proc.pid)
+        assert kids, "no engine process"
+        body = {"model": llama_dir.name, "prompt": "Once", "max_tokens": 500, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
+            lines = (line for line in r.iter_lines() if line)
+            next(lines)
+            proc.send_signal(signal.SIGINT)  # drain: the stream may run on for up to 30 s
+            time.sleep(0.5)
+            assert proc.poll() is None  # still draining
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(httpx.TransportError):
+                for _ in lines:
+                    pass
+            assert proc.wait(timeout=10) == 128 + signal.SIGINT
+            assert time.monotonic() - t0 < 8
+        deadline = time.monotonic() + 5
+        while not all(_gone(k) for k in kids):
+            assert time.monotonic() < deadline, "the engine process outlived the server"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for k in kids:
+            if not _gone(k):
+                os.kill(k, signal.SIGKILL)
