@@ -82,7 +82,9 @@ class LLMEngine(EngineClient):
         self.device = resolve_device(config.device)
         self.model_dir = resolve_model_path(config.model.model, config.cache_path)
         self.arch = ModelArch.from_dir(self.model_dir)
+        t_tok = time.perf_counter()
         self.tokenizer = load_tokenizer(Path(config.model.tokenizer or self.model_dir))
+        t_tok = time.perf_counter() - t_tok
         self.max_model_len = self._max_model_len()
         self.inputs = InputProcessor(
             self.tokenizer, self.arch.vocab_size, self.max_model_len, config.serve.chat_template
@@ -91,7 +93,9 @@ class LLMEngine(EngineClient):
         self.dtype = resolve_dtype(config.model.dtype, self.arch.torch_dtype, self.device)
         # start-up phases, each logged with its time: where a slow (or silent) start goes
         t1 = time.perf_counter()
-        log.info("start-up: model folder and tokenizer ready in %.1fs (%s)", t1 - t0, self.model_dir.name)
+        log.info(
+            "start-up: model folder %.1fs, tokenizer %.1fs (%s)", t1 - t0 - t_tok, t_tok, self.model_dir.name
+        )
         self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
         t2 = time.perf_counter()
         info, times = self.runner.compile_info, getattr(self.runner, "timings", {})

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -101,8 +102,9 @@ def _portable(e: BaseException) -> BaseException:
     return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-def run_engine_process(config: EngineConfig, conn) -> None:
-    """Entry point of the engine process."""
+def run_engine_process(config: EngineConfig, conn, spawned_at: float | None = None) -> None:
+    """Entry point of the engine process. `spawned_at`: the server's `time.time()` at spawn, so the
+    start-up log can say what the spawn (a fresh interpreter, unpickling the config) cost."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if not logging.getLogger().handlers:
@@ -111,6 +113,8 @@ def run_engine_process(config: EngineConfig, conn) -> None:
     try:
         from atomc.engine.llm_engine import LLMEngine
 
+        spawn_s = f"{time.time() - spawned_at - (time.perf_counter() - t0):.1f}s" if spawned_at else "?"
+        logger.info("start-up: engine process spawned in %s, engine imports %.1fs", spawn_s, time.perf_counter() - t0)
         engine = LLMEngine(config)
         info = EngineInfo(
             model_name=engine.model_name,
@@ -213,26 +217,80 @@ class _Assembly:
         )  # fmt: skip
 
 
+def early_tokenizer_dir(config: EngineConfig) -> Path | None:
+    """The tokenizer folder, when it is known without the engine's model resolution (a .gguf file or
+    the default model is resolved, maybe converted, in the engine process: then None)."""
+    if config.model.tokenizer:
+        return Path(config.model.tokenizer).expanduser().resolve()
+    if config.model.model and (Path(config.model.model).expanduser() / "config.json").is_file():
+        return Path(config.model.model).expanduser().resolve()
+    return None
+
+
+class EarlyTokenizer:
+    """Loads the server side's tokenizer on a thread while the engine process starts (both take
+    seconds: transformers' import and the tokenizer file); `result` falls back to a load now when
+    the engine names another folder or the early load failed (the engine reports a bad folder)."""
+
+    def __init__(self, path: Path | None):
+        self.path, self._tok, self._error, self.load_s = path, None, None, 0.0
+        self._thread = None
+        if path is not None:
+            self._thread = threading.Thread(target=self._load, name="atomc-tokenizer", daemon=True)
+            self._thread.start()
+
+    def _load(self) -> None:
+        from atomc.engine.tokenizer import load_tokenizer
+
+        t0 = time.perf_counter()
+        try:
+            self._tok = load_tokenizer(self.path)
+        except Exception as e:  # noqa: BLE001 - reported by result() if this folder is the one used
+            self._error = e
+        self.load_s = time.perf_counter() - t0
+
+    def result(self, path: Path):
+        from atomc.engine.tokenizer import load_tokenizer
+
+        t0 = time.perf_counter()
+        if self._thread is not None:
+            self._thread.join()
+        if self._tok is not None and Path(path).resolve() == self.path:
+            logger.info(
+                "start-up: server-side tokenizer %.1fs, overlapped with the engine's start (%.1fs waited after it)",
+                self.load_s,
+                time.perf_counter() - t0,
+            )
+            return self._tok
+        tok = load_tokenizer(Path(path))
+        logger.info("start-up: server-side tokenizer %.1fs, after the engine's start", time.perf_counter() - t0)
+        return tok
+
+
 class EngineProcessClient(EngineClient):
     """The `EngineClient` interface `AsyncEngine` drives, served by an engine process over a pipe.
 
     Not thread-safe, like `LLMEngine`: one thread (AsyncEngine's) calls everything but `alive`.
     """
 
-    def __init__(self, config: EngineConfig):
-        from atomc.engine.tokenizer import load_tokenizer
-
+    def __init__(self, config: EngineConfig, before_wait=None):
+        """`before_wait`: work of the caller's to do while the engine process starts (imports)."""
         self.config = config
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=run_engine_process, args=(config, child), name="atomc-engine")
+        args = (config, child, time.time())
+        self._proc = ctx.Process(target=run_engine_process, args=args, name="atomc-engine")
         self._proc.start()
         child.close()
+        # this side's tokenizer loads while the engine process starts, not after it (seconds each)
+        early = EarlyTokenizer(early_tokenizer_dir(config))
+        if before_wait is not None:
+            before_wait()
         info = self._wait_ready()
         self.model_name = info.model_name
         self.max_model_len = info.max_model_len
         self.sampling_defaults = info.sampling_defaults
-        self.tokenizer = load_tokenizer(Path(info.tokenizer_dir))
+        self.tokenizer = early.result(Path(info.tokenizer_dir))
         self.inputs = InputProcessor(self.tokenizer, info.vocab_size, info.max_model_len, config.serve.chat_template)
         self._stats = info.stats
         self._live: dict[str, _Assembly] = {}

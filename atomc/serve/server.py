@@ -172,18 +172,32 @@ def build_server_app(config: EngineConfig, on_dead=None):
     With an engine process (`serve.engine_process`, see `uses_engine_process`) the model lives in
     a spawned process (engine_process.py) and this process keeps only the tokenizer and the HTTP side.
     """
-    from atomc.serve.api import build_app
-    from atomc.serve.async_engine import AsyncEngine
-
+    t0 = time.perf_counter()
     if uses_engine_process(config):
+        # spawned first: the engine process starts while this one imports the HTTP side
         from atomc.engine.process import EngineProcessClient
 
-        engine = EngineProcessClient(config)
+        engine = EngineProcessClient(config, before_wait=_import_http_side)
     else:
         from atomc.engine.llm_engine import LLMEngine
 
+        _import_http_side()
         engine = LLMEngine(config)
-    return build_app(AsyncEngine(engine, on_dead=on_dead), config)
+    t1 = time.perf_counter()
+    from atomc.serve.api import build_app
+    from atomc.serve.async_engine import AsyncEngine
+
+    app = build_app(AsyncEngine(engine, on_dead=on_dead), config)
+    logger.info("start-up: engine %.1fs, HTTP app %.1fs", t1 - t0, time.perf_counter() - t1)
+    return app
+
+
+def _import_http_side() -> None:
+    t0 = time.perf_counter()
+    import atomc.serve.api  # noqa: F401 - FastAPI and pydantic: about a second
+    import atomc.serve.async_engine  # noqa: F401
+
+    logger.info("start-up: HTTP side imported in %.1fs", time.perf_counter() - t0)
 
 
 def prepare_process(config: EngineConfig) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -693,6 +694,19 @@ def test_sigterm_during_start_up_exits_non_zero():
             proc.wait()
 
 
+STARTUP_PHASES = [
+    r"start-up: listening on 127\.0\.0\.1:\d+; loading the model",
+    r"start-up: HTTP side imported in \d+\.\ds",
+    r"start-up: engine process spawned in \d+\.\ds, engine imports \d+\.\ds",
+    r"start-up: model folder \d+\.\ds, tokenizer \d+\.\ds \(llama\)",
+    r"start-up: weights \d+\.\ds, model \(eager\) \d+\.\ds, KV cache \(64 blocks\): \d+\.\ds in all",
+    r"start-up: engine ready in \d+\.\ds",
+    r"start-up: server-side tokenizer \d+\.\ds, overlapped with the engine's start",
+    r"start-up: engine \d+\.\ds, HTTP app \d+\.\ds",
+    r"serving llama \(max_model_len 512\) on http://127\.0\.0\.1:\d+; loaded in \d+\.\ds",
+]
+
+
 def _children(pid: int) -> set[int]:
     kids = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -702,7 +716,7 @@ def _children(pid: int) -> set[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads children from /proc")
-def test_second_ctrl_c_during_the_drain_exits_non_zero_at_once(llama_dir):
+def test_start_up_logs_each_phase_and_a_second_ctrl_c_exits_non_zero_at_once(llama_dir):
     # the real `atomc serve`, with its engine in a spawned process: the second Ctrl-C must not wait for
     # the drain (30 s here) nor leave that process behind
     port = free_port()
@@ -737,6 +751,10 @@ def test_second_ctrl_c_during_the_drain_exits_non_zero_at_once(llama_dir):
                     pass
             assert proc.wait(timeout=10) == 128 + signal.SIGINT
             assert time.monotonic() - t0 < 8
+        # and the start-up log named every phase of it, each with its time (where a slow start goes)
+        log = proc.stderr.read().decode()
+        for phase in STARTUP_PHASES:
+            assert re.search(phase, log), (phase, log[-3000:])
         deadline = time.monotonic() + 5
         while not all(_gone(k) for k in kids):
             assert time.monotonic() < deadline, "the engine process outlived the server"
