@@ -282,10 +282,11 @@ class EngineProcessClient(EngineClient):
         self._proc = ctx.Process(target=run_engine_process, args=args, name="atomc-engine")
         self._proc.start()
         child.close()
-        # this side's tokenizer loads while the engine process starts, not after it (seconds each)
-        early = EarlyTokenizer(early_tokenizer_dir(config))
         if before_wait is not None:
             before_wait()
+        # this side's tokenizer loads while the engine process starts, not after it (seconds each);
+        # its thread starts after the caller's imports, so no two threads of ours import at once
+        early = EarlyTokenizer(early_tokenizer_dir(config))
         info = self._wait_ready()
         self.model_name = info.model_name
         self.max_model_len = info.max_model_len
