@@ -6,6 +6,8 @@ vocabulary are caught before they become the next step's input.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from atomc.engine.llm_engine import MAX_FAILED_STEPS
@@ -120,6 +122,6 @@ def test_start_up_logs_each_phase_with_its_time(llama_dir, caplog):
         make(llama_dir, num_kv_blocks=64)
     phases = [r.getMessage() for r in caplog.records if r.getMessage().startswith("start-up:")]
     assert len(phases) == 3, phases
-    assert "tokenizer ready in" in phases[0]
+    assert re.fullmatch(r"start-up: model folder \d+\.\ds, tokenizer \d+\.\ds \(llama\)", phases[0]), phases[0]
     assert "weights" in phases[1] and "model (eager)" in phases[1] and "KV cache (64 blocks)" in phases[1]
     assert "engine ready in" in phases[2]
