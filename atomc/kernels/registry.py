@@ -33,6 +33,7 @@ OPS = (
     "silu_mul",
     "silu_and_mul",
     "linear",
+    "moe",
 )
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
@@ -147,7 +148,7 @@ def _triton_ops():
 
 
 for _op in OPS:
-    if _op != "silu_mul":  # separate gate/up: Inductor fuses silu*mul itself; keep the reference
+    if _op not in ("silu_mul", "moe"):  # separate gate/up: Inductor fuses silu*mul itself; keep the reference
         register(_op, "triton")(functools.partial(lambda name: getattr(_triton_ops(), name).default, _op))
 
 

@@ -7,4 +7,4 @@ from atomc.ops import attention  # noqa: F401
 
 # isort: split
 # ops the passes rewrite to
-from atomc.ops import activation, linear, norm, paged_attention, rope, rope_kv  # noqa: F401
+from atomc.ops import activation, linear, moe, norm, paged_attention, rope, rope_kv  # noqa: F401
