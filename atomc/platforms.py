@@ -13,3 +13,12 @@ def platform_of(device: str) -> str:
     import torch
 
     return "rocm" if torch.version.hip else "cuda"
+
+
+def gpu_device_nodes_present() -> bool:
+    """Whether this machine shows an NVIDIA or AMD GPU device node, without importing torch (about
+    5 s with CUDA's initialisation). For choices that only cost speed when wrong (`atomc serve`
+    starting its engine process at once); torch decides the device itself."""
+    import os
+
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")

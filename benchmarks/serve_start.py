@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,38 @@ from atomc.bench.sweep import free_port, server_command, stop_process_group, wai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import make_checkpoint  # noqa: E402
+
+
+class LogStamper:
+    """Stamps each new line of a server's log with the seconds since the server was started, by
+    tailing the file on a thread: the server's own lines carry no clock, the engine's carry a wall
+    clock, and only a common one shows the gaps between phases."""
+
+    def __init__(self, path: Path, t0: float):
+        self.path, self.t0, self.lines = path, t0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tail, daemon=True)
+        self._thread.start()
+
+    def _tail(self) -> None:
+        pos, partial = 0, ""
+        while not self._stop.is_set():
+            try:
+                with open(self.path, errors="replace") as f:
+                    f.seek(pos)
+                    chunk = f.read()
+                    pos = f.tell()
+            except OSError:
+                chunk = ""
+            now = time.perf_counter() - self.t0
+            *done, partial = (partial + chunk).split("\n")
+            self.lines += [(round(now, 2), ln.strip()) for ln in done]
+            time.sleep(0.05)
+
+    def stop(self) -> list[tuple[float, str]]:
+        self._stop.set()
+        self._thread.join()
+        return self.lines
 
 
 def start_once(model_dir: str, cache_dir: str, log_path: Path) -> dict:
@@ -29,12 +62,15 @@ def start_once(model_dir: str, cache_dir: str, log_path: Path) -> dict:
         proc = subprocess.Popen(
             server_command(model_dir, port, args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        stamper = LogStamper(log_path, t0)
         try:
             wait_until_healthy(f"http://127.0.0.1:{port}", proc, 900, log_path)
             seconds = time.perf_counter() - t0
         finally:
+            time.sleep(0.1)  # the last lines
+            stamped = stamper.stop()
             stop_process_group(proc)
-    phases = [ln.strip() for ln in log_path.read_text().splitlines() if "start-up" in ln or "serving " in ln]
+    phases = [f"{t:6.2f}s  {ln}" for t, ln in stamped if "start-up" in ln or "serving " in ln]
     return {"seconds_to_health": seconds, "phases": phases}
 
 

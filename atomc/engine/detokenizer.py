@@ -61,6 +61,12 @@ def decode_rest(tokenizer, ids: list[int], state: DetokenizerState, skip_special
 
 
 def _decode_window(tokenizer, ids: list[int], state: DetokenizerState, skip: bool) -> tuple[str, str]:
-    """Text of the stable part of the window (ids already emitted) and of the whole window."""
+    """Text of the stable part of the window (ids already emitted) and of the whole window. A streamed
+    sequence's tail decodes through the same backend as its stream (no clean-up of spaces that
+    transformers' decode may add), so its text does not depend on which tokenizer object holds it."""
+    if state.stream is not None:
+        backend = tokenizer._tokenizer
+        prefix = backend.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip)
+        return prefix, backend.decode(ids[state.prefix_offset :], skip_special_tokens=skip)
     prefix = tokenizer.decode(ids[state.prefix_offset : state.read_offset], skip_special_tokens=skip)
     return prefix, tokenizer.decode(ids[state.prefix_offset :], skip_special_tokens=skip)

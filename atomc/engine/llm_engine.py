@@ -28,7 +28,7 @@ from atomc.engine.inputs import InputProcessor
 from atomc.engine.scheduler import ScheduledSeq, Scheduler
 from atomc.engine.sequence import SeqStatus, Sequence
 from atomc.engine.step_input import build_step_input
-from atomc.engine.tokenizer import load_tokenizer
+from atomc.engine.tokenizer import load_decoding_tokenizer, load_tokenizer
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.runtime.model_runner import ModelRunner, PendingStep
 from atomc.sampling_params import SamplingParams
@@ -76,14 +76,17 @@ class _Launched:
 
 
 class LLMEngine(EngineClient):
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, decode_only_tokenizer: bool = False):
+        """`decode_only_tokenizer`: a front end tokenizes and renders chat templates (the engine
+        process), so the engine loads only what decoding needs (engine/tokenizer.py says why)."""
         t0 = time.perf_counter()
         self.config = config
         self.device = resolve_device(config.device)
         self.model_dir = resolve_model_path(config.model.model, config.cache_path)
         self.arch = ModelArch.from_dir(self.model_dir)
         t_tok = time.perf_counter()
-        self.tokenizer = load_tokenizer(Path(config.model.tokenizer or self.model_dir))
+        load = load_decoding_tokenizer if decode_only_tokenizer else load_tokenizer
+        self.tokenizer = load(Path(config.model.tokenizer or self.model_dir))
         t_tok = time.perf_counter() - t_tok
         self.max_model_len = self._max_model_len()
         self.inputs = InputProcessor(

@@ -115,7 +115,7 @@ def run_engine_process(config: EngineConfig, conn, spawned_at: float | None = No
 
         spawn_s = f"{time.time() - spawned_at - (time.perf_counter() - t0):.1f}s" if spawned_at else "?"
         logger.info("start-up: engine process spawned in %s, engine imports %.1fs", spawn_s, time.perf_counter() - t0)
-        engine = LLMEngine(config)
+        engine = LLMEngine(config, decode_only_tokenizer=True)  # the server tokenizes
         info = EngineInfo(
             model_name=engine.model_name,
             max_model_len=engine.max_model_len,

@@ -152,14 +152,19 @@ def uvicorn_config(app, config: EngineConfig, **overrides) -> uvicorn.Config:
 
 def uses_engine_process(config: EngineConfig) -> bool:
     """`serve.engine_process`: on, off, or auto = on for a GPU engine. On the 2-core CPU box the
-    extra process cost more than the GIL it frees (tiny model: 5.0k vs 6.5k tok/s, +4 s start)."""
+    extra process cost more than the GIL it frees (tiny model: 5.0k vs 6.5k tok/s, +4 s start).
+
+    auto with `--device auto` looks for a GPU device node instead of asking torch: importing torch
+    and CUDA here took 4.8 s, all of it before the engine process was spawned."""
     mode = config.serve.engine_process
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"--engine-process must be auto, on or off; got {mode!r}")
     if mode == "auto":
-        from atomc.config import resolve_device
+        if config.device == "auto":
+            from atomc.platforms import gpu_device_nodes_present
 
-        return resolve_device(config.device) != "cpu"
+            return gpu_device_nodes_present()
+        return config.device != "cpu"
     return mode == "on"
 
 

@@ -200,3 +200,24 @@ def test_engine_process_setting():
     cfg.serve.engine_process = "sometimes"
     with pytest.raises(ValueError, match="auto, on or off"):
         uses_engine_process(cfg)
+
+
+def test_auto_engine_process_asks_no_torch(monkeypatch):
+    """auto + --device auto decides from the GPU device nodes, so the engine process is spawned
+    before this process imports torch."""
+    import atomc.platforms as platforms
+
+    cfg = EngineConfig(device="auto")
+    for present in (True, False):
+        monkeypatch.setattr(platforms, "gpu_device_nodes_present", lambda present=present: present)
+        assert uses_engine_process(cfg) is present
+    cfg.device = "cuda:0"
+    assert uses_engine_process(cfg)
+
+
+def test_deciding_on_the_engine_process_imports_no_torch():
+    code = (
+        "import sys; from atomc.config import EngineConfig; from atomc.serve.server import uses_engine_process; "
+        "uses_engine_process(EngineConfig()); assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
