@@ -104,10 +104,12 @@ class LLMEngine(EngineClient):
         info, times = self.runner.compile_info, getattr(self.runner, "timings", {})
         what = "eager" if not info else ("artifact loaded" if info.get("hit") else "compiled")
         log.info(
-            "start-up: weights %.1fs, model (%s) %.1fs, KV cache (%d blocks): %.1fs in all",
+            "start-up: weights %.1fs, model (%s) %.1fs, KV sizing %.1fs (on a GPU the first forward, with "
+            "the kernels' first-use compiles), KV cache (%d blocks): %.1fs in all",
             times.get("load_weights_s", 0.0),
             what,
             times.get("compile_or_load_s", 0.0),
+            times.get("kv_sizing_s", 0.0),
             self.runner.num_blocks,
             t2 - t1,
         )

@@ -104,7 +104,7 @@ def load_or_compile(
     model: torch.nn.Module, model_dir: Path, config: EngineConfig, device: str, dtype: torch.dtype
 ) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], dict]:
     """The compiled forward for `model` (weights already loaded) and an info dict (key, hit, timings)."""
-    res = compile_or_load(model, Path(model_dir), config, device, dtype, progress=False)
+    res = compile_or_load(model, Path(model_dir), config, device, dtype, progress=None)  # a bar on a terminal
     info = {
         "key": res.key,
         "hit": res.hit,
@@ -122,7 +122,7 @@ def compile_or_load(
     device: str,
     dtype: torch.dtype,
     *,
-    progress: bool = False,
+    progress: bool | None = False,
     pm: PassManager | None = None,
     fmt: str | None = None,
 ) -> CompileResult:
@@ -227,7 +227,7 @@ def _load_format(manifest: dict, entry: Entry, model, pm) -> Callable:
     return compat.compile_unguarded(type(model).forward, backend, model, ids, pos)
 
 
-def _build(model, device: str, pm: PassManager, plan: Plan, *, progress: bool) -> dict:
+def _build(model, device: str, pm: PassManager, plan: Plan, *, progress: bool | None) -> dict:
     from atomc.graphs.progress import Phases
 
     fmt = plan.factors["artifact_format"]

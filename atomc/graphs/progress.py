@@ -1,22 +1,19 @@
-"""A phase-by-phase progress bar for `atomc compile` (one tick per phase; a phase can take minutes)."""
+"""A phase-by-phase progress bar for a build (one tick per phase; a phase can take minutes)."""
 
 from __future__ import annotations
 
-import sys
+from atomc.progress import progress_bar
 
 
 class Phases:
-    def __init__(self, names: list[str], enabled: bool = True):
+    def __init__(self, names: list[str], enabled: bool | None = None):
+        """`enabled`: None = when stderr is a terminal."""
         self.names = names
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=len(names), desc="compile", unit="phase", file=sys.stderr, leave=False)
-            self.bar.set_postfix_str(names[0])
+        self.bar = progress_bar(len(names), "compile", "phase", enabled)
+        self.bar.set_postfix_str(names[0])
 
     def done(self, name: str) -> None:
-        if self.bar is None or name not in self.names:
+        if name not in self.names:
             return
         self.bar.update(1)
         i = self.names.index(name)
@@ -24,5 +21,4 @@ class Phases:
             self.bar.set_postfix_str(self.names[i + 1])
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()

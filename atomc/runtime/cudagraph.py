@@ -33,6 +33,7 @@ from collections.abc import Callable, Hashable
 import torch
 
 from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from atomc.progress import progress_bar
 from atomc.runtime.batch import StepInput, write_batch_arrays
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,9 @@ class _StaticBatchGraphs:
         the pool of graphs captured before (the decode graphs)."""
         t0 = time.perf_counter()
         self.pool = pool
+        bar = progress_bar(len(self.keys), f"{self.kind} graphs", "graph")
         for key in sorted(self.keys, key=self.num_tokens, reverse=True):
+            bar.update(1)
             self._run(key)  # warm-up: kernels compile and allocators settle outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -141,6 +144,7 @@ class _StaticBatchGraphs:
                 self.pool = graph.pool()
             self.graphs[key] = graph
         torch.cuda.synchronize()
+        bar.close()
         self.capture_seconds = time.perf_counter() - t0
         log.info("captured %d %s graphs in %.2f s", len(self.graphs), self.kind, self.capture_seconds)
 

@@ -61,7 +61,9 @@ class ModelRunner:
             self.timings["compile_or_load_s"] = time.perf_counter() - t0
         self.kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else getattr(torch, config.cache.kv_cache_dtype)
         self.kv_specs = self.model.kv_cache_specs()  # one per layer
-        self.num_blocks = self._num_kv_blocks()
+        t0 = time.perf_counter()
+        self.num_blocks = self._num_kv_blocks()  # on a GPU: the first forward, where kernels compile
+        self.timings["kv_sizing_s"] = time.perf_counter() - t0
         self.kv_caches = self._allocate_kv_cache(self.num_blocks)
         self.sampler = Sampler(seed=config.model.seed)
         self.decode_graphs: DecodeGraphs | None = None

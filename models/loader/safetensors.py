@@ -21,6 +21,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from atomc.progress import progress_bar
 from models.arch import ModelArch
 from models.layers.parallel import SINGLE, ParallelInfo
 from models.registry import build_model
@@ -160,7 +161,9 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))  # tied heads appear under both names
     done: dict[int, set] = {}  # id(param) -> shard ids written (None: the whole tensor)
     unexpected: list[str] = []
+    bar = progress_bar(len(files), "weights", "file")
     for path in files:
+        bar.update(1)
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES):
@@ -176,6 +179,7 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
                 except ValueError as e:
                     raise ValueError(f"{path.name}: {name} {e}") from None
                 done.setdefault(id(param), set()).add(shard_id)
+    bar.close()
     missing = _missing(model, params, done, mapping)
     if missing or unexpected:
         parts = []
