@@ -80,11 +80,13 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/atomc-bench-models")
     ap.add_argument("--warm", type=int, default=2, help="warm starts after the cold one")
     ap.add_argument("--out", default="serve_start.json")
+    ap.add_argument("--cache-dir", default=None, help="keep the compile cache here (default: a temporary folder)")
     args = ap.parse_args()
     model_dir = str(make_checkpoint(args.model, Path(args.root)))
     out = Path(args.out)
     runs = []
-    with tempfile.TemporaryDirectory() as cache_dir:
+    with tempfile.TemporaryDirectory() as tmp:
+        cache_dir = args.cache_dir or tmp
         for i in range(1 + args.warm):
             kind = "cold" if i == 0 else "warm"
             res = {"kind": kind, **start_once(model_dir, cache_dir, out.parent / f"serve_start_{i}.log")}
