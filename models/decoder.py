@@ -5,6 +5,10 @@ and subclasses DecoderForCausalLM; everything else (embedding, layers, final nor
 head, tied weights, KV specs) lives here once. Module names equal the Hugging Face parameter names
 after packing (q/k/v -> qkv_proj, gate/up -> gate_up_proj), which `packed_modules_mapping` declares
 for the loader.
+
+Each layer's MLP is the dense GatedMLP or, for the layers in `moe_layers`, a SparseMoEBlock
+(router + FusedMoE) built from `moe`: the MoE families (models/qwen3_moe.py, mixtral.py) are the
+same decoder with that choice made per layer.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from models.arch import ModelArch, layer_sliding_window
 from models.layers.attention import LlamaStyleAttention
 from models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from models.layers.mlp import GatedMLP
+from models.layers.moe import ExpertNames, MoESpec, SparseMoEBlock
 from models.layers.norm import RMSNorm
 from models.layers.parallel import SINGLE, ParallelInfo
 from models.layers.rotary import RotaryEmbedding, rope_parameters
@@ -48,6 +53,21 @@ class DecoderConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    moe: MoESpec | None = None
+    moe_layers: frozenset[int] = frozenset()  # layers whose MLP is `moe`'s sparse block
+
+    def __post_init__(self):
+        if self.moe_layers and self.moe is None:
+            raise ValueError("moe_layers needs a MoE spec")
+
+
+def required(cfg: dict, *keys: str):
+    """The first of `keys` the config has (aliases of one field), or a clear error naming them."""
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    arch = (cfg.get("architectures") or ["this model"])[0]
+    raise ValueError(f"config.json has no {' / '.join(keys)}, which {arch} needs")
 
 
 def parse_decoder_config(arch: ModelArch, **flags) -> DecoderConfig:
@@ -84,7 +104,10 @@ class DecoderLayer(nn.Module):
             sliding_window=layer_sliding_window(a, layer_idx),
             parallel=parallel,
         )
-        self.mlp = GatedMLP(h, config.intermediate_size, config.mlp_bias, parallel)
+        if layer_idx in config.moe_layers:
+            self.mlp = SparseMoEBlock(h, config.moe, parallel)
+        else:
+            self.mlp = GatedMLP(h, config.intermediate_size, config.mlp_bias, parallel)
         self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
 
@@ -111,9 +134,13 @@ class DecoderModel(nn.Module):
 
 class DecoderForCausalLM(nn.Module):
     """Subclasses set `parse_config` (config.json -> DecoderConfig) and, if their checkpoints store
-    q/k/v or gate/up apart, `packed_modules_mapping`."""
+    q/k/v or gate/up apart, `packed_modules_mapping`; MoE families also `expert_names` (how their
+    checkpoints spell expert tensors) and `checkpoint_renames` (checkpoint module name -> ours,
+    e.g. Mixtral's block_sparse_moe -> mlp)."""
 
     packed_modules_mapping: dict[str, tuple[str, object]] = {}
+    expert_names: ExpertNames | None = None
+    checkpoint_renames: dict[str, str] = {}
 
     @staticmethod
     def parse_config(arch: ModelArch) -> DecoderConfig:

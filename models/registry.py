@@ -15,6 +15,8 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("models.qwen3", "Qwen3ForCausalLM"),
     "Phi3ForCausalLM": ("models.phi3", "Phi3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("models.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("models.mixtral", "MixtralForCausalLM"),
 }
 SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
 

@@ -49,6 +49,19 @@ FAMILIES = {
     "qwen3": dict(cls="Qwen3Config", head_dim=32, tie_word_embeddings=True),
     # Phi-3 stores q/k/v and gate/up fused (qkv_proj, gate_up_proj): the weight_loader's shard_id=None path
     "phi3": dict(cls="Phi3Config", pad_token_id=0, tie_word_embeddings=False),
+    # MoE: 8 experts, top-2, so a few tokens leave some experts idle and load the others unevenly
+    "qwen3_moe": dict(
+        cls="Qwen3MoeConfig",
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
+    "mixtral": dict(
+        cls="MixtralConfig", num_local_experts=8, num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False
+    ),
 }
 
 
@@ -95,7 +108,7 @@ def build_checkpoint(family: str, out_dir: Path, num_layers: int = 2, seed: int 
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # larger weights than the 0.02 default, so greedy choices are not near-ties
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # matrices, and stacked expert matrices
                 p.normal_(0, 0.08)
     model.save_pretrained(out_dir)
     return out_dir

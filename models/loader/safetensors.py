@@ -3,9 +3,10 @@
 1. Build the model on the meta device in the target dtype (no random init, no memory).
 2. Materialise every parameter once on the target device, keeping each parameter's attributes (its
    weight_loader, layout tags) and shared parameters (tied embeddings) shared.
-3. For each checkpoint tensor: map its name through the family's packed_modules_mapping to
-   (parameter, shard id) (`...q_proj.weight` -> `...qkv_proj.weight`, "q") and hand it to the
-   parameter's weight_loader, which writes this rank's slice into the right section.
+3. For each checkpoint tensor: map its name through the family's naming (CheckpointNaming: module
+   renames, expert names, packed_modules_mapping) to (parameter, shard id) (`...q_proj.weight` ->
+   `...qkv_proj.weight`, "q"; `...experts.3.up_proj.weight` -> `...experts.w13_weight`, (3, "up"))
+   and hand it to the parameter's weight_loader, which writes this rank's slice into the right place.
 4. Call every linear method's process_weights_after_loading.
 
 Safetensors only: atomc never unpickles a checkpoint. Errors name the tensor and its file.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,6 +25,7 @@ from torch import nn
 
 from atomc.progress import progress_bar
 from models.arch import ModelArch
+from models.layers.moe import ExpertNames, FusedMoE
 from models.layers.parallel import SINGLE, ParallelInfo
 from models.registry import build_model
 
@@ -127,24 +130,63 @@ def process_weights_after_loading(model: nn.Module) -> None:
             method.process_weights_after_loading(module)
 
 
-def map_checkpoint_name(name: str, mapping: dict[str, tuple[str, object]]) -> tuple[str, object]:
-    """`model.layers.0.self_attn.k_proj.weight` -> (`model.layers.0.self_attn.qkv_proj.weight`, "k").
+@dataclass(frozen=True)
+class CheckpointNaming:
+    """How a family's checkpoint names map to the model's parameters, and back.
 
-    Matches whole dotted components, so `k_proj` never matches inside another name."""
-    parts = name.split(".")
-    for i, part in enumerate(parts):
-        if part in mapping:
-            packed, shard_id = mapping[part]
-            return ".".join([*parts[:i], packed, *parts[i + 1 :]]), shard_id
-    return name, None
+    In order: `renames` (checkpoint module -> ours, whole components: Mixtral's block_sparse_moe ->
+    mlp), then `experts` (per-expert or fused expert tensors -> FusedMoE parameters and shard ids),
+    then `packed` (q/k/v, gate/up -> merged layers). The way back names the hub's layout (renamed,
+    per-expert), or with `hub=False` the model's own names with fused experts (what transformers
+    holds in memory and writes with save_original_format=False)."""
+
+    packed: dict[str, tuple[str, object]] = field(default_factory=dict)
+    experts: ExpertNames | None = None
+    renames: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model: nn.Module) -> CheckpointNaming:
+        return cls(
+            getattr(model, "packed_modules_mapping", {}),
+            getattr(model, "expert_names", None),
+            getattr(model, "checkpoint_renames", {}),
+        )
+
+    def to_param(self, name: str) -> tuple[str, object]:
+        """`model.layers.0.self_attn.k_proj.weight` -> (`model.layers.0.self_attn.qkv_proj.weight`, "k");
+        `...mlp.experts.3.up_proj.weight` -> (`...mlp.experts.w13_weight`, (3, "up")).
+
+        Matches whole dotted components, so `k_proj` never matches inside another name."""
+        parts = [self.renames.get(p, p) for p in name.split(".")]
+        if self.experts is not None:
+            hit = self.experts.to_param(parts)
+            if hit is not None:
+                return hit
+        for i, part in enumerate(parts):
+            if part in self.packed:
+                packed, shard_id = self.packed[part]
+                return ".".join([*parts[:i], packed, *parts[i + 1 :]]), shard_id
+        return ".".join(parts), None
+
+    def to_checkpoint(self, param_name: str, shard_id, hub: bool = True, moe: bool = False) -> str:
+        """Which checkpoint tensor fills this shard of the parameter (`moe`: a FusedMoE parameter)."""
+        if moe and self.experts is not None:
+            name = self.experts.to_checkpoint(param_name, shard_id, fused=not hub)
+        else:
+            name = param_name
+            for ckpt_part, (packed, sid) in self.packed.items():
+                if sid == shard_id and f".{packed}." in f".{param_name}":
+                    name = param_name.replace(f"{packed}.", f"{ckpt_part}.", 1)
+                    break
+        if hub and self.renames:
+            back = {ours: theirs for theirs, ours in self.renames.items()}
+            name = ".".join(back.get(p, p) for p in name.split("."))
+        return name
 
 
-def checkpoint_name(param_name: str, shard_id, mapping: dict[str, tuple[str, object]]) -> str:
-    """The inverse of map_checkpoint_name: which checkpoint tensor fills this shard of the parameter."""
-    for ckpt_part, (packed, sid) in mapping.items():
-        if sid == shard_id and f".{packed}." in f".{param_name}":
-            return param_name.replace(f"{packed}.", f"{ckpt_part}.", 1)
-    return param_name
+def map_checkpoint_name(name: str, mapping: dict[str, tuple[str, object]], experts=None, renames=None):
+    """(parameter name, shard id) of a checkpoint tensor (see CheckpointNaming.to_param)."""
+    return CheckpointNaming(mapping, experts, renames or {}).to_param(name)
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
@@ -157,18 +199,19 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=No
 
 
 def load_weights(model: nn.Module, files: list[Path]) -> None:
-    mapping = getattr(model, "packed_modules_mapping", {})
+    naming = CheckpointNaming.of(model)
     params = dict(model.named_parameters(remove_duplicate=False))  # tied heads appear under both names
     done: dict[int, set] = {}  # id(param) -> shard ids written (None: the whole tensor)
     unexpected: list[str] = []
     bar = progress_bar(len(files), "weights", "file")
+    fused_experts = False  # the checkpoint stacks experts (then missing names are given that way too)
     for path in files:
         bar.update(1)
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue
-                param_name, shard_id = map_checkpoint_name(name, mapping)
+                param_name, shard_id = naming.to_param(name)
                 param = params.get(param_name)
                 if param is None:
                     unexpected.append(name)
@@ -179,8 +222,9 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
                 except ValueError as e:
                     raise ValueError(f"{path.name}: {name} {e}") from None
                 done.setdefault(id(param), set()).add(shard_id)
+                fused_experts |= shard_id is None and hasattr(param, "moe_param")
     bar.close()
-    missing = _missing(model, params, done, mapping)
+    missing = _missing(model, params, done, naming, hub=not fused_experts)
     if missing or unexpected:
         parts = []
         if missing:
@@ -190,13 +234,13 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
         raise ValueError("checkpoint does not match the model's parameters; " + "; ".join(parts))
 
 
-def _missing(model: nn.Module, params: dict, done: dict[int, set], mapping: dict) -> list[str]:
-    """Checkpoint names never loaded: whole parameters, or single sections of merged ones."""
+def _missing(model: nn.Module, params: dict, done: dict[int, set], naming: CheckpointNaming, hub: bool) -> list[str]:
+    """Checkpoint names never loaded: whole parameters, or single sections (or experts) of merged ones."""
     owner = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
             owner.setdefault(id(p), module)
-    missing, seen = [], set()
+    missing, seen = set(), set()
     for name, p in params.items():
         if id(p) in seen:
             continue
@@ -204,28 +248,36 @@ def _missing(model: nn.Module, params: dict, done: dict[int, set], mapping: dict
         got = done.get(id(p), set())
         if None in got:
             continue
-        shard_ids = getattr(owner[id(p)], "shard_ids", (None,))
-        if got and len(shard_ids) > 1:
-            missing += [checkpoint_name(name, s, mapping) for s in shard_ids if s not in got]
+        moe = hasattr(p, "moe_param")
+        shard_ids = getattr(p, "shard_ids", None) or getattr(owner[id(p)], "shard_ids", (None,))
+        if moe and not hub and not got:  # a checkpoint of stacked experts lacks this stack
+            missing.add(naming.to_checkpoint(name, None, hub=False, moe=True))
+        elif len(shard_ids) > 1:
+            missing.update(naming.to_checkpoint(name, s, hub, moe) for s in shard_ids if s not in got)
         elif not got:
-            missing += [checkpoint_name(name, s, mapping) for s in shard_ids] if len(shard_ids) > 1 else [name]
+            missing.add(naming.to_checkpoint(name, None, hub, moe))
     return sorted(missing)
 
 
 def checkpoint_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of each tensor a checkpoint of this (tp size 1) model holds, with q/k/v and
-    gate/up apart as the family's mapping says (benchmarks write random checkpoints from it)."""
-    mapping = getattr(model, "packed_modules_mapping", {})
+    """Name -> shape of each tensor a hub checkpoint of this (TP/EP size 1) model holds: q/k/v and
+    gate/up apart as the family's mapping says, experts one tensor each under the hub's names
+    (benchmarks write random checkpoints from it)."""
+    naming = CheckpointNaming.of(model)
     out = {}
     for mod_name, module in model.named_modules():
+        if isinstance(module, FusedMoE):
+            for (leaf, sid), shape in module.checkpoint_shapes().items():
+                out[naming.to_checkpoint(f"{mod_name}.{leaf}", sid, moe=True)] = shape
+            continue
         for p_name, p in module.named_parameters(recurse=False):
             name = f"{mod_name}.{p_name}" if mod_name else p_name
             sizes, dim = getattr(module, "output_sizes", None), getattr(p, "output_dim", None)
-            if sizes and len(sizes) > 1 and dim is not None and mapping:
+            if sizes and len(sizes) > 1 and dim is not None and naming.packed:
                 for sid, n in zip(module.shard_ids, sizes, strict=True):
                     shape = list(p.shape)
                     shape[dim] = n
-                    out[checkpoint_name(name, sid, mapping)] = tuple(shape)
+                    out[naming.to_checkpoint(name, sid)] = tuple(shape)
             else:
-                out[name] = tuple(p.shape)
+                out[naming.to_checkpoint(name, None)] = tuple(p.shape)
     return out

@@ -123,7 +123,7 @@ def test_name_mapping_matches_whole_components():
     )
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3", "qwen3_moe", "mixtral"])
 def test_checkpoint_shapes_are_the_checkpoints(checkpoints, family):
     model = load_model(checkpoints[family], torch.float32, "cpu")
     ckpt = {n: tuple(t.shape) for n, t in load_file(str(checkpoints[family] / "model.safetensors")).items()}

@@ -1,0 +1,261 @@
+"""Mixture-of-experts layers: FusedMoE (every expert's weights stacked, one atomc::moe call) and the
+sparse block a decoder layer uses (router + experts).
+
+FusedMoE holds, for this rank's experts and this rank's slice of the intermediate size I:
+- `w13_weight` [E_local, 2*I_local, H]: each expert's gate rows, then its up rows;
+- `w2_weight` [E_local, H, I_local];
+- optional `w13_bias` [E_local, 2*I_local], `w2_bias` [E_local, H];
+- `expert_map` [E] int32 (global expert id -> local row, -1 for experts another rank holds), or None
+  when this rank holds every expert (expert-parallel size 1: the op then skips the lookup).
+
+Sharding is a pure function of two (rank, size) pairs: `tp` splits I (rank r holds gate rows,
+up rows and w2 columns r*I/size ...: the SwiGLU stays local, the output is a partial sum), `ep`
+splits the experts into contiguous ranges (rank r holds experts r*E/size ...). Either way the
+ranks' outputs sum to the whole block's: `partial_forward` is one rank's share; `forward` needs
+the sum, which the collective of the TP/EP issue brings, so it refuses sizes > 1 until then.
+
+Every parameter carries `weight_loader(param, tensor, shard_id)`. A per-expert checkpoint tensor
+comes with shard id (expert, "gate" | "up" | "down"); a fused tensor holding every expert
+([E, 2I, H], [E, H, I], ...) with shard id None. Tensors of experts on other ranks are skipped.
+`ExpertNames` says how a family's checkpoint spells its expert tensors (the loader maps them).
+
+Routing happens inside the op (models/layers and kernels agree on one contract: atomc/ops/moe.py);
+the router itself is a ReplicatedLinear outside it, so its GEMM is an ordinary linear in the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+import atomc.ops  # noqa: F401  (registers torch.ops.atomc.moe)
+from atomc.ops.moe import check_moe_args
+from models.layers.linear import ReplicatedLinear
+from models.layers.parallel import SINGLE, ParallelInfo, needs_all_reduce
+from models.quant.base import set_weight_attrs
+
+GATE_UP = ("gate", "up")
+PARTS = ("gate", "up", "down")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A family's MoE block: sizes and routing (the atomc::moe arguments), checked when parsed."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    scoring: str = "softmax"
+    renormalize: bool = True
+    activation: str = "silu"
+    expert_bias: bool = False  # w13_bias / w2_bias (GPT-OSS)
+    router_bias: bool = False
+    num_expert_group: int = 0
+    topk_group: int = 0
+    routed_scaling_factor: float = 1.0
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+    def __post_init__(self):
+        check_moe_args(self.scoring, self.activation, self.top_k, self.num_experts)
+        if self.num_expert_group and self.num_experts % self.num_expert_group:
+            raise ValueError(f"{self.num_experts} experts do not split into {self.num_expert_group} groups")
+
+
+@dataclass(frozen=True)
+class ExpertNames:
+    """How a checkpoint names expert tensors under the FusedMoE module called `container`.
+
+    `per_expert`: checkpoint module -> part, for `<container>.<expert>.<module>.weight|bias`
+    (Qwen3-MoE: gate_proj/up_proj/down_proj; Mixtral: w1/w3/w2). `fused`: tensor name -> FusedMoE
+    parameter, for `<container>.<name>` holding every expert (transformers' in-memory layout)."""
+
+    per_expert: dict[str, str]
+    fused: dict[str, str] = field(
+        default_factory=lambda: {
+            "gate_up_proj": "w13_weight",
+            "down_proj": "w2_weight",
+            "gate_up_proj_bias": "w13_bias",
+            "down_proj_bias": "w2_bias",
+        }
+    )
+    container: str = "experts"
+
+    def __post_init__(self):
+        if sorted(self.per_expert.values()) != sorted(PARTS):
+            raise ValueError(f"per_expert must name each of {PARTS} once, got {self.per_expert}")
+
+    def to_param(self, parts: list[str]) -> tuple[str, object] | None:
+        """Dotted checkpoint name (split) -> (FusedMoE parameter name, shard id), None if no expert tensor."""
+        for i, p in enumerate(parts):
+            if p != self.container:
+                continue
+            rest = parts[i + 1 :]
+            if len(rest) == 3 and rest[0].isdigit() and rest[1] in self.per_expert and rest[2] in ("weight", "bias"):
+                part = self.per_expert[rest[1]]
+                param = f"{'w2' if part == 'down' else 'w13'}_{rest[2]}"
+                return ".".join([*parts[: i + 1], param]), (int(rest[0]), part)
+            if len(rest) == 1 and rest[0] in self.fused:
+                return ".".join([*parts[: i + 1], self.fused[rest[0]]]), None
+        return None
+
+    def to_checkpoint(self, param_name: str, shard_id, fused: bool = False) -> str:
+        """The inverse: which checkpoint tensor fills this shard (or, `fused`, all) of a FusedMoE parameter."""
+        prefix, _, leaf = param_name.rpartition(".")
+        if fused or shard_id is None:
+            return f"{prefix}.{next(k for k, v in self.fused.items() if v == leaf)}"
+        expert, part = shard_id
+        module = next(k for k, v in self.per_expert.items() if v == part)
+        return f"{prefix}.{expert}.{module}.{leaf.rpartition('_')[2]}"
+
+
+class FusedMoE(nn.Module):
+    def __init__(self, hidden_size: int, spec: MoESpec, tp: ParallelInfo = SINGLE, ep: ParallelInfo = SINGLE):
+        super().__init__()
+        self.spec, self.tp, self.ep = spec, tp, ep
+        self.hidden_size, self.num_experts = hidden_size, spec.num_experts
+        if spec.num_experts % ep.size:
+            raise ValueError(f"{spec.num_experts} experts do not divide across {ep.size} expert-parallel ranks")
+        self.num_local_experts = spec.num_experts // ep.size
+        self.first_expert = ep.rank * self.num_local_experts
+        self.intermediate_size = spec.intermediate_size
+        self.local_intermediate = tp.split(spec.intermediate_size, "MoE intermediate size")
+        e, i, h = self.num_local_experts, self.local_intermediate, hidden_size
+        dtype = torch.get_default_dtype()
+        gate_up_ids = tuple((x, p) for x in range(spec.num_experts) for p in GATE_UP)
+        down_ids = tuple((x, "down") for x in range(spec.num_experts))
+        shapes = {"w13_weight": (e, 2 * i, h), "w2_weight": (e, h, i)}
+        if spec.expert_bias:
+            shapes.update(w13_bias=(e, 2 * i), w2_bias=(e, h))
+        for name in ("w13_weight", "w2_weight", "w13_bias", "w2_bias"):
+            if name not in shapes:
+                self.register_parameter(name, None)
+                continue
+            p = nn.Parameter(torch.empty(shapes[name], dtype=dtype), requires_grad=False)
+            ids = gate_up_ids if name.startswith("w13") else down_ids
+            set_weight_attrs(p, {"weight_loader": self.weight_loader, "shard_ids": ids, "moe_param": name})
+            self.register_parameter(name, p)
+        self.register_buffer("expert_map", self._expert_map() if ep.size > 1 else None, persistent=False)
+
+    def _expert_map(self, device=None) -> torch.Tensor:
+        m = torch.full((self.num_experts,), -1, dtype=torch.int32, device=device)
+        m[self.first_expert : self.first_expert + self.num_local_experts] = torch.arange(
+            self.num_local_experts, dtype=torch.int32, device=device
+        )
+        return m
+
+    def reset_buffers(self) -> None:
+        """Called by the loader after moving the module off the meta device (buffers come back empty)."""
+        if self.expert_map is not None:
+            self.expert_map = self._expert_map(self.expert_map.device)
+
+    def local_expert(self, expert: int) -> int | None:
+        """This rank's row of a global expert id, None if another rank holds it."""
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert {expert} is out of range (the model has {self.num_experts} experts)")
+        local = expert - self.first_expert
+        return local if 0 <= local < self.num_local_experts else None
+
+    @torch.no_grad()
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        name = param.moe_param
+        if shard_id is None:  # every expert stacked on dim 0
+            if loaded.dim() < 1 or loaded.shape[0] != self.num_experts:
+                raise ValueError(
+                    f"has shape {tuple(loaded.shape)}, but a fused {name} holds all {self.num_experts} experts on dim 0"
+                )
+            for x in range(self.first_expert, self.first_expert + self.num_local_experts):
+                self._load_expert(param, name, loaded[x], x - self.first_expert, None)
+            return
+        expert, part = shard_id
+        allowed = ("down",) if name.startswith("w2") else GATE_UP
+        if part not in allowed:
+            raise ValueError(f"shard {shard_id!r} does not belong in {name} (its parts: {', '.join(allowed)})")
+        local = self.local_expert(expert)
+        if local is not None:  # another expert-parallel rank's tensor: not ours to hold
+            self._load_expert(param, name, loaded, local, part)
+
+    def _load_expert(self, param, name: str, src: torch.Tensor, local: int, part) -> None:
+        """One expert's tensor (one part, or for w13 both gate and up when `part` is None) into row `local`."""
+        dst = param.data[local]
+        n, full = self.local_intermediate, self.intermediate_size
+        what = "" if part is None else f" (expert {local + self.first_expert} {part})"
+        if name.startswith("w13"):
+            if part is None:
+                _check(src, 0, 2 * full, what)
+                for p, section in zip(GATE_UP, src.split(full, dim=0), strict=True):
+                    self._load_expert(param, name, section, local, p)
+                return
+            _check(src, 0, full, what)
+            dst = dst.narrow(0, 0 if part == "gate" else n, n)
+            src = src.narrow(0, self.tp.rank * n, n)
+        elif name == "w2_weight":  # [H, I]: this rank's columns of I
+            _check(src, 1, full, what)
+            src = src.narrow(1, self.tp.rank * n, n)
+        if tuple(src.shape) != tuple(dst.shape):
+            raise ValueError(f"has shape {tuple(src.shape)}, the model expects {tuple(dst.shape)}{what}")
+        dst.copy_(src)
+
+    def checkpoint_shapes(self) -> dict[tuple[str, object], tuple[int, ...]]:
+        """(parameter leaf, shard id) -> shape of each per-expert tensor a checkpoint holds (TP/EP size 1)."""
+        h, i = self.hidden_size, self.intermediate_size
+        out = {}
+        for x in range(self.num_experts):
+            for part in PARTS:
+                w, b = ((h, i), (h,)) if part == "down" else ((i, h), (i,))
+                prefix = "w2" if part == "down" else "w13"
+                out[(f"{prefix}_weight", (x, part))] = w
+                if self.spec.expert_bias:
+                    out[(f"{prefix}_bias", (x, part))] = b
+        return out
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor, correction_bias=None) -> torch.Tensor:
+        needs_all_reduce(self.tp, type(self).__name__)
+        if self.ep.size > 1:
+            raise NotImplementedError(
+                f"FusedMoE with expert-parallel size {self.ep.size} needs a collective atomc does not have yet"
+            )
+        return self.partial_forward(x, router_logits, correction_bias)
+
+    def partial_forward(self, x: torch.Tensor, router_logits: torch.Tensor, correction_bias=None) -> torch.Tensor:
+        """This rank's share of the block: its experts, its slice of I (w2's bias on TP rank 0 only)."""
+        s = self.spec
+        return torch.ops.atomc.moe(
+            x,
+            router_logits,
+            self.w13_weight,
+            self.w2_weight,
+            self.w13_bias,
+            self.w2_bias if self.tp.rank == 0 else None,
+            self.expert_map,
+            correction_bias,
+            s.top_k,
+            s.scoring,
+            s.renormalize,
+            s.num_expert_group,
+            s.topk_group,
+            s.routed_scaling_factor,
+            s.activation,
+            s.swiglu_alpha,
+            s.swiglu_limit,
+        )
+
+
+def _check(t: torch.Tensor, dim: int, expected: int, what: str) -> None:
+    if t.dim() <= dim or t.shape[dim] != expected:
+        raise ValueError(f"has shape {tuple(t.shape)}, but its dim {dim} should be {expected}{what}")
+
+
+class SparseMoEBlock(nn.Module):
+    """A decoder layer's MLP when it is a mixture of experts: `gate` (the router, replicated on every
+    rank) then `experts` (FusedMoE). The names are the checkpoints' (`mlp.gate.weight`, `mlp.experts.*`)."""
+
+    def __init__(self, hidden_size: int, spec: MoESpec, tp: ParallelInfo = SINGLE, ep: ParallelInfo = SINGLE):
+        super().__init__()
+        self.gate = ReplicatedLinear(hidden_size, spec.num_experts, spec.router_bias, tp)
+        self.experts = FusedMoE(hidden_size, spec, tp, ep)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, self.gate(x))
