@@ -82,8 +82,9 @@ def select_experts(
     or sigmoid (DeepSeek-V3) scores; `correction_bias` shifts the scores used to choose but not the
     weights (DeepSeek-V3's e_score_correction_bias); with `num_expert_group` > 0, experts are chosen
     only from the `topk_group` best groups (a group's score: its best score for softmax, the sum of
-    its best two for sigmoid with a bias, as DeepSeek does). Ties go to the lower expert id (topk's
-    order on equal values, as transformers' routing gets them)."""
+    its best two for sigmoid with a bias, as DeepSeek does). Among equal scores the experts are
+    torch.topk's choice on these fp32 scores, which is what transformers' routers call: torch does
+    not specify it (on CPU it is not the lowest ids), so a kernel matches it only up to such ties."""
     logits = router_logits.float()
     scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
     choose = scores if correction_bias is None else scores + correction_bias.float()
