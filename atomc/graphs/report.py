@@ -1,8 +1,11 @@
-"""The compile report: per-pass matches/rewrites, partitions, FLOP share in rewritten kernels, timings.
+"""The compile report: per-pass matches/rewrites, partitions, FLOP shares, MoE nodes, timings.
 
 FLOPs are per token (the token dim is symbolic: shapes are evaluated at T=1): GEMMs 2*M*N*K,
-attention 4*ctx*Hq*D at a reference context of REF_CONTEXT tokens, other ops one per output element.
-"Rewritten" means inside an atomc op that was not in the graph before the passes ran.
+attention 4*ctx*Hq*D at a reference context of REF_CONTEXT tokens, a MoE block its active experts
+only (2*k*(2I*H + H*I): each token runs k of the E experts), other ops one per output element.
+"In atomc kernels" means inside an op of an atomc backend namespace (atomc::, atomc_triton::,
+atomc_aiter::), whoever put it there; "rewritten" is the part whose op the passes introduced (not
+in the graph as traced: the model's own attention and MoE calls count as atomc, not as rewritten).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import json
 
 import torch
+
+from atomc.kernels.registry import NAMESPACES
 
 _MATMULS = {"linear", "mm", "addmm", "matmul", "bmm"}
 REF_CONTEXT = 1024
@@ -46,9 +51,39 @@ def _numel(shape: list[int] | None) -> int:
     return n
 
 
+def _arg(node: torch.fx.Node, index: int, name: str):
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name)
+
+
+def moe_node(node: torch.fx.Node) -> dict | None:
+    """A MoE block's sizes from its node (atomc::moe's schema: x, router_logits, w13, w2, ..., top_k)."""
+    if _target_name(node).split("::")[-1] != "moe":
+        return None
+    w13, w2, top_k = _shape(_arg(node, 2, "w13")), _shape(_arg(node, 3, "w2")), _arg(node, 8, "top_k")
+    tokens = (_shape(_arg(node, 0, "x")) or [1])[0]
+    if not (w13 and w2 and isinstance(top_k, int)):
+        return None
+    return {
+        "node": node.name,
+        "op": _target_name(node),
+        "experts": w13[0],
+        "top_k": top_k,
+        "hidden": w13[2],
+        "intermediate": w13[1] // 2,
+        "flops_per_token": 2 * tokens * top_k * (w13[1] * w13[2] + w2[1] * w2[2]),
+    }
+
+
+def _is_atomc(name: str) -> bool:
+    return name.split("::")[0] in NAMESPACES.values()
+
+
 def _node_flops(node: torch.fx.Node) -> int:
     full = _target_name(node)
     name = full.split("::")[-1]
+    if name == "moe" and _is_atomc(full):
+        moe = moe_node(node)
+        return moe["flops_per_token"] if moe else 0
     shapes = [_shape(a) for a in node.args if isinstance(a, torch.fx.Node)]
     if name in _MATMULS and len(shapes) >= 2 and shapes[0] and shapes[1] and len(shapes[1]) == 2:
         a, w = (shapes[1], shapes[2]) if name == "addmm" and len(shapes) > 2 and shapes[2] else (shapes[0], shapes[1])
@@ -69,9 +104,10 @@ def _node_flops(node: torch.fx.Node) -> int:
 
 
 def graph_flops(gm: torch.fx.GraphModule, baseline: dict | None = None) -> dict:
-    """Per-token GEMM FLOPs: total, and the part inside atomc ops a pass introduced (not in baseline)."""
-    total, atomc, by_op = 0, 0, {}
-    before = set((baseline or {}).get("atomc_ops", []))
+    """Per-token FLOPs: total, the part inside atomc kernels, the part inside atomc ops a pass
+    introduced (an op not in `baseline`, the graph as traced), and the MoE nodes."""
+    total, atomc, rewritten, by_op, moe = 0, 0, 0, {}, []
+    before = {n.split("::")[-1] for n in (baseline or {}).get("atomc_ops", [])}
     ops = set()
     for node in gm.graph.nodes:
         if node.op != "call_function":
@@ -79,22 +115,29 @@ def graph_flops(gm: torch.fx.GraphModule, baseline: dict | None = None) -> dict:
         name = _target_name(node)
         try:
             f = _node_flops(node)
+            info = moe_node(node) if _is_atomc(name) else None
         except Exception:  # a shape we cannot evaluate: leave it out rather than fail the compile
-            f = 0
+            f, info = 0, None
         total += f
-        if name.startswith("atomc::"):
+        if _is_atomc(name):
             ops.add(name)
-            if name not in before:
-                atomc += f
+            atomc += f
+            if name.split("::")[-1] not in before:
+                rewritten += f
+        if info:
+            moe.append(info)
         if f:
             by_op[name] = by_op.get(name, 0) + f
     ref = (baseline or {}).get("total") or total
     return {
         "total_per_token": total,
         "reference_context": REF_CONTEXT,
-        "rewritten_per_token": atomc,
-        "rewritten_share": (atomc / ref) if ref else 0.0,
+        "atomc_per_token": atomc,
+        "atomc_share": (atomc / ref) if ref else 0.0,
+        "rewritten_per_token": rewritten,
+        "rewritten_share": (rewritten / ref) if ref else 0.0,
         "atomc_ops": sorted(ops),
+        "moe_nodes": moe,
         "by_op": by_op,
     }
 
@@ -113,9 +156,19 @@ def format_report(manifest: dict) -> str:
     lines.append(f"partitions {graphs} graph pieces, {len(plan) - graphs} splits at {', '.join(splits) or '-'}")
     flops = manifest.get("flops", {})
     lines.append(
-        f"flops      {flops.get('rewritten_share', 0.0):.1%} of per-token FLOPs in rewritten kernels "
-        f"(attention at a {flops.get('reference_context', REF_CONTEXT)}-token context)"
+        f"flops      {flops.get('atomc_share', 0.0):.1%} of per-token FLOPs in atomc kernels, "
+        f"{flops.get('rewritten_share', 0.0):.1%} in kernels the passes rewrote "
+        f"(attention at a {flops.get('reference_context', REF_CONTEXT)}-token context, MoE at its active experts)"
     )
+    moe = flops.get("moe_nodes", [])
+    if moe:
+        share = sum(m["flops_per_token"] for m in moe) / (flops.get("total_per_token") or 1)
+        lines.append(f"moe        {len(moe)} nodes, {share:.1%} of per-token FLOPs")
+        for m in moe:
+            lines.append(
+                f"           {m['node']:<12} {m['op']:<20} {m['experts']} experts, top-{m['top_k']}, "
+                f"hidden {m['hidden']}, intermediate {m['intermediate']}"
+            )
     t = manifest.get("timings", {})
     lines.append("timings    " + "  ".join(f"{k.removesuffix('_s')} {v:.2f}s" for k, v in t.items()))
     lines.append(f"artifact   {human_bytes(manifest.get('artifact_bytes', 0))}")

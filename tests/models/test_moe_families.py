@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +106,10 @@ def test_compiled_greedy_matches_transformers(family, moe_dirs, hf_models, tmp_p
                      cache_dir=str(tmp_path_factory.mktemp("cache")))  # fmt: skip
     info = llm.engine.runner.compile_info
     assert info["key"] and info["format"] == "aot_fn"
+    # the compile report lists one MoE node per sparse layer
+    flops = json.loads((Path(info["entry"]) / "manifest.json").read_text())["flops"]
+    sparse = sum(isinstance(layer.mlp, SparseMoEBlock) for layer in llm.engine.runner.model.model.layers)
+    assert len(flops["moe_nodes"]) == sparse > 0
 
 
 def run_greedy(path, hf, **kw) -> LLM:
