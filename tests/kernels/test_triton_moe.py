@@ -23,7 +23,7 @@ from atomc.kernels.triton.moe import fused_experts  # noqa: E402
 from atomc.kernels.triton.moe_align import align_by_expert, max_padded_rows  # noqa: E402
 from atomc.ops.moe import experts_reference, select_experts  # noqa: E402
 
-E, H, I, K = 6, 48, 40, 2
+E, H, INTER, K = 6, 48, 40, 2
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
 TILE = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
 SMALL = {"path": "small", "gate_up": dict(TILE), "down": dict(TILE)}
@@ -31,7 +31,7 @@ SORTED = {"path": "sorted", "gate_up": dict(TILE), "down": dict(TILE)}
 
 
 def check(t, dtype, config, *, activation="silu", bias=False, expert_map=None, e=E, k=K, skewed=False, seed=0):
-    x, logits, w13, w2, b13, b2 = make_moe(t, e, H, I, k, dtype, "cpu", bias=bias, seed=seed, skewed=skewed)
+    x, logits, w13, w2, b13, b2 = make_moe(t, e, H, INTER, k, dtype, "cpu", bias=bias, seed=seed, skewed=skewed)
     weights, ids = select_experts(logits, k)
     if expert_map is not None:  # this rank holds only the mapped experts' rows
         w13, w2 = w13[: int(expert_map.max()) + 1], w2[: int(expert_map.max()) + 1]
@@ -61,7 +61,7 @@ def test_sorted_route_matches_reference(t, dtype, activation, bias):
 @pytest.mark.parametrize("config", [SMALL, SORTED], ids=["small", "sorted"])
 def test_experts_without_tokens(config):
     out, _ = check(9, torch.float16, config, skewed=True, k=2)
-    _, ids = select_experts(make_moe(9, E, H, I, K, torch.float16, "cpu", skewed=True)[1], K)
+    _, ids = select_experts(make_moe(9, E, H, INTER, K, torch.float16, "cpu", skewed=True)[1], K)
     assert set(ids.unique().tolist()) <= set(range(E // 2)), "the skew must leave experts without tokens"
 
 
@@ -71,7 +71,7 @@ def test_expert_map_drops_experts_on_other_ranks(config):
     expert_map = torch.tensor([-1, 0, -1, -1, 1, 2], dtype=torch.int32)
     out, ref = check(20, torch.float32, config, bias=True, expert_map=expert_map, seed=3)
     # a token whose chosen experts all live elsewhere gets exactly zero
-    weights, ids = select_experts(make_moe(20, E, H, I, K, torch.float32, "cpu", bias=True, seed=3)[1], K)
+    weights, ids = select_experts(make_moe(20, E, H, INTER, K, torch.float32, "cpu", bias=True, seed=3)[1], K)
     elsewhere = (expert_map[ids.long()] < 0).all(dim=1)
     assert elsewhere.any() and (out[elsewhere] == 0).all()
 
@@ -113,12 +113,12 @@ def test_default_route_end_to_end():
 
 
 def test_tuned_file_buckets(tmp_path):
-    name = moe_config.config_name(E, H, I, K, torch.float16, "Some GPU")
+    name = moe_config.config_name(E, H, INTER, K, torch.float16, "Some GPU")
     tiles = lambda bn: dict(block_m=16, block_n=bn, block_k=32, num_warps=4, num_stages=2)  # noqa: E731
     buckets = {"1": {"path": "small", "gate_up": tiles(16), "down": tiles(16)},
                "64": {"gate_up": tiles(64), "down": tiles(64)}}  # fmt: skip
     (tmp_path / name).write_text(__import__("json").dumps({"buckets": buckets}))
-    pick = lambda t: moe_config.pick_config(t, E, H, I, K, torch.float16, "Some GPU", tmp_path)  # noqa: E731
+    pick = lambda t: moe_config.pick_config(t, E, H, INTER, K, torch.float16, "Some GPU", tmp_path)  # noqa: E731
     assert pick(1)["gate_up"]["block_n"] == 16 and pick(1)["path"] == "small"
     assert pick(20)["gate_up"]["block_n"] == 16  # the largest bucket <= M
     assert pick(63)["path"] == "sorted"  # 126 pairs: more than a small-route tile holds, whatever the file says
@@ -130,7 +130,7 @@ def test_backend_op_matches_the_atomc_op():
     import atomc.kernels.triton.ops  # noqa: F401  (defines torch.ops.atomc_triton.moe)
 
     for t in (3, 70):
-        x, logits, w13, w2, b13, b2 = make_moe(t, E, H, I, K, torch.float16, "cpu", bias=True, seed=t)
+        x, logits, w13, w2, b13, b2 = make_moe(t, E, H, INTER, K, torch.float16, "cpu", bias=True, seed=t)
         args = (x, logits, w13, w2, b13, b2, None, None, K)
         kw = dict(activation="swiglu_oai", swiglu_alpha=1.5, swiglu_limit=2.0)
         out = torch.ops.atomc_triton.moe(*args, **kw)
@@ -139,7 +139,26 @@ def test_backend_op_matches_the_atomc_op():
 
 
 def test_bad_shapes_are_named():
-    x, logits, w13, w2, _, _ = make_moe(2, E, H, I, K, torch.float32, "cpu")
+    x, logits, w13, w2, _, _ = make_moe(2, E, H, INTER, K, torch.float32, "cpu")
     weights, ids = select_experts(logits, K)
     with pytest.raises(ValueError, match="do not fit"):
         fused_experts(x, weights, ids, w13, w2[:, :, :-1])
+
+
+def test_tuned_configs_stay_out_of_the_compile_cache_key():
+    """A tuned file changes only how the kernels launch, never the graph: adding one must not change
+    the lowering's hashed sources (so it does not force a recompile), while the kernel code is hashed."""
+    from atomc.graphs.cache_key import source_factors
+    from atomc.passes.lowering import Lowering
+
+    files = Lowering("cuda").source_files()
+    before = source_factors([], files)
+    assert "atomc/kernels/triton/moe_gemm.py" in before and "atomc/kernels/triton/moe_config.py" in before
+    moe_config.CONFIG_DIR.mkdir(exist_ok=True)
+    probe = moe_config.CONFIG_DIR / "E=1,H=1,I=1,topk=1,dtype=float16,device=probe.json"
+    probe.write_text('{"buckets": {}}')
+    try:
+        assert source_factors([], files) == before
+    finally:
+        probe.unlink()
+    assert not any(path.endswith(".json") for path in before)

@@ -80,7 +80,7 @@ def fused_experts(
         row_groups = block_expert.numel()
     else:
         if p > moe_config.SMALL_PATH_MAX_PAIRS:
-            raise ValueError(f"fused_moe: the small path takes at most {moe_config.SMALL_PATH_MAX_PAIRS} pairs, got {p}")
+            raise ValueError(f"fused_moe: the small path takes <= {moe_config.SMALL_PATH_MAX_PAIRS} pairs, got {p}")
         block_m = max(16, triton.next_power_of_2(p))
         sorted_ids = block_expert = num_padded = local  # unused by the small route
         row_groups = p

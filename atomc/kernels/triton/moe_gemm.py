@@ -51,21 +51,21 @@ def _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED: tl.c
 def moe_gate_up_kernel(
     x_ptr, w_ptr, b_ptr, act_ptr,
     local_ids, sorted_ids, block_expert, num_padded,
-    P, H, I,
+    P, H, INTER,
     stride_xm, stride_we, stride_wn, stride_be, stride_am,
     alpha, limit,
     TOPK: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """act[p, n] = act(x[p // TOPK] @ w13[e, n] (gate), x @ w13[e, I + n] (up)) for this block's pairs."""
+    """act[p, n] = act(x[p // TOPK] @ w13[e, n] (gate), x @ w13[e, INTER + n] (up)) for this block's pairs."""
     e, rows, ok, go = _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED, BLOCK_M)
     if not go:
         return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < I
+    n_ok = offs_n < INTER
     tokens = (rows // TOPK).to(tl.int64)
     w_gate = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
-    w_up = w_gate + I * stride_wn
+    w_up = w_gate + INTER * stride_wn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -84,7 +84,7 @@ def moe_gate_up_kernel(
     if HAS_BIAS:
         b = b_ptr + e.to(tl.int64) * stride_be
         acc_g += tl.load(b + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        acc_u += tl.load(b + I + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(b + INTER + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     # round to the activation's dtype first, as the reference's GEMM output is
     gate = acc_g.to(act_ptr.dtype.element_ty).to(tl.float32)
     up = acc_u.to(act_ptr.dtype.element_ty).to(tl.float32)
@@ -102,7 +102,7 @@ def moe_gate_up_kernel(
 def moe_down_kernel(
     act_ptr, w_ptr, b_ptr, y_ptr,
     local_ids, sorted_ids, block_expert, num_padded,
-    P, H, I,
+    P, H, INTER,
     stride_am, stride_we, stride_wn, stride_be, stride_ym,
     HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -116,9 +116,9 @@ def moe_down_kernel(
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * stride_am
     w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
+    for k0 in range(0, INTER, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < I
+        k_ok = offs_k < INTER
         a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if IEEE:
@@ -149,4 +149,3 @@ def moe_combine_kernel(
         y = tl.load(y_ptr + p.to(tl.int64) * stride_ym + offs, mask=offs < H * here, other=0.0)
         acc += y.to(tl.float32) * w
     tl.store(out_ptr + t.to(tl.int64) * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
-
