@@ -162,3 +162,11 @@ def test_tuned_configs_stay_out_of_the_compile_cache_key():
     finally:
         probe.unlink()
     assert not any(path.endswith(".json") for path in before)
+
+
+def test_cuda_lowers_moe_to_triton():
+    from atomc.kernels import registry
+
+    backend, op = registry.choose("moe", "cuda")
+    assert backend == "triton" and op is torch.ops.atomc_triton.moe.default
+    assert registry.choose("moe", "cpu")[0] == "torch"

@@ -16,6 +16,8 @@ and the combine is one deterministic pass (no atomics) over [T * k, H] rows in x
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -35,7 +37,12 @@ COMBINE_BLOCK_H = 1024
 
 
 def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return _cuda_name(device.index or 0) if device.type == "cuda" else "cpu"
+
+
+@functools.cache
+def _cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
 
 
 def fused_experts(

@@ -26,7 +26,7 @@ ACT_SILU, ACT_SWIGLU_OAI = 0, 1
 
 @triton.jit
 def _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED: tl.constexpr, BLOCK_M: tl.constexpr):
-    """(expert, pair rows [BLOCK_M], row mask, go) for this program; go is False for a program
+    """(expert, pair rows [BLOCK_M], row mask, go) for this program; go (int32) is 0 for a program
     with nothing to do."""
     j = tl.program_id(0)
     if ROUTE_SORTED:
@@ -43,7 +43,7 @@ def _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED: tl.c
         first = tl.min(tl.where(ok, offs, BLOCK_M))
         go = first == j
         rows = offs
-    go = go & (e >= 0)  # -1: the expert lives on another rank
+    go = (go & (e >= 0)).to(tl.int32)  # -1: the expert lives on another rank
     return e, rows, ok, go
 
 
@@ -59,7 +59,7 @@ def moe_gate_up_kernel(
 ):  # fmt: skip
     """act[p, n] = act(x[p // TOPK] @ w13[e, n] (gate), x @ w13[e, INTER + n] (up)) for this block's pairs."""
     e, rows, ok, go = _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED, BLOCK_M)
-    if not go:
+    if go == 0:
         return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < INTER
@@ -109,7 +109,7 @@ def moe_down_kernel(
 ):  # fmt: skip
     """y[p, n] = act[p] @ w2[e, n] (+ b2[e, n]) for this block's pairs, in y's dtype."""
     e, rows, ok, go = _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED, BLOCK_M)
-    if not go:
+    if go == 0:
         return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
