@@ -170,3 +170,33 @@ def test_cuda_lowers_moe_to_triton():
     backend, op = registry.choose("moe", "cuda")
     assert backend == "triton" and op is torch.ops.atomc_triton.moe.default
     assert registry.choose("moe", "cpu")[0] == "torch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("e,k,renormalize,scale", [(6, 2, True, 1.0), (128, 8, False, 1.0), (60, 3, True, 2.5)])
+def test_softmax_topk_matches_select_experts(dtype, e, k, renormalize, scale):
+    from atomc.kernels.triton.moe_routing import softmax_topk
+
+    logits = torch.randn(11, e, generator=torch.Generator().manual_seed(e)).to(dtype)
+    weights, ids = softmax_topk(logits, k, renormalize, scale)
+    ref_w, ref_ids = select_experts(logits, k, "softmax", renormalize, None, 0, 0, scale)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-5)
+
+
+def test_softmax_topk_ties_go_to_the_lower_expert():
+    from atomc.kernels.triton.moe_routing import softmax_topk
+
+    logits = torch.tensor([[0.0, 1.0, 0.5, 1.0, 1.0, 0.5, -1.0, 0.0]])
+    weights, ids = softmax_topk(logits, 4, False)
+    assert ids.tolist() == [[1, 3, 4, 2]]
+    assert weights[0, 0] == weights[0, 1] == weights[0, 2] > weights[0, 3]
+
+
+def test_routing_choice():
+    from atomc.kernels.triton.moe_routing import handles
+
+    assert handles("softmax", None, 0, 128)
+    assert not handles("sigmoid", None, 0, 256)  # DeepSeek-V3 stays on select_experts
+    assert not handles("softmax", torch.zeros(8), 0, 8) and not handles("softmax", None, 4, 64)

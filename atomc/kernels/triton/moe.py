@@ -1,6 +1,6 @@
 """`fused_moe`: the whole MoE block on Triton kernels (what `atomc_triton::moe` runs).
 
-    router logits -> select_experts (torch, atomc/ops/moe.py) -> local expert ids (expert_map)
+    router logits -> softmax top-k (moe_routing.py; else select_experts) -> local ids (expert_map)
     -> gate/up GEMM + activation -> down GEMM (+ bias) -> weighted sum over k (moe_combine)
 
 Two routes through the same GEMM kernels (moe_gemm.py): for few (token, expert) pairs (decode)
@@ -30,6 +30,7 @@ from atomc.kernels.triton.moe_gemm import (
     moe_down_kernel,
     moe_gate_up_kernel,
 )
+from atomc.kernels.triton.moe_routing import handles, softmax_topk
 from atomc.ops.moe import select_experts
 
 ACTIVATION_CODES = {"silu": ACT_SILU, "swiglu_oai": ACT_SWIGLU_OAI}
@@ -141,10 +142,14 @@ def fused_moe(
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
 ) -> torch.Tensor:
-    """`atomc::moe` (same arguments): routing in torch, the experts on the Triton kernels."""
-    weights, ids = select_experts(
-        router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
-        routed_scaling_factor,
-    )  # fmt: skip
+    """`atomc::moe` (same arguments): softmax top-k routing in one Triton kernel (other scorings
+    through `select_experts` in torch), the experts on the Triton kernels."""
+    if handles(scoring, correction_bias, num_expert_group, router_logits.shape[-1]):
+        weights, ids = softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor)
+    else:
+        weights, ids = select_experts(
+            router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
+            routed_scaling_factor,
+        )  # fmt: skip
     return fused_experts(x, weights, ids, w13, w2, w13_bias, w2_bias, expert_map, activation, swiglu_alpha,
                          swiglu_limit)  # fmt: skip
