@@ -148,7 +148,7 @@ def _triton_ops():
 
 
 for _op in OPS:
-    if _op not in ("silu_mul", "moe"):  # separate gate/up: Inductor fuses silu*mul itself; keep the reference
+    if _op != "silu_mul":  # separate gate/up: Inductor fuses silu*mul itself; keep the reference
         register(_op, "triton")(functools.partial(lambda name: getattr(_triton_ops(), name).default, _op))
 
 

@@ -123,3 +123,21 @@ def silu_and_mul_reference(x):
 
 def rel_err(out, ref):
     return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)).item()
+
+
+def make_moe(t, e, h, inter, k, dtype, device, *, bias=False, seed=0, skewed=False):
+    """x, router logits (in x's dtype) and stacked expert weights (w13 [E, 2I, H] gate then up,
+    w2 [E, H, I]), drawn on `device`, scaled so activations stay O(1). `skewed`: experts past the
+    first half never win and expert 0 wins often (uneven loads, experts with no token)."""
+    g = torch.Generator(device).manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g, device=device)  # noqa: E731
+    x = rand(t, h).to(dtype)
+    logits = rand(t, e)
+    if skewed:
+        logits[:, e // 2 :] -= 30.0
+        logits[:, 0] += 2.0
+    w13 = (rand(e, 2 * inter, h) / h**0.5).to(dtype)
+    w2 = (rand(e, h, inter) / inter**0.5).to(dtype)
+    b13 = (0.5 * rand(e, 2 * inter)).to(dtype) if bias else None
+    b2 = (0.5 * rand(e, h)).to(dtype) if bias else None
+    return x, logits.to(dtype), w13, w2, b13, b2

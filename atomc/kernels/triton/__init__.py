@@ -10,12 +10,15 @@ else:
     from atomc.kernels.triton.activation import silu_and_mul
     from atomc.kernels.triton.gemv import linear
     from atomc.kernels.triton.kv_cache_write import write_kv_cache
+    from atomc.kernels.triton.moe import fused_experts, fused_moe
     from atomc.kernels.triton.paged_attention import paged_attention
     from atomc.kernels.triton.rmsnorm import fused_add_rms_norm, rms_norm
     from atomc.kernels.triton.rope import rope, rope_and_write_kv
 
     __all__ = [
         "fused_add_rms_norm",
+        "fused_experts",
+        "fused_moe",
         "linear",
         "paged_attention",
         "rms_norm",

@@ -143,5 +143,31 @@ def attention(
     attend(q, out, *cache, scale, sliding_window)
 
 
+@custom("moe")
+def moe(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    expert_map: torch.Tensor | None,
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    num_expert_group: int = 0,
+    topk_group: int = 0,
+    routed_scaling_factor: float = 1.0,
+    activation: str = "silu",
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+) -> torch.Tensor:
+    return tk.fused_moe(
+        x, router_logits, w13, w2, w13_bias, w2_bias, expert_map, correction_bias, top_k, scoring, renormalize,
+        num_expert_group, topk_group, routed_scaling_factor, activation, swiglu_alpha, swiglu_limit,
+    )  # fmt: skip
+
+
 # eager atomc::attention on a GPU runs the Triton body (the reference stays the CPU kernel)
 torch.library.register_kernel("atomc::attention", "cuda", attention)

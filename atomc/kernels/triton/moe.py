@@ -1,0 +1,155 @@
+"""`fused_moe`: the whole MoE block on Triton kernels (what `atomc_triton::moe` runs).
+
+    router logits -> softmax top-k (moe_routing.py; else select_experts) -> local ids (expert_map)
+    -> gate/up GEMM + activation -> down GEMM (+ bias) -> weighted sum over k (moe_combine)
+
+Two routes through the same GEMM kernels (moe_gemm.py): for few (token, expert) pairs (decode)
+no sort at all, each chosen expert's weights read once by the programs of its first pair; for many,
+pairs sorted by expert and padded to the row block on the device (moe_align.py) and grouped GEMMs.
+The route and tiles come from moe_config.py (tuned JSON, else a default). No host sync and no
+data-dependent shape anywhere, so the op captures in a CUDA graph.
+
+The routing weights are applied in the combine, not the down GEMM's epilogue: the expert outputs
+are then rounded to x's dtype before the fp32 weighted sum exactly as the reference rounds them,
+and the combine is one deterministic pass (no atomics) over [T * k, H] rows in x's dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from atomc.kernels.triton import moe_config
+from atomc.kernels.triton.moe_align import align_by_expert
+from atomc.kernels.triton.moe_gemm import (
+    ACT_SILU,
+    ACT_SWIGLU_OAI,
+    moe_combine_kernel,
+    moe_down_kernel,
+    moe_gate_up_kernel,
+)
+from atomc.kernels.triton.moe_routing import handles, softmax_topk
+from atomc.ops.moe import select_experts
+
+ACTIVATION_CODES = {"silu": ACT_SILU, "swiglu_oai": ACT_SWIGLU_OAI}
+COMBINE_BLOCK_H = 1024
+
+
+def device_name(device: torch.device) -> str:
+    return _cuda_name(device.index or 0) if device.type == "cuda" else "cpu"
+
+
+@functools.cache
+def _cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def fused_experts(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+    activation: str = "silu",
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """`experts_reference` on the kernels: x [T, H], weights fp32 [T, k], ids int32 [T, k] (global)
+    -> [T, H]. `config` overrides the tuned/default configuration (the tuner and tests use it)."""
+    t, h = x.shape
+    e_local, two_i, h_w = w13.shape
+    inter = two_i // 2
+    k = ids.shape[1]
+    if h_w != h or w2.shape != (e_local, h, inter):
+        raise ValueError(f"fused_moe: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)} do not fit")
+    if activation not in ACTIVATION_CODES:
+        raise ValueError(f"fused_moe: activation {activation!r} (supported: {', '.join(ACTIVATION_CODES)})")
+    x = x.contiguous()
+    w13, w2 = w13.contiguous(), w2.contiguous()
+    p = t * k
+    local = ids.reshape(p).to(torch.int32)
+    if expert_map is not None:
+        local = expert_map.to(torch.int32)[local.long()]
+    if config is None:
+        config = moe_config.pick_config(t, e_local, h, inter, k, x.dtype, device_name(x.device))
+    out = torch.empty_like(x)
+    if t == 0:
+        return out
+    sorted_route = config["path"] == "sorted"
+    if sorted_route:
+        block_m = config["gate_up"]["block_m"]
+        sorted_ids, block_expert, num_padded = align_by_expert(local, e_local, block_m)
+        row_groups = block_expert.numel()
+    else:
+        if p > moe_config.SMALL_PATH_MAX_PAIRS:
+            raise ValueError(f"fused_moe: the small path takes <= {moe_config.SMALL_PATH_MAX_PAIRS} pairs, got {p}")
+        block_m = max(16, triton.next_power_of_2(p))
+        sorted_ids = block_expert = num_padded = local  # unused by the small route
+        row_groups = p
+    act = x.new_empty(p, inter)
+    y = x.new_empty(p, h)
+    ieee = x.dtype == torch.float32
+    route = (local, sorted_ids, block_expert, num_padded)
+    gu, dn = config["gate_up"], config["down"]
+    moe_gate_up_kernel[(row_groups, triton.cdiv(inter, gu["block_n"]))](
+        x, w13, w13_bias if w13_bias is not None else w13, act, *route,
+        p, h, inter,
+        x.stride(0), w13.stride(0), w13.stride(1), 0 if w13_bias is None else w13_bias.stride(0), act.stride(0),
+        float(alpha), float(limit),
+        TOPK=k, ACT=ACTIVATION_CODES[activation], HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route,
+        IEEE=ieee, BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"],
+        num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+    )  # fmt: skip
+    if sorted_route and dn.get("block_m", block_m) != block_m:
+        raise ValueError("fused_moe: both GEMMs of the sorted path share one block_m (one alignment)")
+    moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
+        act, w2, w2_bias if w2_bias is not None else w2, y, *route,
+        p, h, inter,
+        act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
+        HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee,
+        BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
+        num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+    )  # fmt: skip
+    block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
+    moe_combine_kernel[(t, triton.cdiv(h, block_h))](
+        y, weights.float().contiguous(), local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h,
+    )  # fmt: skip
+    return out
+
+
+def fused_moe(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    expert_map: torch.Tensor | None,
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    num_expert_group: int = 0,
+    topk_group: int = 0,
+    routed_scaling_factor: float = 1.0,
+    activation: str = "silu",
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+) -> torch.Tensor:
+    """`atomc::moe` (same arguments): softmax top-k routing in one Triton kernel (other scorings
+    through `select_experts` in torch), the experts on the Triton kernels."""
+    if handles(scoring, correction_bias, num_expert_group, router_logits.shape[-1]):
+        weights, ids = softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor)
+    else:
+        weights, ids = select_experts(
+            router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
+            routed_scaling_factor,
+        )  # fmt: skip
+    return fused_experts(x, weights, ids, w13, w2, w13_bias, w2_bias, expert_map, activation, swiglu_alpha,
+                         swiglu_limit)  # fmt: skip

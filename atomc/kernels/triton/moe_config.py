@@ -1,0 +1,81 @@
+"""Tile configurations of the fused MoE: tuned JSON files per shape and device, and a default.
+
+A file under `configs/` is named by (experts, hidden, intermediate, top_k, dtype, device) and maps
+M buckets (token counts) to a configuration; a call takes the bucket nearest its token count (the
+largest bucket <= M, else the smallest). A configuration:
+
+    {"path": "small" | "sorted",            # optional; else by SMALL_PATH_MAX_PAIRS
+     "gate_up": {"block_m", "block_n", "block_k", "num_warps", "num_stages"},
+     "down": {...the same keys...}}
+
+(the small path sizes block_m from the pair count itself.) `benchmarks/tune_moe.py` writes the files.
+
+The files change only how the kernels are launched, never the traced graph, so they are read when
+the op runs (cached per process) and are not part of the compile cache key: no module imports
+them, and the key hashes only the Python files a build imports (atomc/graphs/sources.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+# the few-token path (no sort) for up to this many (token, expert) pairs; above it, the sorted
+# grouped GEMM. Its tile is [next_pow2(pairs), block_n] so it must stay a small GEMV-like tile.
+SMALL_PATH_MAX_PAIRS = 64
+PATHS = ("small", "sorted")
+
+
+def config_name(experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str) -> str:
+    dev = "".join(c if c.isalnum() or c in "-." else "_" for c in device_name)
+    return f"E={experts},H={hidden},I={inter},topk={top_k},dtype={str(dtype).removeprefix('torch.')},device={dev}.json"
+
+
+@functools.cache
+def load_configs(name: str, directory: Path = CONFIG_DIR) -> dict[int, dict] | None:
+    path = directory / name
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text())
+    return {int(m): cfg for m, cfg in raw["buckets"].items()}
+
+
+def default_config(tokens: int, top_k: int, experts: int) -> dict:
+    """Untuned shapes: small GEMV-like tiles for few pairs, tensor-core tiles growing with the
+    expected rows per expert (tokens * top_k / experts) for many."""
+    pairs = tokens * top_k
+    if pairs <= SMALL_PATH_MAX_PAIRS:
+        # 16 rows per program: even Qwen3-MoE's 768-row experts give 8 * 48 programs at one token
+        gemv = dict(block_m=0, block_n=16, block_k=128, num_warps=4, num_stages=4)
+        return {"path": "small", "gate_up": gemv, "down": dict(gemv)}
+    per_expert = pairs / experts
+    if per_expert <= 32:
+        tile = dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)
+    elif per_expert <= 128:
+        tile = dict(block_m=64, block_n=64, block_k=64, num_warps=4, num_stages=3)
+    else:
+        tile = dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+    return {"path": "sorted", "gate_up": tile, "down": dict(tile)}
+
+
+@functools.cache  # per (shape, token count): a dict lookup per call after the first
+def pick_config(
+    tokens: int, experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str,
+    directory: Path = CONFIG_DIR,
+) -> dict:  # fmt: skip
+    """The tuned configuration for this shape and token count when a file has one, else the default;
+    "path" always filled in. Callers must not modify the result (it is cached)."""
+    tuned = load_configs(config_name(experts, hidden, inter, top_k, dtype, device_name), directory)
+    if not tuned:
+        return default_config(tokens, top_k, experts)
+    below = [m for m in tuned if m <= tokens]
+    cfg = dict(tuned[max(below) if below else min(tuned)])
+    if "path" not in cfg:
+        cfg["path"] = "small" if tokens * top_k <= SMALL_PATH_MAX_PAIRS else "sorted"
+    if cfg["path"] == "small" and tokens * top_k > SMALL_PATH_MAX_PAIRS:
+        cfg = default_config(tokens, top_k, experts)  # the small path's tile cannot hold these pairs
+    return cfg

@@ -1,0 +1,151 @@
+"""The two expert GEMMs of the fused MoE (gate/up with the activation, then down), one kernel each.
+
+Both paths of `fused_moe` run these kernels; they differ only in how a program finds the rows
+(chosen (token, expert) pairs, numbered p = token * top_k + slot) that it multiplies by one expert:
+- ROUTE_SORTED=False, few pairs: program j owns pair j's expert if j is that expert's first pair
+  (every other program with the same expert exits at once); it gathers all P <= BLOCK_M pairs that
+  chose the expert. No sort, no host sync, and each chosen expert's weight rows are read once,
+  so batch-1 decode is a GEMV over the k chosen experts (x's rows padded to BLOCK_M for the
+  tensor-core dot; the padding costs no memory traffic).
+- ROUTE_SORTED=True, many pairs: pairs sorted by expert and padded to BLOCK_M
+  (`moe_align.align_by_expert`); program b takes block b of `sorted_ids` and the block's expert;
+  blocks past the padded total exit at once, so the grid is sized for the worst case.
+
+Both write per-pair rows ([P, I] activations, then [P, H] expert outputs in x's dtype, as the
+reference rounds them); the weighted sum over k is `moe_combine`. Each output row is written by
+exactly one program: no atomics, the same result every run.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+ACT_SILU, ACT_SWIGLU_OAI = 0, 1
+
+
+@triton.jit
+def _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, pair rows [BLOCK_M], row mask, go) for this program; go (int32) is 0 for a program
+    with nothing to do."""
+    j = tl.program_id(0)
+    if ROUTE_SORTED:
+        # the grid has one program per block of sorted_ids / block_expert: no bounds to mask
+        go = j * BLOCK_M < tl.load(num_padded)
+        e = tl.load(block_expert + j)
+        rows = tl.load(sorted_ids + j * BLOCK_M + tl.arange(0, BLOCK_M))
+        ok = rows < P
+    else:
+        offs = tl.arange(0, BLOCK_M)
+        loc = tl.load(local_ids + offs, mask=offs < P, other=-1)
+        e = tl.load(local_ids + j)
+        ok = loc == e
+        first = tl.min(tl.where(ok, offs, BLOCK_M))
+        go = first == j
+        rows = offs
+    go = (go & (e >= 0)).to(tl.int32)  # -1: the expert lives on another rank
+    return e, rows, ok, go
+
+
+@triton.jit
+def moe_gate_up_kernel(
+    x_ptr, w_ptr, b_ptr, act_ptr,
+    local_ids, sorted_ids, block_expert, num_padded,
+    P, H, INTER,
+    stride_xm, stride_we, stride_wn, stride_be, stride_am,
+    alpha, limit,
+    TOPK: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """act[p, n] = act(x[p // TOPK] @ w13[e, n] (gate), x @ w13[e, INTER + n] (up)) for this block's pairs."""
+    e, rows, ok, go = _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED, BLOCK_M)
+    if go == 0:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < INTER
+    tokens = (rows // TOPK).to(tl.int64)
+    w_gate = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    w_up = w_gate + INTER * stride_wn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < H
+        a = tl.load(x_ptr + tokens[:, None] * stride_xm + offs_k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        wm = n_ok[:, None] & k_ok[None, :]
+        wg = tl.load(w_gate + offs_k[None, :], mask=wm, other=0.0)
+        wu = tl.load(w_up + offs_k[None, :], mask=wm, other=0.0)
+        if IEEE:  # fp32 inputs: exact fp32 products, not TF32
+            acc_g += tl.dot(a, tl.trans(wg), input_precision="ieee")
+            acc_u += tl.dot(a, tl.trans(wu), input_precision="ieee")
+        else:
+            acc_g += tl.dot(a, tl.trans(wg))
+            acc_u += tl.dot(a, tl.trans(wu))
+    if HAS_BIAS:
+        b = b_ptr + e.to(tl.int64) * stride_be
+        acc_g += tl.load(b + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(b + INTER + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    # round to the activation's dtype first, as the reference's GEMM output is
+    gate = acc_g.to(act_ptr.dtype.element_ty).to(tl.float32)
+    up = acc_u.to(act_ptr.dtype.element_ty).to(tl.float32)
+    if ACT == 0:  # silu(gate) * up
+        h = gate / (1.0 + tl.exp(-gate)) * up
+    else:  # GPT-OSS: gate clamped above, up clamped both ways, gate * sigmoid(alpha * gate) * (up + 1)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        h = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+    out = act_ptr + rows.to(tl.int64)[:, None] * stride_am + offs_n[None, :]
+    tl.store(out, h.to(act_ptr.dtype.element_ty), mask=ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def moe_down_kernel(
+    act_ptr, w_ptr, b_ptr, y_ptr,
+    local_ids, sorted_ids, block_expert, num_padded,
+    P, H, INTER,
+    stride_am, stride_we, stride_wn, stride_be, stride_ym,
+    HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """y[p, n] = act[p] @ w2[e, n] (+ b2[e, n]) for this block's pairs, in y's dtype."""
+    e, rows, ok, go = _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED, BLOCK_M)
+    if go == 0:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    a_rows = act_ptr + rows.to(tl.int64)[:, None] * stride_am
+    w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < INTER
+        a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if IEEE:
+            acc += tl.dot(a, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(a, tl.trans(w))
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + e.to(tl.int64) * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def moe_combine_kernel(
+    y_ptr, weights_ptr, local_ids, out_ptr, H, stride_ym, stride_om,
+    TOPK: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """out[t] = sum over slots s of weight[t, s] * y[t * TOPK + s], in fp32, in slot order; pairs whose
+    expert is on another rank add nothing (their y rows were never written)."""
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for s in tl.static_range(TOPK):
+        p = t * TOPK + s
+        here = (tl.load(local_ids + p) >= 0).to(tl.int32)
+        w = tl.load(weights_ptr + p)
+        y = tl.load(y_ptr + p.to(tl.int64) * stride_ym + offs, mask=offs < H * here, other=0.0)
+        acc += y.to(tl.float32) * w
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=h_ok)

@@ -1,0 +1,146 @@
+"""The fused MoE kernel alone (atomc.kernels.triton.moe.fused_experts: routing excluded) at M = 1, 8,
+64, 512, 4096 tokens for Mixtral-8x7B, Qwen3-30B-A3B and GPT-OSS-20B shapes, bf16, random weights,
+next to atomc's per-expert torch loop (`experts_reference`) and `torch._grouped_mm` (where the
+torch build has it).
+
+    python benchmarks/moe_kernel.py --out results/moe_kernel.json [--shapes mixtral,qwen3_moe] [--tokens 1,8]
+
+Bytes are the weights actually read (the distinct experts the routing touches, w13 + w2 + biases)
+plus x and the output; FLOPs are 6 * M * top_k * H * I. Ours and grouped_mm are timed as CUDA-graph
+replays of R back-to-back calls, each with its own random routing, so consecutive calls touch
+different experts and the weights come from HBM (not L2) as in a model, which streams every
+layer between two uses of one layer's experts; the torch loop syncs the host (it lists the experts
+hit) and gets do_bench, L2 flushed. Each implementation is checked against the reference first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+from atomc.kernels.triton import moe_config
+from atomc.kernels.triton.moe import device_name, fused_experts
+from atomc.ops.moe import apply_activation, experts_reference, select_experts
+
+PEAK_GBPS = 4300.0
+BF16 = torch.bfloat16
+DEV = "cuda"
+# name: (experts, hidden, intermediate, top_k, activation, biases)
+SHAPES = {
+    "mixtral": (8, 4096, 14336, 2, "silu", False),
+    "qwen3_moe": (128, 2048, 768, 8, "silu", False),
+    "gpt_oss": (32, 2880, 2880, 4, "swiglu_oai", True),
+}
+TOKENS = (1, 8, 64, 512, 4096)
+
+
+def rel_err(out, ref) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def grouped_mm_moe(x, weights, ids, w13, w2, b13, b2, activation):
+    """The MoE through torch._grouped_mm: pairs sorted by expert on the device, two grouped GEMMs,
+    a weighted index_add (biases added per pair row). No host sync: graph-capturable."""
+    t, k = ids.shape
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(w13.shape[0], dtype=torch.long, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    offs = counts.cumsum(0).to(torch.int32)  # (bincount would sync the host to size its output)
+    xs = x[order // k]
+    h = torch._grouped_mm(xs, w13.transpose(1, 2), offs)
+    if b13 is not None:
+        h = h + b13[flat[order]]
+    y = torch._grouped_mm(apply_activation(h, activation, 1.702, 7.0), w2.transpose(1, 2), offs)
+    if b2 is not None:
+        y = y + b2[flat[order]]
+    out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
+    out.index_add_(0, order // k, y.float() * weights.reshape(-1)[order, None])
+    return out.to(x.dtype)
+
+
+def graph_time_us(fn, calls: list[tuple]) -> float:
+    """Median µs of one call, from replays of a graph holding every call in `calls` back to back."""
+    for args in calls:
+        fn(*args)  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in calls:
+            fn(*args)
+    return do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3 / len(calls)
+
+
+def bench_shape(name: str, tokens: list[int], rows: list[dict]) -> None:
+    e, h, inter, k, act, bias = SHAPES[name]
+    g = torch.Generator(DEV).manual_seed(0)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g, device=DEV) / h**0.5).to(BF16)
+    w2 = (torch.randn(e, h, inter, generator=g, device=DEV) / inter**0.5).to(BF16)
+    b13 = (0.5 * torch.randn(e, 2 * inter, generator=g, device=DEV)).to(BF16) if bias else None
+    b2 = (0.5 * torch.randn(e, h, generator=g, device=DEV)).to(BF16) if bias else None
+    expert_bytes = (3 * h * inter + (3 * h if bias else 0)) * 2
+    for t in tokens:
+        reps = 8 if t <= 64 else 2
+        calls = []
+        for _ in range(reps):
+            x = torch.randn(t, h, generator=g, device=DEV).to(BF16)
+            weights, ids = select_experts(torch.randn(t, e, generator=g, device=DEV), k)
+            calls.append((x, weights, ids))
+        touched = sum(ids.unique().numel() for _, _, ids in calls) / reps
+        nbytes = touched * expert_bytes + 2 * t * h * 2
+        flops = 6 * t * k * h * inter
+        x, weights, ids = calls[0]
+        ref = experts_reference(x, weights, ids, w13, w2, b13, b2, None, act, 1.702, 7.0)
+        cfg = moe_config.pick_config(t, e, h, inter, k, BF16, device_name(x.device))
+        impls = {
+            "atomc_triton": (lambda x, w, i: fused_experts(x, w, i, w13, w2, b13, b2, None, act), True),
+            "torch_loop": (lambda x, w, i: experts_reference(x, w, i, w13, w2, b13, b2, None, act, 1.702, 7.0), False),
+        }
+        if hasattr(torch, "_grouped_mm"):
+            impls["grouped_mm"] = (lambda x, w, i: grouped_mm_moe(x, w, i, w13, w2, b13, b2, act), True)
+        for impl, (fn, graphed) in impls.items():
+            row = dict(shape=name, tokens=t, impl=impl, experts_touched=round(touched, 2), bytes=int(nbytes))
+            try:
+                row["rel_err"] = rel_err(fn(x, weights, ids), ref)
+                if graphed:
+                    us = graph_time_us(fn, calls)
+                else:
+                    once = lambda fn=fn, a=calls[0]: fn(*a)  # noqa: E731
+                    us = do_bench(once, warmup=3, rep=30, return_mode="median") * 1e3
+            except Exception as exc:  # e.g. grouped_mm on a GPU or dtype it does not support
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                print(f"{name:10s} M={t:5d} {impl:13s} failed: {row['error']}")
+                rows.append(row)
+                continue
+            row.update(us=round(us, 2), gbps=round(nbytes / us / 1e3, 1), tflops=round(flops / us / 1e6, 2))
+            row["pct_peak_bw"] = round(100 * row["gbps"] / PEAK_GBPS, 1)
+            if impl == "atomc_triton":
+                row["route"] = cfg["path"]
+            rows.append(row)
+            print(f"{name:10s} M={t:5d} {impl:13s} {us:9.1f} us {row['gbps']:8.1f} GB/s ({row['pct_peak_bw']:5.1f}%) "
+                  f"{row['tflops']:7.2f} TFLOP/s  err {row['rel_err']:.1e} {row.get('route', '')}")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("results/moe_kernel.json"))
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    rows: list[dict] = []
+    for name in args.shapes.split(","):
+        bench_shape(name, tokens, rows)
+        torch.cuda.empty_cache()  # the shape's weights are gone with its frame
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Tile configurations for the fused MoE, by grid search on this GPU: writes the JSON that
+atomc/kernels/triton/moe_config.py reads (configs/E=..,H=..,I=..,topk=..,dtype=..,device=...json).
+
+    python benchmarks/tune_moe.py --shapes qwen3_moe [--tokens 1,8,64,512] [--quick] [--out-dir DIR]
+
+Per M bucket it tries the few-pair route (when M * top_k fits it) and the sorted route, and keeps
+the faster, so the file also records where the sorted route takes over. The gate/up tile is searched
+with the down tile at its default, then the down tile with the best gate/up (the sorted route's two
+GEMMs share block_m, searched outside). Each candidate is timed as in benchmarks/moe_kernel.py (a
+CUDA graph of calls with different routings, weights from HBM); candidates that fail to compile
+(too much shared memory) are skipped. A few minutes per shape on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+from moe_kernel import BF16, DEV, SHAPES, graph_time_us
+
+from atomc.kernels.triton import moe_config
+from atomc.kernels.triton.moe import device_name, fused_experts
+from atomc.ops.moe import select_experts
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+SMALL_TILES = [dict(block_m=0, block_n=n, block_k=k, num_warps=w, num_stages=s)
+               for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3,))]  # fmt: skip
+SORTED_TILES = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s)
+                for n, k, w, s in ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
+                                   (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 4), (256, 64, 8, 3))]  # fmt: skip
+SORTED_BLOCK_M = (16, 32, 64, 128)
+
+
+def timer(weights13, weights2, b13, b2, act, calls):
+    def time_config(cfg: dict) -> float:
+        try:
+            fn = lambda x, w, i: fused_experts(x, w, i, weights13, weights2, b13, b2, None, act, config=cfg)  # noqa: E731
+            return graph_time_us(fn, calls)
+        except Exception as exc:  # out of shared memory, too many registers: not a candidate
+            print(f"    skip {cfg}: {type(exc).__name__}")
+            return float("inf")
+
+    return time_config
+
+
+def search(time_config, path: str, gate_up_tiles: list[dict], down_tiles: list[dict], default: dict):
+    """(µs, configuration) of the best gate/up tile, then the best down tile with it."""
+    base = {"path": path, "gate_up": dict(default), "down": dict(default)}
+    best_us, best_gu = min((time_config({**base, "gate_up": t}), i) for i, t in enumerate(gate_up_tiles))
+    base["gate_up"] = gate_up_tiles[best_gu]
+    best_us, best_dn = min((time_config({**base, "down": t}), i) for i, t in enumerate(down_tiles))
+    return best_us, {**base, "down": down_tiles[best_dn]}
+
+
+def tune_shape(name: str, tokens: list[int], quick: bool) -> dict:
+    e, h, inter, k, act, bias = SHAPES[name]
+    g = torch.Generator(DEV).manual_seed(0)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g, device=DEV) / h**0.5).to(BF16)
+    w2 = (torch.randn(e, h, inter, generator=g, device=DEV) / inter**0.5).to(BF16)
+    b13 = (0.5 * torch.randn(e, 2 * inter, generator=g, device=DEV)).to(BF16) if bias else None
+    b2 = (0.5 * torch.randn(e, h, generator=g, device=DEV)).to(BF16) if bias else None
+    buckets = {}
+    for t in tokens:
+        t0 = time.time()
+        calls = []
+        for _ in range(4 if t <= 64 else 2):
+            weights, ids = select_experts(torch.randn(t, e, generator=g, device=DEV), k)
+            calls.append((torch.randn(t, h, generator=g, device=DEV).to(BF16), weights, ids))
+        time_config = timer(w13, w2, b13, b2, act, calls)
+        default = moe_config.default_config(t, k, e)
+        default_us = time_config(default)
+        found = []
+        if t * k <= moe_config.SMALL_PATH_MAX_PAIRS:
+            tiles = SMALL_TILES[::3] if quick else SMALL_TILES
+            found.append(search(time_config, "small", tiles, tiles, moe_config.default_config(1, 1, e)["gate_up"]))
+        for bm in SORTED_BLOCK_M[1::2] if quick else SORTED_BLOCK_M:
+            if bm > 2 * max(16, t * k):  # rows mostly padding
+                continue
+            tiles = [dict(block_m=bm, **tile) for tile in (SORTED_TILES[::2] if quick else SORTED_TILES)]
+            found.append(search(time_config, "sorted", tiles, tiles, tiles[0]))
+        best_us, best = min(found, key=lambda f: f[0])
+        if default_us <= best_us:
+            best_us, best = default_us, default
+        buckets[str(t)] = best
+        print(f"{name} M={t}: {best_us:.1f} us ({best['path']}), default {default_us:.1f} us, {time.time() - t0:.0f} s")
+    meta = {"shape": name, "device": device_name(torch.device(DEV)), "torch": torch.__version__}
+    return {"buckets": buckets, "meta": meta}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default=",".join(map(str, BUCKETS)))
+    ap.add_argument("--quick", action="store_true", help="a third of the grid")
+    ap.add_argument("--out-dir", type=Path, default=moe_config.CONFIG_DIR)
+    args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for name in args.shapes.split(","):
+        e, h, inter, k, _, _ = SHAPES[name]
+        result = tune_shape(name, tokens, args.quick)
+        path = args.out_dir / moe_config.config_name(e, h, inter, k, BF16, device_name(torch.device(DEV)))
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {path}")
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""The Triton fused MoE (atomc/kernels/triton/moe*.py) against atomc's per-expert reference on CPU,
+through the Triton interpreter (fp32 and fp16: the interpreter mishandles bf16). Both routes (few
+pairs without a sort, many pairs sorted by expert), both activations, biases, an expert map, experts
+that receive no token. Shapes are tiny and not powers of two, so every tile edge is masked."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():  # the interpreter setting is process-wide; test_triton_moe_gpu.py covers CUDA
+    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+
+triton = pytest.importorskip("triton")
+from triton_kernel_cases import make_moe, rel_err  # noqa: E402
+
+from atomc.kernels.triton import moe_config  # noqa: E402
+from atomc.kernels.triton.moe import fused_experts  # noqa: E402
+from atomc.kernels.triton.moe_align import align_by_expert, max_padded_rows  # noqa: E402
+from atomc.ops.moe import experts_reference, select_experts  # noqa: E402
+
+E, H, INTER, K = 6, 48, 40, 2
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
+TILE = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
+SMALL = {"path": "small", "gate_up": dict(TILE), "down": dict(TILE)}
+SORTED = {"path": "sorted", "gate_up": dict(TILE), "down": dict(TILE)}
+
+
+def check(t, dtype, config, *, activation="silu", bias=False, expert_map=None, e=E, k=K, skewed=False, seed=0):
+    x, logits, w13, w2, b13, b2 = make_moe(t, e, H, INTER, k, dtype, "cpu", bias=bias, seed=seed, skewed=skewed)
+    weights, ids = select_experts(logits, k)
+    if expert_map is not None:  # this rank holds only the mapped experts' rows
+        w13, w2 = w13[: int(expert_map.max()) + 1], w2[: int(expert_map.max()) + 1]
+        b13, b2 = (None, None) if not bias else (b13[: w13.shape[0]], b2[: w13.shape[0]])
+    args = (x, weights, ids, w13, w2, b13, b2, expert_map, activation, 1.702, 7.0)
+    out = fused_experts(*args, config=config)
+    ref = experts_reference(*args)
+    assert out.shape == x.shape and out.dtype == dtype and not out.isnan().any()
+    assert rel_err(out, ref) < TOL[dtype], rel_err(out, ref)
+    return out, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("activation,bias", [("silu", False), ("swiglu_oai", True), ("silu", True)])
+@pytest.mark.parametrize("t", [1, 5, 32])
+def test_small_route_matches_reference(t, dtype, activation, bias):
+    check(t, dtype, SMALL, activation=activation, bias=bias, seed=t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("activation,bias", [("silu", False), ("swiglu_oai", True)])
+@pytest.mark.parametrize("t", [1, 7, 60, 300])
+def test_sorted_route_matches_reference(t, dtype, activation, bias):
+    check(t, dtype, SORTED, activation=activation, bias=bias, seed=t)
+
+
+@pytest.mark.parametrize("config", [SMALL, SORTED], ids=["small", "sorted"])
+def test_experts_without_tokens(config):
+    out, _ = check(9, torch.float16, config, skewed=True, k=2)
+    _, ids = select_experts(make_moe(9, E, H, INTER, K, torch.float16, "cpu", skewed=True)[1], K)
+    assert set(ids.unique().tolist()) <= set(range(E // 2)), "the skew must leave experts without tokens"
+
+
+@pytest.mark.parametrize("config", [SMALL, SORTED], ids=["small", "sorted"])
+def test_expert_map_drops_experts_on_other_ranks(config):
+    # global experts 0..5; this rank holds 1, 4 and 5 as local rows 0, 1, 2
+    expert_map = torch.tensor([-1, 0, -1, -1, 1, 2], dtype=torch.int32)
+    out, ref = check(20, torch.float32, config, bias=True, expert_map=expert_map, seed=3)
+    # a token whose chosen experts all live elsewhere gets exactly zero
+    weights, ids = select_experts(make_moe(20, E, H, INTER, K, torch.float32, "cpu", bias=True, seed=3)[1], K)
+    elsewhere = (expert_map[ids.long()] < 0).all(dim=1)
+    assert elsewhere.any() and (out[elsewhere] == 0).all()
+
+
+def test_more_experts_and_top_k():
+    check(12, torch.float16, SMALL, e=16, k=4, seed=1)  # 48 pairs, the small route's tile is 64 rows
+    check(40, torch.float16, SORTED, e=16, k=4, seed=1)
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_align_by_expert_layout(block_m):
+    local = torch.tensor([3, 0, 3, -1, 1, 3, 0, -1, 3, 3], dtype=torch.int32)
+    experts = 5
+    sorted_ids, block_expert, num_padded = align_by_expert(local, experts, block_m)
+    p = local.numel()
+    assert sorted_ids.numel() == max_padded_rows(p, experts, block_m) == block_expert.numel() * block_m
+    used = int(num_padded)
+    assert used == 3 * block_m  # experts 0, 1, 3 each pad to one block; 2 and 4 get none
+    blocks = sorted_ids[:used].view(-1, block_m)
+    for b, e in enumerate(block_expert[: used // block_m].tolist()):
+        real = blocks[b][blocks[b] < p]
+        assert (local[real.long()] == e).all()
+        assert real.tolist() == sorted(real.tolist())  # stable: pairs keep their order
+    assert sorted(sorted_ids[sorted_ids < p].tolist()) == [i for i in range(p) if local[i] >= 0]
+    assert (block_expert[used // block_m :] == experts).all()
+
+
+def test_the_route_follows_the_pair_count():
+    k = 8
+    small = moe_config.SMALL_PATH_MAX_PAIRS // k
+    assert moe_config.pick_config(small, 128, 2048, 768, k, torch.bfloat16, "none")["path"] == "small"
+    assert moe_config.pick_config(small + 1, 128, 2048, 768, k, torch.bfloat16, "none")["path"] == "sorted"
+
+
+def test_default_route_end_to_end():
+    # no config given: the default picks the route; 1 token (small) and 64 tokens (sorted)
+    for t in (1, 64):
+        check(t, torch.float16, None, seed=t)
+
+
+def test_tuned_file_buckets(tmp_path):
+    name = moe_config.config_name(E, H, INTER, K, torch.float16, "Some GPU")
+    tiles = lambda bn: dict(block_m=16, block_n=bn, block_k=32, num_warps=4, num_stages=2)  # noqa: E731
+    buckets = {"1": {"path": "small", "gate_up": tiles(16), "down": tiles(16)},
+               "64": {"gate_up": tiles(64), "down": tiles(64)}}  # fmt: skip
+    (tmp_path / name).write_text(__import__("json").dumps({"buckets": buckets}))
+    pick = lambda t: moe_config.pick_config(t, E, H, INTER, K, torch.float16, "Some GPU", tmp_path)  # noqa: E731
+    assert pick(1)["gate_up"]["block_n"] == 16 and pick(1)["path"] == "small"
+    assert pick(20)["gate_up"]["block_n"] == 16  # the largest bucket <= M
+    assert pick(63)["path"] == "sorted"  # 126 pairs: more than a small-route tile holds, whatever the file says
+    assert pick(500)["gate_up"]["block_n"] == 64 and pick(500)["path"] == "sorted"
+    assert " " not in name and "/" not in name
+
+
+def test_backend_op_matches_the_atomc_op():
+    import atomc.kernels.triton.ops  # noqa: F401  (defines torch.ops.atomc_triton.moe)
+
+    for t in (3, 70):
+        x, logits, w13, w2, b13, b2 = make_moe(t, E, H, INTER, K, torch.float16, "cpu", bias=True, seed=t)
+        args = (x, logits, w13, w2, b13, b2, None, None, K)
+        kw = dict(activation="swiglu_oai", swiglu_alpha=1.5, swiglu_limit=2.0)
+        out = torch.ops.atomc_triton.moe(*args, **kw)
+        ref = torch.ops.atomc.moe(*args, **kw)
+        assert rel_err(out, ref) < TOL[torch.float16]
+
+
+def test_bad_shapes_are_named():
+    x, logits, w13, w2, _, _ = make_moe(2, E, H, INTER, K, torch.float32, "cpu")
+    weights, ids = select_experts(logits, K)
+    with pytest.raises(ValueError, match="do not fit"):
+        fused_experts(x, weights, ids, w13, w2[:, :, :-1])
+
+
+def test_tuned_configs_stay_out_of_the_compile_cache_key():
+    """A tuned file changes only how the kernels launch, never the graph: adding one must not change
+    the lowering's hashed sources (so it does not force a recompile), while the kernel code is hashed."""
+    from atomc.graphs.cache_key import source_factors
+    from atomc.passes.lowering import Lowering
+
+    files = Lowering("cuda").source_files()
+    before = source_factors([], files)
+    assert "atomc/kernels/triton/moe_gemm.py" in before and "atomc/kernels/triton/moe_config.py" in before
+    moe_config.CONFIG_DIR.mkdir(exist_ok=True)
+    probe = moe_config.CONFIG_DIR / "E=1,H=1,I=1,topk=1,dtype=float16,device=probe.json"
+    probe.write_text('{"buckets": {}}')
+    try:
+        assert source_factors([], files) == before
+    finally:
+        probe.unlink()
+    assert not any(path.endswith(".json") for path in before)
+
+
+def test_cuda_lowers_moe_to_triton():
+    from atomc.kernels import registry
+
+    backend, op = registry.choose("moe", "cuda")
+    assert backend == "triton" and op is torch.ops.atomc_triton.moe.default
+    assert registry.choose("moe", "cpu")[0] == "torch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("e,k,renormalize,scale", [(6, 2, True, 1.0), (128, 8, False, 1.0), (60, 3, True, 2.5)])
+def test_softmax_topk_matches_select_experts(dtype, e, k, renormalize, scale):
+    from atomc.kernels.triton.moe_routing import softmax_topk
+
+    logits = torch.randn(11, e, generator=torch.Generator().manual_seed(e)).to(dtype)
+    weights, ids = softmax_topk(logits, k, renormalize, scale)
+    ref_w, ref_ids = select_experts(logits, k, "softmax", renormalize, None, 0, 0, scale)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-5)
+
+
+def test_softmax_topk_ties_go_to_the_lower_expert():
+    from atomc.kernels.triton.moe_routing import softmax_topk
+
+    logits = torch.tensor([[0.0, 1.0, 0.5, 1.0, 1.0, 0.5, -1.0, 0.0]])
+    weights, ids = softmax_topk(logits, 4, False)
+    assert ids.tolist() == [[1, 3, 4, 2]]
+    assert weights[0, 0] == weights[0, 1] == weights[0, 2] > weights[0, 3]
+
+
+def test_routing_choice():
+    from atomc.kernels.triton.moe_routing import handles
+
+    assert handles("softmax", None, 0, 128)
+    assert not handles("sigmoid", None, 0, 256)  # DeepSeek-V3 stays on select_experts
+    assert not handles("softmax", torch.zeros(8), 0, 8) and not handles("softmax", None, 4, 64)
