@@ -28,7 +28,7 @@ def align_by_expert(local: torch.Tensor, experts: int, block_m: int) -> tuple[to
     key = torch.where(local >= 0, local, experts).long()  # off-rank pairs: a bucket past the last
     counts = torch.zeros(experts + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
     padded = (counts + block_m - 1) // block_m * block_m
-    padded[experts] = 0
+    padded[experts:].zero_()  # a slice, not an index: no host scalar copied in (CUDA-graph capture)
     pad_end = padded.cumsum(0)
     pad_start = pad_end - padded
     run_start = counts.cumsum(0) - counts
