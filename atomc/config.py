@@ -79,6 +79,7 @@ class ServeConfig:
     max_seqs_per_request: int = 1024
     max_logprob_entries_per_request: int = 1_000_000
     request_body_timeout_s: float = 30.0  # to receive a whole body once its headers are in (408 past it)
+    request_header_timeout_s: float = 20.0  # to receive a request's header block (408 and close past it)
     timeout_keep_alive_s: int = 5  # idle keep-alive connections close after this (uvicorn's)
     max_header_bytes: int = 64 * 1024  # one request's header block (h11's incomplete-event limit)
     drain_timeout_s: float = 30.0

@@ -151,6 +151,9 @@ def serve(
     request_body_timeout: Annotated[
         float, typer.Option("--request-body-timeout", help="seconds to receive a body (408 past it)")
     ] = ServeConfig.request_body_timeout_s,
+    request_header_timeout: Annotated[
+        float, typer.Option("--request-header-timeout", help="seconds to receive a request's headers (408 past it)")
+    ] = ServeConfig.request_header_timeout_s,
     timeout_keep_alive: Annotated[
         int, typer.Option("--timeout-keep-alive", help="seconds an idle keep-alive connection stays open")
     ] = ServeConfig.timeout_keep_alive_s,
@@ -172,6 +175,7 @@ def serve(
     cfg.serve.max_logprob_entries_per_request = max_logprob_entries_per_request
     cfg.serve.max_request_bytes = max_request_bytes
     cfg.serve.request_body_timeout_s = request_body_timeout
+    cfg.serve.request_header_timeout_s = request_header_timeout
     cfg.serve.timeout_keep_alive_s = timeout_keep_alive
     cfg.serve.drain_timeout_s = drain_timeout
     cfg.model.served_model_name = served_model_name

@@ -33,6 +33,7 @@ import time
 import uvicorn
 
 from atomc.config import EngineConfig
+from atomc.serve.http_protocol import header_timeout_protocol
 
 logger = logging.getLogger("atomc.serve")
 
@@ -76,8 +77,8 @@ def check_serve_config(config: EngineConfig) -> None:
     for name in ("max_prompts_per_request", "max_seqs_per_request", "max_logprob_entries_per_request"):
         if getattr(s, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
-    if s.request_body_timeout_s <= 0 or s.drain_timeout_s < 0:
-        raise ValueError("--request-body-timeout must be > 0 and --drain-timeout >= 0")
+    if s.request_body_timeout_s <= 0 or s.request_header_timeout_s <= 0 or s.drain_timeout_s < 0:
+        raise ValueError("--request-body-timeout and --request-header-timeout must be > 0, --drain-timeout >= 0")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -143,6 +144,7 @@ def uvicorn_config(app, config: EngineConfig, **overrides) -> uvicorn.Config:
         timeout_keep_alive=config.serve.timeout_keep_alive_s,
         # one request's header block (uvicorn's h11 default is 16 KiB)
         h11_max_incomplete_event_size=config.serve.max_header_bytes,
+        http=header_timeout_protocol(config.serve.request_header_timeout_s),
         log_level="info",
         lifespan="on",
     )
