@@ -15,6 +15,27 @@ Ceilings:
 - decode-only bound: the same without the prefill term. No engine reaches it at this load, since
   the prefill must run somewhere; it is reported to show how much of a step the decode costs.
 
+Mixtures of experts (`moe_*`, for Mixtral, Qwen3-MoE, GPT-OSS; a model is a name in
+`checkpoints.CONFIGS` or a config dict) read only some experts a step, so W above becomes:
+- batch-1 decode (the active-weight roofline): the non-expert weights (attention, router, norms,
+  embeddings row, lm_head; dense MLP layers where the config has them) + top_k experts per sparse
+  layer + the KV of the sequence at mid-output (ISL + OSL/2; a sliding-window layer holds at most
+  its window).
+- CONC c decode step: the non-expert weights + D(c) experts per sparse layer + c sequences' KV,
+  with D(c) the expected number of distinct experts a step reads in a layer:
+      D(c) = E * (1 - (1 - k/E)^c)
+  Derivation: a token's router picks k distinct experts of E; with uniform routing a given expert
+  is among them with probability k/E, independently for the c tokens of the step, so it is read
+  by none of them with probability (1 - k/E)^c; summing "read by at least one" over the E experts
+  (linearity of expectation) gives D(c). D(1) = k; D(c) -> E as c grows (Qwen3-30B-A3B, E = 128,
+  k = 8: D(8) = 51.6, D(64) = 125.9). Uniform routing is the worst case: D is a sum of concave
+  terms 1 - (1 - p_e)^c with sum(p_e) = k, largest when every p_e = k/E, so skewed routing reads
+  fewer experts and an engine could beat this ceiling on it; random weights route near-uniformly.
+- prefill FLOPs per token: 2 x the matmul parameters a token goes through (attention, router, its
+  k experts) plus attention over its causal keys (at most the window on sliding layers), at the
+  measured dense matmul rate (a grouped expert GEMM is smaller, so this stays an upper bound).
+The serving ceiling and the decode-only bound are then formed as for dense models.
+
     python benchmarks/ceilings.py     # prints the measured rates as JSON
 """
 
@@ -23,6 +44,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,6 +109,151 @@ def serving_ceiling(name: str, conc: int, isl: int, osl: int, bandwidth: float, 
 
 def decode_only_bound(name: str, conc: int, isl: int, osl: int, bandwidth: float) -> float:
     return conc / decode_step_s(name, conc, isl, osl, bandwidth)
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """The sizes of a decoder whose MLP is (in some layers) a mixture of experts, from config.json."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    experts: int  # E, per sparse layer
+    top_k: int  # k
+    expert_inter: int  # intermediate size of one expert
+    sparse_layers: int  # layers whose MLP is the expert block; the rest run a dense MLP
+    dense_inter: int
+    attn_bias: bool  # q/k/v/o biases and per-head sinks (GPT-OSS)
+    expert_bias: bool  # router and expert biases (GPT-OSS)
+    qk_norm: bool  # per-head q/k RMSNorm weights (Qwen3)
+    sliding_layers: int
+    window: int  # 0: no sliding-window layer
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.sparse_layers
+
+    def attn_params(self) -> int:
+        h, d, hq, hkv = self.hidden, self.head_dim, self.heads, self.kv_heads
+        p = h * d * (hq + 2 * hkv) + hq * d * h
+        if self.attn_bias:
+            p += d * (hq + 2 * hkv) + h + hq
+        return p + (2 * d if self.qk_norm else 0)
+
+    def expert_params(self) -> int:
+        """One expert: gate, up and down projections (and their biases)."""
+        h, i = self.hidden, self.expert_inter
+        return 3 * h * i + (2 * i + h if self.expert_bias else 0)
+
+    def router_params(self) -> int:
+        return self.experts * self.hidden + (self.experts if self.expert_bias else 0)
+
+    def nonexpert_params(self) -> int:
+        """What every step reads whatever the routing: attention, norms, routers, dense MLPs, the
+        final norm and lm_head (the embedding table is read one row a token: left out)."""
+        per_layer = self.attn_params() + 2 * self.hidden
+        return (
+            self.layers * per_layer
+            + self.sparse_layers * self.router_params()
+            + self.dense_layers * 3 * self.hidden * self.dense_inter
+            + self.vocab * self.hidden
+            + self.hidden
+        )
+
+
+def moe_shape(model: str | dict) -> MoeShape:
+    c = CONFIGS[model] if isinstance(model, str) else model
+    h, n, hq = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
+    experts = c.get("num_local_experts") or c.get("num_experts") or 0
+    if not experts:
+        raise ValueError(f"{c.get('architectures')} is not a mixture of experts (no num_local_experts/num_experts)")
+    top_k = c.get("num_experts_per_tok") or c["experts_per_token"]
+    if "moe_intermediate_size" in c:  # Qwen3-MoE: experts and dense MLP layers have their own sizes
+        step, only = c.get("decoder_sparse_step", 1) or 1, set(c.get("mlp_only_layers") or [])
+        sparse = sum(1 for i in range(n) if i not in only and (i + 1) % step == 0)
+        expert_inter, dense_inter = c["moe_intermediate_size"], c["intermediate_size"]
+    else:  # Mixtral, GPT-OSS: every layer sparse, intermediate_size is an expert's
+        sparse, expert_inter, dense_inter = n, c["intermediate_size"], 0
+    types = c.get("layer_types") or []
+    sliding = sum(1 for t in types if t == "sliding_attention")
+    if not types and c.get("sliding_window") and c.get("use_sliding_window", True):
+        sliding = n  # a window on every layer (Mixtral's config has none: null)
+    gpt_oss = c.get("model_type") == "gpt_oss"
+    return MoeShape(
+        hidden=h, layers=n, heads=hq, kv_heads=c["num_key_value_heads"],
+        head_dim=c.get("head_dim") or h // hq, vocab=c["vocab_size"], experts=experts, top_k=top_k,
+        expert_inter=expert_inter, sparse_layers=sparse, dense_inter=dense_inter,
+        attn_bias=bool(c.get("attention_bias")), expert_bias=gpt_oss, qk_norm=c.get("model_type") == "qwen3_moe",
+        sliding_layers=sliding, window=(c.get("sliding_window") or 0) if sliding else 0,
+    )  # fmt: skip
+
+
+def expected_distinct_experts(experts: int, top_k: int, conc: int) -> float:
+    """D(c) = E (1 - (1 - k/E)^c): distinct experts a layer reads for c tokens routed uniformly."""
+    return experts * (1 - (1 - top_k / experts) ** conc)
+
+
+def moe_kv_bytes(model: str | dict, context: int, dtype_bytes: int = 2) -> int:
+    """KV bytes one sequence of `context` tokens has in the cache (all read by a decode step)."""
+    s = moe_shape(model)
+    per_layer_token = 2 * s.kv_heads * s.head_dim * dtype_bytes
+    full = s.layers - s.sliding_layers
+    return per_layer_token * (full * context + s.sliding_layers * min(context, s.window))
+
+
+def moe_step_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int = 2) -> float:
+    """Bytes a decode step of `conc` sequences at `context` tokens reads: the non-expert weights,
+    D(conc) experts in each sparse layer, every sequence's KV."""
+    s = moe_shape(model)
+    experts = s.sparse_layers * expected_distinct_experts(s.experts, s.top_k, conc) * s.expert_params()
+    return dtype_bytes * (s.nonexpert_params() + experts) + conc * moe_kv_bytes(model, context, dtype_bytes)
+
+
+def moe_active_bytes(model: str | dict, context: int = 0, dtype_bytes: int = 2) -> float:
+    """Batch-1 bytes a token: the non-expert weights, top_k experts per sparse layer, KV at `context`."""
+    return moe_step_bytes(model, 1, context, dtype_bytes)
+
+
+def moe_bs1_roofline(model: str | dict, isl: int, osl: int, bandwidth: float) -> float:
+    """tok/s of batch-1 decode if every byte of a step moves at `bandwidth` (KV at mid-output)."""
+    return bandwidth / moe_active_bytes(model, isl + osl // 2)
+
+
+def moe_prefill_flops(model: str | dict, isl: int) -> float:
+    s = moe_shape(model)
+    per_token = (
+        s.layers * s.attn_params()
+        + s.sparse_layers * (s.router_params() + s.top_k * s.expert_params())
+        + s.dense_layers * 3 * s.hidden * s.dense_inter
+    )
+    # causal keys summed over the prompt's queries: isl^2 / 2 on a full layer (as the dense formula),
+    # isl * w - w^2 / 2 on a layer with a window of w < isl
+    w = min(s.window, isl) if s.window else isl
+    keys = (s.layers - s.sliding_layers) * isl**2 / 2 + s.sliding_layers * (isl * w - w**2 / 2)
+    return 2 * per_token * isl + 4 * s.heads * s.head_dim * keys
+
+
+def moe_decode_step_s(model: str | dict, conc: int, isl: int, osl: int, bandwidth: float) -> float:
+    return moe_step_bytes(model, conc, isl + osl // 2) / bandwidth
+
+
+def moe_serving_ceiling(
+    model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float
+) -> float:
+    total_s = osl * moe_decode_step_s(model, conc, isl, osl, bandwidth) + conc * moe_prefill_flops(model, isl) / matmul_flops
+    return conc * osl / total_s
+
+
+def moe_decode_only_bound(model: str | dict, conc: int, isl: int, osl: int, bandwidth: float) -> float:
+    return conc / moe_decode_step_s(model, conc, isl, osl, bandwidth)
+
+
+def is_moe(model: str | dict) -> bool:
+    c = CONFIGS[model] if isinstance(model, str) else model
+    return bool(c.get("num_local_experts") or c.get("num_experts"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,14 @@
-"""Checkpoint folders with the real configs of 8B models and a synthetic tokenizer, for benchmarks.
+"""Checkpoint folders with the real configs of benchmark models and a synthetic tokenizer.
 
 Weights are not written: engines load them with `load_format="dummy"` (atomc) or random init
 (transformers), so a benchmark needs only config.json and a tokenizer of the right vocabulary size.
+
+The dense 8B shapes, and three mixtures of experts whose config.json is the published one
+(Hugging Face model repos, fields as they ship): mistralai/Mixtral-8x7B-Instruct-v0.1,
+Qwen/Qwen3-30B-A3B and openai/gpt-oss-20b. GPT-OSS ships its experts in MXFP4; its
+`quantization_config` is left out here, so every engine builds bf16 experts (MXFP4 belongs to the
+quantisation work). `tiny_config` shrinks any of them (2 layers, small dims, the same fields) so a
+benchmark's code path can be run on a CPU before it takes GPU time.
 """
 
 from __future__ import annotations
@@ -58,7 +65,151 @@ CONFIGS = {
         "bos_token_id": 151643,
         "eos_token_id": 151645,
     },
+    # https://huggingface.co/mistralai/Mixtral-8x7B-Instruct-v0.1/blob/main/config.json
+    "mixtral-8x7b": {
+        "architectures": ["MixtralForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "model_type": "mixtral",
+        "num_attention_heads": 32,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.02,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.36.0.dev0",
+        "use_cache": True,
+        "vocab_size": 32000,
+    },
+    # https://huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "decoder_sparse_step": 1,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 48,
+        "mlp_only_layers": [],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "num_attention_heads": 32,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 4,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    },
+    # https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json without its quantization_config
+    # ({"quant_method": "mxfp4", "modules_to_not_convert": [self_attn, router, embed_tokens, lm_head]})
+    "gpt-oss-20b": {
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": 200002,
+        "experts_per_token": 4,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 2880,
+        "initial_context_length": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 2880,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "max_position_embeddings": 131072,
+        "model_type": "gpt_oss",
+        "num_attention_heads": 64,
+        "num_experts_per_tok": 4,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 8,
+        "num_local_experts": 32,
+        "output_router_logits": False,
+        "pad_token_id": 199999,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "rope_type": "yarn",
+            "truncate": False,
+        },
+        "rope_theta": 150000,
+        "router_aux_loss_coef": 0.9,
+        "sliding_window": 128,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "transformers_version": "4.55.0.dev0",
+        "use_cache": True,
+        "vocab_size": 201088,
+    },
 }
+MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b")
+
+# what `tiny_config` puts in place of the real sizes (every other field is kept as it is)
+_TINY = {
+    "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "vocab_size": 512, "intermediate_size": 96, "moe_intermediate_size": 32,
+}  # fmt: skip
+
+
+def tiny_config(name: str) -> dict:
+    """The named config at toy size: 2 layers, hidden 64, 8 experts at most (top-k kept where it
+    fits), a 16-token sliding window where the model has one, so a prompt outruns it."""
+    cfg = json.loads(json.dumps(CONFIGS[name]))  # a deep copy
+    for key, value in _TINY.items():
+        if key in cfg or key == "head_dim":
+            cfg[key] = value
+    for key in ("num_local_experts", "num_experts"):
+        if key in cfg:
+            cfg[key] = min(cfg[key], 8)
+            experts = cfg[key]
+            for k in ("num_experts_per_tok", "experts_per_token"):
+                if k in cfg:
+                    cfg[k] = min(cfg[k], experts // 2)
+    if "layer_types" in cfg:
+        cfg["layer_types"] = cfg["layer_types"][: cfg["num_hidden_layers"]]
+    if cfg.get("sliding_window"):
+        cfg["sliding_window"] = 16
+    if "max_window_layers" in cfg:
+        cfg["max_window_layers"] = cfg["num_hidden_layers"]
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if isinstance(cfg.get(k), int) and cfg[k] >= cfg["vocab_size"]:
+            cfg[k] = {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}[k]
+    return cfg
+
+
+def model_config(name: str, tiny: bool = False) -> dict:
+    return tiny_config(name) if tiny else CONFIGS[name]
 
 
 def synthetic_tokenizer(vocab_size: int, out_dir: Path) -> None:
@@ -73,19 +224,23 @@ def synthetic_tokenizer(vocab_size: int, out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
 
 
-def make_checkpoint(name: str, root: Path) -> Path:
-    out = Path(root) / name
-    if (out / "config.json").is_file():
+def make_checkpoint(name: str, root: Path, tiny: bool = False) -> Path:
+    """`root/name` (or `root/name-tiny`) with config.json and the synthetic tokenizer; kept if there."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown benchmark model {name!r}; known: {', '.join(CONFIGS)}")
+    out = Path(root) / (name + ("-tiny" if tiny else ""))
+    cfg = model_config(name, tiny)
+    if (out / "config.json").is_file() and json.loads((out / "config.json").read_text()) == cfg:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    cfg = CONFIGS[name]
     synthetic_tokenizer(cfg["vocab_size"], out)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out
 
 
 def weight_bytes(name: str, dtype_bytes: int = 2) -> int:
-    """Bytes of weights one decode step streams (every parameter once; embeddings read one row)."""
+    """Bytes of weights one decode step of a dense model streams (every parameter once; embeddings
+    read one row). Mixtures of experts: `ceilings.moe_shape` counts theirs."""
     c = CONFIGS[name]
     h, i, n = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     d, hq, hkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
@@ -98,4 +253,4 @@ if __name__ == "__main__":
 
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "bench_models")
     for name in CONFIGS:
-        print(make_checkpoint(name, root))
+        print(make_checkpoint(name, root, tiny="--tiny" in sys.argv))
