@@ -243,7 +243,8 @@ def moe_decode_step_s(model: str | dict, conc: int, isl: int, osl: int, bandwidt
 def moe_serving_ceiling(
     model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float
 ) -> float:
-    total_s = osl * moe_decode_step_s(model, conc, isl, osl, bandwidth) + conc * moe_prefill_flops(model, isl) / matmul_flops
+    decode_s = osl * moe_decode_step_s(model, conc, isl, osl, bandwidth)
+    total_s = decode_s + conc * moe_prefill_flops(model, isl) / matmul_flops
     return conc * osl / total_s
 
 

@@ -1,5 +1,6 @@
 """The ceilings the benchmarks report against (benchmarks/ceilings.py): pure arithmetic, no GPU."""
 
+import random
 import sys
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import ceilings  # noqa: E402
+import checkpoints  # noqa: E402
 
 BW, FLOPS = 4.3e12, 790e12  # the rates docs/performance.md's targets were set with
 
@@ -36,10 +38,6 @@ def test_llama_decode_step_at_conc_64():
 
 # --- mixtures of experts ---------------------------------------------------------------------------
 
-import random  # noqa: E402
-
-import checkpoints  # noqa: E402
-
 MOE = checkpoints.MOE_MODELS
 
 
@@ -48,9 +46,7 @@ def test_distinct_experts_formula_against_sampled_routing():
     rng = random.Random(0)
     for experts, top_k, conc in [(128, 8, 1), (128, 8, 8), (128, 8, 64), (8, 2, 3), (32, 4, 16)]:
         trials = 400
-        seen = sum(
-            len(set().union(*(rng.sample(range(experts), top_k) for _ in range(conc)))) for _ in range(trials)
-        )
+        seen = sum(len(set().union(*(rng.sample(range(experts), top_k) for _ in range(conc)))) for _ in range(trials))
         assert seen / trials == pytest.approx(ceilings.expected_distinct_experts(experts, top_k, conc), rel=0.02)
 
 
