@@ -50,6 +50,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import CONFIGS, weight_bytes  # noqa: E402
 
+# a model is a name in checkpoints.CONFIGS or a config dict (a tiny one, an edited one)
+
 
 def _measure() -> dict:
     import torch
@@ -85,29 +87,33 @@ def measure() -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def kv_bytes_per_token(name: str, dtype_bytes: int = 2) -> int:
-    c = CONFIGS[name]
+def _config(model: str | dict) -> dict:
+    return CONFIGS[model] if isinstance(model, str) else model
+
+
+def kv_bytes_per_token(name: str | dict, dtype_bytes: int = 2) -> int:
+    c = _config(name)
     return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * dtype_bytes
 
 
-def prefill_flops(name: str, isl: int) -> float:
-    c = CONFIGS[name]
+def prefill_flops(name: str | dict, isl: int) -> float:
+    c = _config(name)
     h, i, n = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     d, hq, hkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
     matmul_params = n * (h * d * (hq + 2 * hkv) + hq * d * h + 3 * h * i)
     return 2 * matmul_params * isl + 2 * isl**2 * hq * d * n
 
 
-def decode_step_s(name: str, conc: int, isl: int, osl: int, bandwidth: float) -> float:
+def decode_step_s(name: str | dict, conc: int, isl: int, osl: int, bandwidth: float) -> float:
     return (weight_bytes(name) + conc * kv_bytes_per_token(name) * (isl + osl // 2)) / bandwidth
 
 
-def serving_ceiling(name: str, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float) -> float:
+def serving_ceiling(name: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float) -> float:
     total_s = osl * decode_step_s(name, conc, isl, osl, bandwidth) + conc * prefill_flops(name, isl) / matmul_flops
     return conc * osl / total_s
 
 
-def decode_only_bound(name: str, conc: int, isl: int, osl: int, bandwidth: float) -> float:
+def decode_only_bound(name: str | dict, conc: int, isl: int, osl: int, bandwidth: float) -> float:
     return conc / decode_step_s(name, conc, isl, osl, bandwidth)
 
 
@@ -165,7 +171,7 @@ class MoeShape:
 
 
 def moe_shape(model: str | dict) -> MoeShape:
-    c = CONFIGS[model] if isinstance(model, str) else model
+    c = _config(model)
     h, n, hq = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
     experts = c.get("num_local_experts") or c.get("num_experts") or 0
     if not experts:
@@ -253,8 +259,26 @@ def moe_decode_only_bound(model: str | dict, conc: int, isl: int, osl: int, band
 
 
 def is_moe(model: str | dict) -> bool:
-    c = CONFIGS[model] if isinstance(model, str) else model
+    c = _config(model)
     return bool(c.get("num_local_experts") or c.get("num_experts"))
+
+
+def serving_bounds(model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float) -> dict:
+    """The serving ceiling and decode-only bound of a cell, by the dense or the MoE definition;
+    for a mixture of experts also D(conc), the distinct experts a layer reads a step."""
+    if not is_moe(model):
+        return {
+            "ceiling_tok_s": serving_ceiling(model, conc, isl, osl, bandwidth, matmul_flops),
+            "decode_bound_tok_s": decode_only_bound(model, conc, isl, osl, bandwidth),
+        }
+    s = moe_shape(model)
+    return {
+        "ceiling_tok_s": moe_serving_ceiling(model, conc, isl, osl, bandwidth, matmul_flops),
+        "decode_bound_tok_s": moe_decode_only_bound(model, conc, isl, osl, bandwidth),
+        "distinct_experts_per_layer": expected_distinct_experts(s.experts, s.top_k, conc),
+        "experts": s.experts,
+        "top_k": s.top_k,
+    }
 
 
 if __name__ == "__main__":

@@ -238,10 +238,10 @@ def make_checkpoint(name: str, root: Path, tiny: bool = False) -> Path:
     return out
 
 
-def weight_bytes(name: str, dtype_bytes: int = 2) -> int:
+def weight_bytes(name: str | dict, dtype_bytes: int = 2) -> int:
     """Bytes of weights one decode step of a dense model streams (every parameter once; embeddings
     read one row). Mixtures of experts: `ceilings.moe_shape` counts theirs."""
-    c = CONFIGS[name]
+    c = CONFIGS[name] if isinstance(name, str) else name
     h, i, n = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     d, hq, hkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
     per_layer = h * d * (hq + 2 * hkv) + hq * d * h + 3 * h * i + 2 * h

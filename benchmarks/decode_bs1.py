@@ -24,59 +24,76 @@ from checkpoints import make_checkpoint, weight_bytes  # noqa: E402
 PROMPT_LEN, OUTPUT_LEN = 128, 512
 
 
-def run_atomc(model_dir: str, enforce_eager: bool) -> dict:
+def prompt_ids(n: int, vocab: int) -> list[int]:
+    """n token ids from 1000 on (wrapped into a small vocabulary)."""
+    return [(1000 + i) % vocab for i in range(n)]
+
+
+def _sync(device: str) -> None:
     import torch
 
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_atomc(
+    model_dir: str, enforce_eager: bool, device: str = "cuda", prompt_len: int = PROMPT_LEN,
+    output_len: int = OUTPUT_LEN, vocab: int = 1 << 30,
+) -> dict:  # fmt: skip
     from atomc import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(
         model=model_dir,
-        dtype="bfloat16",
-        device="cuda",
+        dtype="bfloat16" if device.startswith("cuda") else "float32",
+        device=device,
         load_format="dummy",
         max_model_len=1024,
         max_num_seqs=8,
         enforce_eager=enforce_eager,
     )
     startup = time.perf_counter() - t0
-    prompt = {"prompt_token_ids": list(range(1000, 1000 + PROMPT_LEN))}
+    prompt = {"prompt_token_ids": prompt_ids(prompt_len, vocab)}
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))  # warm-up
-    torch.cuda.synchronize()
+    _sync(device)
     runs = []
     for _ in range(3):
         t0 = time.perf_counter()
-        out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, ignore_eos=True))[0]
+        out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True))[0]
         total = time.perf_counter() - t0
         m = out.metrics
         decode = m["finish_time"] - m["first_token_time"]
-        runs.append({"total_s": total, "decode_tok_s": (OUTPUT_LEN - 1) / decode, "e2e_tok_s": OUTPUT_LEN / total})
+        runs.append({"total_s": total, "decode_tok_s": (output_len - 1) / decode, "e2e_tok_s": output_len / total})
     best = max(runs, key=lambda r: r["decode_tok_s"])
     return {"engine": "atomc" + (" (eager)" if enforce_eager else ""), "startup_s": startup, **best, "runs": runs}
 
 
-def run_hf(model_dir: str) -> dict:
+def run_hf(
+    model_dir: str, device: str = "cuda", prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_LEN,
+    vocab: int = 1 << 30,
+) -> dict:  # fmt: skip
     import torch
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     t0 = time.perf_counter()
-    with torch.device("cuda"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     # a static cache makes generate() compile the forward itself (fullgraph, reduce-overhead)
-    ids = torch.arange(1000, 1000 + PROMPT_LEN, device="cuda")[None]
+    ids = torch.tensor(prompt_ids(prompt_len, vocab), device=device)[None]
     gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
     for _ in range(2):  # compile + capture
-        model.generate(ids, max_new_tokens=OUTPUT_LEN, min_new_tokens=OUTPUT_LEN, **gen)
+        model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **gen)
     startup = time.perf_counter() - t0
     runs = []
     for _ in range(3):
-        torch.cuda.synchronize()
+        _sync(device)
         t0 = time.perf_counter()
-        model.generate(ids, max_new_tokens=OUTPUT_LEN, min_new_tokens=OUTPUT_LEN, **gen)
-        torch.cuda.synchronize()
+        model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **gen)
+        _sync(device)
         total = time.perf_counter() - t0
-        runs.append({"total_s": total, "e2e_tok_s": OUTPUT_LEN / total})
+        runs.append({"total_s": total, "e2e_tok_s": output_len / total})
     best = max(runs, key=lambda r: r["e2e_tok_s"])
     return {"engine": "transformers static cache (generate compiles it)", "startup_s": startup, **best, "runs": runs}
 

@@ -3,9 +3,13 @@ serve`, next to transformers' continuous batching (`generate_batch`) at one of t
 
 Random bf16 weights with the real model shape (`--load-format dummy`). Each cell is reported as a
 share of the serving ceiling (prefill at the measured matmul rate plus decode steps at the measured
-bandwidth; `ceilings.py` says how), with the decode-only bound beside it.
+bandwidth; `ceilings.py` says how; for a mixture of experts a step reads the expected number of
+distinct experts, `ceilings.moe_serving_ceiling`), with the decode-only bound beside it.
 
     python benchmarks/serving.py --conc 1,8,32,64,128 --out serving.json
+    python benchmarks/serving.py --model qwen3-30b-a3b --tiny     # the same code on the CPU, toy sizes
+
+Exits 1 when a cell did not complete every request or the peer failed (after writing the JSON).
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from atomc.bench.sweep import free_port, server_command, stop_process_group, wai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ceilings  # noqa: E402
-from checkpoints import CONFIGS, make_checkpoint  # noqa: E402
+from checkpoints import CONFIGS, make_checkpoint, model_config  # noqa: E402
+
+# --tiny: a toy model on the CPU, short requests, nominal rates (the % are then smoke values only)
+TINY = {"isl": 32, "osl": 16, "conc": [1, 4], "hf_conc": 4, "hf_osl": 8, "bandwidth": 20e9, "matmul_flops": 200e9}
 
 
 def start_server(
@@ -29,7 +36,7 @@ def start_server(
 ) -> subprocess.Popen:
     """`atomc serve` with random 8B weights, launched and awaited as `atomc bench sweep` does."""
     engine_args = [
-        "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", str(max_len),
+        "--load-format", "dummy", "--max-model-len", str(max_len),
         "--max-num-seqs", str(max_seqs), "--max-num-batched-tokens", "8192", *extra,
     ]  # fmt: skip
     log = open(log_path, "w")  # noqa: SIM115 (lives as long as the server)
@@ -49,8 +56,9 @@ def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
     port = free_port()
     max_seqs = max(args.conc)
     t0 = time.perf_counter()
+    dtype = ["--dtype", "float32" if args.tiny else "bfloat16"]
     proc = start_server(
-        model_dir, port, max_seqs, args.isl + args.osl + 16, out_dir / "server.log", args.server_args.split()
+        model_dir, port, max_seqs, args.isl + args.osl + 16, out_dir / "server.log", dtype + args.server_args.split()
     )
     startup = time.perf_counter() - t0
     rows = []
@@ -60,7 +68,7 @@ def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
             cfg = BenchConfig(
                 base_url=f"http://127.0.0.1:{port}", input_len=args.isl, output_len=args.osl,
                 num_prompts=max(conc * args.waves, 2), max_concurrency=conc,
-                vocab_size=CONFIGS[args.model]["vocab_size"], show_progress=False, seed=1 + i,
+                vocab_size=model_config(args.model, args.tiny)["vocab_size"], show_progress=False, seed=1 + i,
                 num_warmups=conc if args.warmups is None else args.warmups,
             )  # fmt: skip
             res = run_benchmark(cfg)
@@ -92,8 +100,9 @@ def run_hf(args, model_dir: str, conc: int, osl: int) -> dict:
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(model_dir)
-    with torch.device("cuda"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    device, dtype = ("cpu", torch.float32) if args.tiny else ("cuda", torch.bfloat16)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     gen = transformers.GenerationConfig(max_new_tokens=osl, do_sample=False, eos_token_id=-1, pad_token_id=0)
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randint(10, cfg.vocab_size, (args.isl,), generator=g).tolist() for _ in range(conc)]
@@ -128,21 +137,35 @@ def main() -> None:
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--server-args", default="", help="extra `atomc serve` flags, e.g. '--engine-process off'")
     ap.add_argument("--out", default="serving.json")
+    ap.add_argument("--tiny", action="store_true", help="toy model on the CPU: " + str(TINY))
     args = ap.parse_args()
+    if args.model not in CONFIGS:
+        raise SystemExit(f"unknown --model {args.model!r}; known: {', '.join(CONFIGS)}")
+    if args.tiny:  # the sizes a CPU runs in seconds, unless given
+        given = set(sys.argv)
+        args.isl = args.isl if "--isl" in given else TINY["isl"]
+        args.osl = args.osl if "--osl" in given else TINY["osl"]
+        args.conc = args.conc if "--conc" in given else ",".join(map(str, TINY["conc"]))
+        args.hf_conc = args.hf_conc if "--hf-conc" in given else TINY["hf_conc"]
+        args.hf_osl = args.hf_osl if "--hf-osl" in given else TINY["hf_osl"]
+        args.bandwidth = args.bandwidth or TINY["bandwidth"]
+        args.matmul_flops = args.matmul_flops or TINY["matmul_flops"]
     args.conc = [int(c) for c in args.conc.split(",")]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    model_dir = str(make_checkpoint(args.model, Path(args.root)))
+    model_dir = str(make_checkpoint(args.model, Path(args.root), tiny=args.tiny))
+    cfg = model_config(args.model, args.tiny)
     peaks = ceilings.measure() if args.bandwidth is None or args.matmul_flops is None else {}
     bw = args.bandwidth or peaks["bandwidth"]
     flops = args.matmul_flops or peaks["matmul_flops"]
-    result = {"model": args.model, "isl": args.isl, "osl": args.osl, "bandwidth": bw, "matmul_flops": flops}
+    result = {"model": args.model + (" (tiny)" if args.tiny else ""), "isl": args.isl, "osl": args.osl,
+              "bandwidth": bw, "matmul_flops": flops}  # fmt: skip
+    model = cfg  # the ceilings of the shape served (the tiny one under --tiny)
     result["atomc"] = run_atomc(args, model_dir, out.parent)
     for r in result["atomc"]:
-        c = r["conc"]
-        r["ceiling_tok_s"] = ceilings.serving_ceiling(args.model, c, args.isl, args.osl, bw, flops)
+        b = ceilings.serving_bounds(model, r["conc"], args.isl, args.osl, bw, flops)
+        r.update(b)
         r["ceiling_pct"] = 100 * r["output_throughput"] / r["ceiling_tok_s"]
-        r["decode_bound_tok_s"] = ceilings.decode_only_bound(args.model, c, args.isl, args.osl, bw)
         r["decode_bound_pct"] = 100 * r["output_throughput"] / r["decode_bound_tok_s"]
     out.write_text(json.dumps(result, indent=2))
     if not args.skip_hf:
@@ -161,6 +184,11 @@ def main() -> None:
             f"TTFT p50 {_ms(r['median_ttft_ms'])}  completed {r['completed']}/{r['num_prompts']}"
         )
     print(f"  transformers: {json.dumps(result.get('hf'))}")
+    incomplete = [r["conc"] for r in result["atomc"] if r["completed"] < r["num_prompts"]]
+    missing = [c for c in args.conc if c not in {r["conc"] for r in result["atomc"]}]
+    if incomplete or missing or "error" in result.get("hf", {}):
+        print(f"  NOT ALL DONE: cells with failed requests {incomplete}, cells not run {missing}", flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -148,3 +148,14 @@ def test_tiny_config_keeps_the_family(name):
     s = ceilings.moe_shape(tiny)
     assert s.layers == 2 and s.hidden == 64 and 1 <= s.top_k < s.experts <= 8
     assert "quantization_config" not in real
+
+
+def test_serving_bounds_picks_the_definition():
+    dense = ceilings.serving_bounds("llama-3.1-8b", 64, 1024, 1024, BW, FLOPS)
+    assert dense == {
+        "ceiling_tok_s": ceilings.serving_ceiling("llama-3.1-8b", 64, 1024, 1024, BW, FLOPS),
+        "decode_bound_tok_s": ceilings.decode_only_bound("llama-3.1-8b", 64, 1024, 1024, BW),
+    }
+    moe = ceilings.serving_bounds("qwen3-30b-a3b", 64, 1024, 1024, BW, FLOPS)
+    assert moe["ceiling_tok_s"] == ceilings.moe_serving_ceiling("qwen3-30b-a3b", 64, 1024, 1024, BW, FLOPS)
+    assert moe["distinct_experts_per_layer"] == pytest.approx(125.94, abs=0.01)

@@ -1,0 +1,146 @@
+"""Batch-1 decode of the mixture-of-experts shapes against the active-weight roofline: atomc next to
+its peers in the same call, each engine in its own process, one after the other (Mixtral-8x7B's
+93 GB of bf16 weights fit the GPU once, so no two engines hold weights at the same time).
+
+- atomc: 128 tokens in, 512 out, greedy; decode tok/s from the request's first token to its last,
+  best of 3 after a warm-up (`decode_bs1.run_atomc`).
+- gpt-fast's Mixtral example (`peers/gpt_fast_mixtral.py`; needs `.peers/gpt-fast/`, see
+  `peers/fetch_gpt_fast.sh`): 8 tokens in, 512 out, its own compile and timing.
+- transformers with a static cache, `generate` compiling the forward (`decode_bs1.run_hf`): 128 in,
+  512 out, end to end.
+
+Random weights with the real shapes (`checkpoints.py`), bf16. The roofline (`ceilings.py`) is the
+bytes one token reads (non-expert weights, top_k experts per layer, KV at mid-output) over the copy
+bandwidth measured in the same call. `--tiny` runs the same code on the CPU with 2 small layers and
+a nominal bandwidth, to catch a broken path before it costs GPU time.
+
+    python benchmarks/decode_bs1_moe.py --model mixtral-8x7b --out OUT/decode_bs1_mixtral-8x7b.json
+    python benchmarks/decode_bs1_moe.py --model qwen3-30b-a3b --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import ceilings  # noqa: E402
+import decode_bs1  # noqa: E402
+from checkpoints import MOE_MODELS, make_checkpoint, model_config  # noqa: E402
+
+PEERS = {"mixtral-8x7b": "atomc,gpt-fast", "qwen3-30b-a3b": "atomc,hf", "gpt-oss-20b": "atomc,hf"}
+TINY_LENS = (16, 24)  # prompt, output tokens under --tiny
+NOMINAL_CPU_BANDWIDTH = 20e9  # --tiny: no copy to measure on a GPU; the % is then only a smoke value
+
+
+def run_child(cmd: list[str], timeout: float, log: Path | None) -> tuple[dict | None, str]:
+    """Run one engine's process (in its own session, so a timeout also ends its compile workers);
+    returns (its RESULT json or None, the tail of its output)."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out += f"\n[killed after {timeout:.0f} s]"
+    if log is not None:
+        log.write_text(out)
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        return None, out[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :]), out[-3000:]
+
+
+def child_command(args, engine: str) -> list[str]:
+    if engine == "gpt-fast":
+        if args.model != "mixtral-8x7b":
+            raise SystemExit("the gpt-fast peer is its Mixtral example: --model mixtral-8x7b only")
+        cmd = [sys.executable, str(HERE / "peers" / "gpt_fast_mixtral.py"), "--max-new-tokens", str(args.output_len)]
+        return cmd + (["--tiny"] if args.tiny else [])
+    cmd = [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine]
+    return cmd + (["--tiny"] if args.tiny else [])
+
+
+def run_engine_here(args, engine: str) -> dict:
+    model_dir = str(make_checkpoint(args.model, Path(args.root), tiny=args.tiny))
+    device = "cpu" if args.tiny else "cuda"
+    vocab = model_config(args.model, args.tiny)["vocab_size"]
+    lens = dict(prompt_len=args.prompt_len, output_len=args.output_len, vocab=vocab)
+    if engine in ("atomc", "atomc-eager"):
+        return decode_bs1.run_atomc(model_dir, engine == "atomc-eager", device=device, **lens)
+    if engine == "hf":
+        return decode_bs1.run_hf(model_dir, device=device, **lens)
+    raise SystemExit(f"unknown engine {engine!r} (atomc, atomc-eager, hf, gpt-fast)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen3-30b-a3b", choices=MOE_MODELS)
+    ap.add_argument("--root", default="/tmp/atomc-bench-models")
+    ap.add_argument("--engines", default=None, help="default: atomc and the model's peer (" + str(PEERS) + ")")
+    ap.add_argument("--child-timeout", type=float, default=420, help="seconds one engine may take")
+    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: measured (nominal with --tiny)")
+    ap.add_argument("--tiny", action="store_true", help="the same code on the CPU, 2 small layers, short prompts")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.prompt_len, args.output_len = TINY_LENS if args.tiny else (decode_bs1.PROMPT_LEN, decode_bs1.OUTPUT_LEN)
+    if args.child:
+        print("RESULT " + json.dumps(run_engine_here(args, args.child)), flush=True)
+        return
+    make_checkpoint(args.model, Path(args.root), tiny=args.tiny)  # once, before the children race for it
+    cfg = model_config(args.model, args.tiny)
+    bw = args.bandwidth or (NOMINAL_CPU_BANDWIDTH if args.tiny else ceilings.measure()["bandwidth"])
+    roofline = ceilings.moe_bs1_roofline(cfg, args.prompt_len, args.output_len, bw)
+    shape = ceilings.moe_shape(cfg)
+    results = {
+        "model": args.model + (" (tiny)" if args.tiny else ""),
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "bandwidth_TBps": bw / 1e12,
+        "active_GB": ceilings.moe_active_bytes(cfg, args.prompt_len + args.output_len // 2) / 1e9,
+        "experts": f"top {shape.top_k} of {shape.experts}, {shape.sparse_layers} sparse layers",
+        "roofline_tok_s": roofline,
+        "weights_only_roofline_tok_s": bw / ceilings.moe_active_bytes(cfg),
+        "engines": [],
+    }
+    out = Path(args.out) if args.out else None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    for engine in (args.engines or PEERS[args.model]).split(","):
+        log = out.with_name(f"{out.stem}.{engine}.log") if out else None
+        res, tail = run_child(child_command(args, engine), args.child_timeout, log)
+        if res is None:
+            results["engines"].append({"engine": engine, "error": tail})
+        else:
+            res["roofline_pct"] = 100 * res.get("decode_tok_s", res["e2e_tok_s"]) / roofline
+            results["engines"].append(res)
+        if out:  # after every engine: a later one failing or timing out keeps the numbers so far
+            out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+    print(f"\n{results['model']} batch-1 decode, {results['active_GB']:.2f} GB a token ({results['experts']}), "
+          f"roofline {roofline:.0f} tok/s at {bw / 1e12:.2f} TB/s")  # fmt: skip
+    for r in results["engines"]:
+        if "error" in r:
+            print(f"  {r['engine']:50s} ERROR {r['error'][-400:]}")
+        else:
+            kind = "decode" if "decode_tok_s" in r else "e2e"
+            print(
+                f"  {r['engine']:50s} {kind} {r.get('decode_tok_s', r['e2e_tok_s']):7.1f} tok/s "
+                f"({r['roofline_pct']:.0f}% of roofline), e2e {r['e2e_tok_s']:.1f} tok/s, "
+                f"startup {r['startup_s']:.1f} s"
+            )
+    sys.exit(1 if any("error" in r for r in results["engines"]) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""gpt-fast's Mixtral-8x7B (its `mixtral-moe` example) decoding at batch 1 on random bf16 weights:
+the peer `benchmarks/decode_bs1_moe.py` runs next to atomc.
+
+It imports gpt-fast's own `model.py` and `generate.py` from `.peers/gpt-fast/` (put there by
+`benchmarks/peers/fetch_gpt_fast.sh`) and runs them as its `generate.py --compile` does: Inductor
+settings from importing generate.py (coordinate-descent tuning), `decode_one_token` compiled with
+mode="reduce-overhead" and fullgraph=True (CUDA graphs), the prefill eager, sampling at its
+defaults (temperature 0.8, top-k 200), one untimed compile run and then `--num-samples` timed runs,
+each timed around `generate()` from the prompt to the last token with a device sync either side
+(prefill included: gpt-fast's own tokens/sec). What differs from its main(): the weights are random
+instead of a converted checkpoint (built on the meta device in bf16 and then materialised on the
+GPU, so the 93 GB are never held twice), and the prompt is `--prompt-len` random ids instead of a
+tokenized string. Its eager prefill gathers every prompt token's expert weights ([T, 2, 14336,
+4096] per projection and layer), so the prompt stays short (8 tokens).
+
+    python benchmarks/peers/gpt_fast_mixtral.py                # prints "RESULT {json}"
+    python benchmarks/peers/gpt_fast_mixtral.py --tiny         # 2 small layers on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from checkpoints import CONFIGS, tiny_config  # noqa: E402
+
+
+def import_gpt_fast(folder: Path):
+    """gpt-fast's generate and model modules, imported from `folder`."""
+    if not (folder / "generate.py").is_file() or not (folder / "model.py").is_file():
+        raise SystemExit(f"{folder} has no gpt-fast generate.py/model.py: run benchmarks/peers/fetch_gpt_fast.sh")
+    sys.path.insert(0, str(folder))
+    try:
+        import sentencepiece  # noqa: F401
+    except ImportError:  # generate.py imports it for its tokenizer, which random ids do not need
+        stub = types.ModuleType("sentencepiece")
+        stub.SentencePieceProcessor = None
+        sys.modules["sentencepiece"] = stub
+    import generate
+    import model
+
+    return generate, model
+
+
+def model_args(gmodel, tiny: bool):
+    """gpt-fast's own Mixtral-8x7B entry, checked against the published config; or a tiny one."""
+    if tiny:
+        c = tiny_config("mixtral-8x7b")
+        return gmodel.ModelArgs(
+            block_size=256, n_layer=c["num_hidden_layers"], n_head=c["num_attention_heads"],
+            n_local_heads=c["num_key_value_heads"], dim=c["hidden_size"], intermediate_size=c["intermediate_size"],
+            vocab_size=c["vocab_size"], rope_base=c["rope_theta"], num_experts=c["num_local_experts"],
+            num_activated_experts=c["num_experts_per_tok"],
+        )  # fmt: skip
+    args = gmodel.ModelArgs.from_name("Mixtral-8x7B-v0.1")
+    c = CONFIGS["mixtral-8x7b"]
+    got = (args.n_layer, args.dim, args.n_head, args.n_local_heads, args.intermediate_size, args.vocab_size,
+           args.num_experts, args.num_activated_experts)  # fmt: skip
+    want = (c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"],
+            c["intermediate_size"], c["vocab_size"], c["num_local_experts"], c["num_experts_per_tok"])  # fmt: skip
+    if got != want:
+        raise SystemExit(f"gpt-fast's Mixtral-8x7B-v0.1 entry {got} is not the published config {want}")
+    return args
+
+
+def build_random(gmodel, args, device: str):
+    """gpt-fast's Transformer with random bf16 weights on `device` (norm weights 1)."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            model = gmodel.Transformer(args)
+    finally:
+        torch.set_default_dtype(prev)
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpt-fast-dir", default=str(ROOT / ".peers" / "gpt-fast"))
+    ap.add_argument("--prompt-len", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--num-samples", type=int, default=5, help="timed runs after the compile run (gpt-fast's default)")
+    ap.add_argument("--tiny", action="store_true", help="2 small layers on the CPU: checks the code path")
+    ap.add_argument("--device", default=None, help="default: cuda, cpu with --tiny")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    device = args.device or ("cpu" if args.tiny else "cuda")
+    gen, gmodel = import_gpt_fast(Path(args.gpt_fast_dir))
+
+    t0 = time.perf_counter()
+    margs = model_args(gmodel, args.tiny)
+    model = build_random(gmodel, margs, device)
+    gen.device_sync(device=device)
+    build_s = time.perf_counter() - t0
+
+    # what generate.py's main() does with --compile
+    torch._inductor.config.assert_indirect_indexing = False
+    gen.decode_one_token = torch.compile(gen.decode_one_token, mode="reduce-overhead", fullgraph=True)
+    torch.manual_seed(1234)
+    prompt = torch.randint(3, margs.vocab_size, (args.prompt_len,), dtype=torch.int, device=device)
+    compile_s, runs = None, []
+    for i in range(-1, args.num_samples):
+        gen.device_sync(device=device)
+        t0 = time.perf_counter()
+        y = gen.generate(model, prompt, args.max_new_tokens, interactive=False, temperature=0.8, top_k=200)
+        gen.device_sync(device=device)
+        t = time.perf_counter() - t0
+        if i == -1:
+            compile_s = t
+            continue
+        tokens = y.size(0) - args.prompt_len
+        runs.append({"total_s": t, "tokens": tokens, "e2e_tok_s": tokens / t})
+    rates = [r["e2e_tok_s"] for r in runs]
+    res = {
+        "engine": "gpt-fast mixtral-moe (compiled, reduce-overhead)",
+        "gpt_fast_commit": _commit(Path(args.gpt_fast_dir)),
+        "prompt_len": args.prompt_len,
+        "max_new_tokens": args.max_new_tokens,
+        "e2e_tok_s": max(rates),
+        "mean_tok_s": sum(rates) / len(rates),  # what gpt-fast prints as "Average tokens/sec"
+        "startup_s": build_s + compile_s,
+        "build_s": build_s,
+        "compile_run_s": compile_s,
+        "max_memory_reserved_GB": torch.cuda.max_memory_reserved() / 1e9 if device.startswith("cuda") else None,
+        "runs": runs,
+    }
+    print("RESULT " + json.dumps(res), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2))
+
+
+def _commit(folder: Path) -> str | None:
+    f = folder / "COMMIT"
+    return f.read_text().strip() if f.is_file() else None
+
+
+if __name__ == "__main__":
+    main()
