@@ -36,7 +36,8 @@ def serving_rows(res: dict) -> list[str]:
         extra += f"TPOT p50 {tpot:.2f} ms, TTFT p50 {ttft:,.0f} ms; " if tpot is not None and ttft is not None else ""
         rows.append(
             f"| {res['model']} | {res['isl']}/{res['osl']} CONC {r['conc']} | atomc | {r['output_throughput']:,.0f} | "
-            f"{r['ceiling_pct']:.0f}% of {r['ceiling_tok_s']:,.0f} | {extra}completed {r['completed']}/{r['num_prompts']} |"
+            f"{r['ceiling_pct']:.0f}% of {r['ceiling_tok_s']:,.0f} | "
+            f"{extra}completed {r['completed']}/{r['num_prompts']} |"
         )
     hf = res.get("hf")
     if hf:
