@@ -127,7 +127,7 @@ def main() -> None:
         if out:  # after every engine: a later one failing or timing out keeps the numbers so far
             out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
-    print(f"\n{results['model']} batch-1 decode, {results['active_GB']:.2f} GB a token ({results['experts']}), "
+    print(f"\n{results['model']} batch-1 decode, {results['active_GB']:.3g} GB a token ({results['experts']}), "
           f"roofline {roofline:.0f} tok/s at {bw / 1e12:.2f} TB/s")  # fmt: skip
     for r in results["engines"]:
         if "error" in r:

@@ -15,8 +15,11 @@
 #          all (default): decode, then serving where the model has it
 #   --tiny the same scripts on the CPU with 2-layer toy models (a smoke test before GPU time)
 #
-# Each PART of each model is sized for one 10-minute device call (an engine's process is killed
-# after CHILD_TIMEOUT s, default 280, so the second engine of a decode run still gets its turn).
+# Each PART of each model is sized for one 10-minute device call: a part is stopped after
+# PART_TIMEOUT s (default 590; the JSON keeps what finished: serving writes atomc's cells before the
+# peer runs), and in a decode part each engine's process after CHILD_TIMEOUT s (default 280), so
+# the second engine still gets its turn. PYTHON (default python3) and MODELS_DIR (where the
+# config-only checkpoints go, default /tmp/atomc-bench-models) can be set.
 set -uo pipefail
 MODEL=${1:?usage: moe_suite.sh MODEL OUT [decode|serving|all] [--tiny]}
 OUT=${2:?usage: moe_suite.sh MODEL OUT [decode|serving|all] [--tiny]}
@@ -50,13 +53,13 @@ fi
 
 if [ "$PART" = decode ] || [ "$PART" = all ]; then
   echo "== $MODEL batch-1 decode"
-  "$PY" benchmarks/decode_bs1_moe.py --model "$MODEL" --root "$MODELS_DIR" "${TINY[@]}" \
+  timeout "${PART_TIMEOUT:-590}" "$PY" benchmarks/decode_bs1_moe.py --model "$MODEL" --root "$MODELS_DIR" "${TINY[@]}" \
     --child-timeout "${CHILD_TIMEOUT:-280}" --out "$OUT/decode_bs1_$MODEL.json" | tail -4 || status=1
 fi
 if { [ "$PART" = serving ] || [ "$PART" = all ]; } && [ ${#SERVING[@]} -gt 0 ]; then
   echo "== $MODEL serving"
   # its folder also gets the server's log
-  "$PY" benchmarks/serving.py --model "$MODEL" --root "$MODELS_DIR" "${TINY[@]}" "${SERVING[@]}" \
+  timeout "${PART_TIMEOUT:-590}" "$PY" benchmarks/serving.py --model "$MODEL" --root "$MODELS_DIR" "${TINY[@]}" "${SERVING[@]}" \
     --out "$OUT/serving_$MODEL/serving_$MODEL.json" 2>&1 | tail -12 || status=1
 fi
 

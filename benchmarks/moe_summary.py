@@ -29,6 +29,9 @@ def decode_rows(res: dict) -> list[str]:
 
 def serving_rows(res: dict) -> list[str]:
     rows = []
+    if "atomc_error" in res:
+        last = res["atomc_error"].strip().splitlines()[-1:] or ["?"]
+        rows.append(f"| {res['model']} | serving | atomc | ERROR: {last[0][-160:]} | | |")
     for r in res.get("atomc", []):
         experts = r.get("distinct_experts_per_layer")
         extra = f"D = {experts:.1f} of {r['experts']} experts; " if experts is not None else ""

@@ -161,7 +161,11 @@ def main() -> None:
     result = {"model": args.model + (" (tiny)" if args.tiny else ""), "isl": args.isl, "osl": args.osl,
               "bandwidth": bw, "matmul_flops": flops}  # fmt: skip
     model = cfg  # the ceilings of the shape served (the tiny one under --tiny)
-    result["atomc"] = run_atomc(args, model_dir, out.parent)
+    try:
+        result["atomc"] = run_atomc(args, model_dir, out.parent)
+    except Exception as e:  # a server that does not start: still run the peer, then exit 1
+        result["atomc"], result["atomc_error"] = [], repr(e)[-3000:]
+        print(f"atomc failed: {result['atomc_error']}", flush=True)
     for r in result["atomc"]:
         b = ceilings.serving_bounds(model, r["conc"], args.isl, args.osl, bw, flops)
         r.update(b)
@@ -186,7 +190,7 @@ def main() -> None:
     print(f"  transformers: {json.dumps(result.get('hf'))}")
     incomplete = [r["conc"] for r in result["atomc"] if r["completed"] < r["num_prompts"]]
     missing = [c for c in args.conc if c not in {r["conc"] for r in result["atomc"]}]
-    if incomplete or missing or "error" in result.get("hf", {}):
+    if incomplete or missing or "atomc_error" in result or "error" in result.get("hf", {}):
         print(f"  NOT ALL DONE: cells with failed requests {incomplete}, cells not run {missing}", flush=True)
         sys.exit(1)
 
