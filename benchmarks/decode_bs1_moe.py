@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -60,6 +61,11 @@ def run_child(cmd: list[str], timeout: float, log: Path | None) -> tuple[dict | 
     return json.loads(lines[-1][len("RESULT ") :]), out[-3000:]
 
 
+def child_timeout(budget: float, elapsed: float, reserve: float, engines_after: int) -> float:
+    """What is left of the budget but the reserve of each engine after this one (30 s at least)."""
+    return max(budget - elapsed - reserve * engines_after, 30.0)
+
+
 def child_command(args, engine: str) -> list[str]:
     if engine == "gpt-fast":
         if args.model != "mixtral-8x7b":
@@ -87,12 +93,14 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=MOE_MODELS)
     ap.add_argument("--root", default="/tmp/atomc-bench-models")
     ap.add_argument("--engines", default=None, help="default: atomc and the model's peer (" + str(PEERS) + ")")
-    ap.add_argument("--child-timeout", type=float, default=420, help="seconds one engine may take")
+    ap.add_argument("--budget", type=float, default=570, help="seconds for the whole run, from its start")
+    ap.add_argument("--reserve", type=float, default=150, help="seconds kept back for each engine still to run")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: measured (nominal with --tiny)")
     ap.add_argument("--tiny", action="store_true", help="the same code on the CPU, 2 small layers, short prompts")
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    started = time.monotonic()
     args.prompt_len, args.output_len = TINY_LENS if args.tiny else (decode_bs1.PROMPT_LEN, decode_bs1.OUTPUT_LEN)
     if args.child:
         print("RESULT " + json.dumps(run_engine_here(args, args.child)), flush=True)
@@ -116,9 +124,11 @@ def main() -> None:
     out = Path(args.out) if args.out else None
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-    for engine in (args.engines or PEERS[args.model]).split(","):
+    engines = (args.engines or PEERS[args.model]).split(",")
+    for i, engine in enumerate(engines):
         log = out.with_name(f"{out.stem}.{engine}.log") if out else None
-        res, tail = run_child(child_command(args, engine), args.child_timeout, log)
+        timeout = child_timeout(args.budget, time.monotonic() - started, args.reserve, len(engines) - 1 - i)
+        res, tail = run_child(child_command(args, engine), timeout, log)
         if res is None:
             results["engines"].append({"engine": engine, "error": tail})
         else:

@@ -17,8 +17,8 @@
 #
 # Each PART of each model is sized for one 10-minute device call: a part is stopped after
 # PART_TIMEOUT s (default 590; the JSON keeps what finished: serving writes atomc's cells before the
-# peer runs), and in a decode part each engine's process after CHILD_TIMEOUT s (default 280), so
-# the second engine still gets its turn. PYTHON (default python3) and MODELS_DIR (where the
+# peer runs); a decode part runs in DECODE_BUDGET s (default 570), atomc first, and an engine's
+# process is stopped where it would eat the 150 s kept for each engine after it. PYTHON (default python3) and MODELS_DIR (where the
 # config-only checkpoints go, default /tmp/atomc-bench-models) can be set.
 set -uo pipefail
 MODEL=${1:?usage: moe_suite.sh MODEL OUT [decode|serving|all] [--tiny]}
@@ -54,7 +54,7 @@ fi
 if [ "$PART" = decode ] || [ "$PART" = all ]; then
   echo "== $MODEL batch-1 decode"
   timeout "${PART_TIMEOUT:-590}" "$PY" benchmarks/decode_bs1_moe.py --model "$MODEL" --root "$MODELS_DIR" "${TINY[@]}" \
-    --child-timeout "${CHILD_TIMEOUT:-280}" --out "$OUT/decode_bs1_$MODEL.json" | tail -4 || status=1
+    --budget "${DECODE_BUDGET:-570}" --out "$OUT/decode_bs1_$MODEL.json" | tail -4 || status=1
 fi
 if { [ "$PART" = serving ] || [ "$PART" = all ]; } && [ ${#SERVING[@]} -gt 0 ]; then
   echo "== $MODEL serving"

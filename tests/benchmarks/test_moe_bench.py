@@ -26,6 +26,14 @@ def test_run_child_reads_the_result_line_and_kills_on_timeout(tmp_path):
     assert res is None and "killed after 1 s" in tail
 
 
+def test_child_timeout_keeps_the_later_engines_reserve():
+    # atomc first in a 570 s budget with one peer after it: 570 - 10 (the bandwidth measure) - 150
+    assert decode_bs1_moe.child_timeout(570, 10, 150, 1) == 410
+    # the peer gets whatever atomc left
+    assert decode_bs1_moe.child_timeout(570, 130, 150, 0) == 440
+    assert decode_bs1_moe.child_timeout(570, 569, 150, 0) == 30
+
+
 def test_gpt_fast_is_the_mixtral_peer_only():
     args = type("Args", (), {"model": "qwen3-30b-a3b", "tiny": True, "output_len": 24, "root": "/tmp"})()
     with pytest.raises(SystemExit, match="mixtral-8x7b only"):
