@@ -50,7 +50,8 @@ def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f} ms"
 
 
-def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
+def run_atomc(args, model_dir: str, out_dir: Path, on_cell=None) -> list[dict]:
+    """The cells against one `atomc serve`; `on_cell(rows)` after each (to save what is measured)."""
     from atomc.bench.serve import BenchConfig, run_benchmark
 
     port = free_port()
@@ -74,6 +75,8 @@ def run_atomc(args, model_dir: str, out_dir: Path) -> list[dict]:
             res = run_benchmark(cfg)
             res["conc"] = conc
             rows.append(res)
+            if on_cell is not None:
+                on_cell(rows)
             if res["completed"] < res["num_prompts"] or proc.poll() is not None:
                 # keep the cells measured so far; a dead server fails every later cell anyway
                 state = "exited" if proc.poll() is not None else "running"
@@ -160,18 +163,22 @@ def main() -> None:
     flops = args.matmul_flops or peaks["matmul_flops"]
     result = {"model": args.model + (" (tiny)" if args.tiny else ""), "isl": args.isl, "osl": args.osl,
               "bandwidth": bw, "matmul_flops": flops}  # fmt: skip
-    model = cfg  # the ceilings of the shape served (the tiny one under --tiny)
+
+    def save(rows: list[dict]) -> None:  # after every cell: a run stopped later keeps the cells measured
+        for r in rows:
+            r.update(ceilings.serving_bounds(cfg, r["conc"], args.isl, args.osl, bw, flops))
+            r["ceiling_pct"] = 100 * r["output_throughput"] / r["ceiling_tok_s"]
+            r["decode_bound_pct"] = 100 * r["output_throughput"] / r["decode_bound_tok_s"]
+        result["atomc"] = rows
+        out.write_text(json.dumps(result, indent=2))
+
     try:
-        result["atomc"] = run_atomc(args, model_dir, out.parent)
+        save(run_atomc(args, model_dir, out.parent, on_cell=save))
     except Exception as e:  # a server that does not start: still run the peer, then exit 1
-        result["atomc"], result["atomc_error"] = [], repr(e)[-3000:]
+        result.setdefault("atomc", [])
+        result["atomc_error"] = repr(e)[-3000:]
         print(f"atomc failed: {result['atomc_error']}", flush=True)
-    for r in result["atomc"]:
-        b = ceilings.serving_bounds(model, r["conc"], args.isl, args.osl, bw, flops)
-        r.update(b)
-        r["ceiling_pct"] = 100 * r["output_throughput"] / r["ceiling_tok_s"]
-        r["decode_bound_pct"] = 100 * r["output_throughput"] / r["decode_bound_tok_s"]
-    out.write_text(json.dumps(result, indent=2))
+        out.write_text(json.dumps(result, indent=2))
     if not args.skip_hf:
         try:
             result["hf"] = run_hf(args, model_dir, args.hf_conc, args.hf_osl)
