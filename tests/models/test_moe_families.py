@@ -246,3 +246,20 @@ def test_the_hub_config_spelling_num_experts_is_read(moe_dirs):
     raw["num_experts"] = raw.pop("num_local_experts")  # the hub's Qwen3-30B-A3B spelling
     cfg = parse_family_config(ModelArch.from_dict(raw))
     assert cfg.moe.num_experts == 8 and cfg.moe_layers == frozenset({0, 1}) and cfg.moe.renormalize
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_tp2_rank_loads_its_slice_of_each_expert(moe_dirs, rank):
+    from models.layers.parallel import ParallelInfo
+
+    ckpt = load_file(str(moe_dirs["mixtral"] / "model.safetensors"))
+    model = load_model(moe_dirs["mixtral"], torch.float32, "cpu", parallel=ParallelInfo(rank, 2))
+    experts = model.model.layers[1].mlp.experts
+    n = experts.local_intermediate
+    assert n == 64 and experts.w13_weight.shape == (8, 128, 64)
+    pre = "model.layers.1.block_sparse_moe.experts.6."
+    rows = slice(rank * n, (rank + 1) * n)
+    assert torch.equal(experts.w13_weight[6, :n], ckpt[pre + "w1.weight"][rows])
+    assert torch.equal(experts.w13_weight[6, n:], ckpt[pre + "w3.weight"][rows])
+    assert torch.equal(experts.w2_weight[6], ckpt[pre + "w2.weight"][:, rows])
+    assert torch.equal(model.model.layers[1].mlp.gate.weight, ckpt["model.layers.1.block_sparse_moe.gate.weight"])

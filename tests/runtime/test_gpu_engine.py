@@ -14,6 +14,8 @@ import torch
 import transformers
 
 from atomc import LLM, SamplingParams
+from atomc.kernels.registry import entries
+from models.arch import ModelArch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -23,6 +25,9 @@ PROMPTS = ["The capital of France is", "Once upon a time there", "def add(a, b):
 @pytest.mark.parametrize("enforce_eager", [True, False], ids=["eager", "cudagraphs"])
 def test_gpu_greedy_matches_transformers(family, checkpoints, enforce_eager):
     d = checkpoints[family]
+    if not enforce_eager and "num_experts_per_tok" in ModelArch.from_dir(d).raw and ("moe", "triton") not in entries():
+        # the torch reference of atomc::moe syncs with the host (which experts got tokens): not capturable
+        pytest.skip("atomc::moe has no Triton kernel registered yet: MoE models run eager on CUDA")
     llm = LLM(model=str(d), dtype="float32", device="cuda", enforce_eager=enforce_eager, max_num_seqs=8)
     if not enforce_eager:
         assert llm.engine.runner.decode_graphs is not None
