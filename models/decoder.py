@@ -53,6 +53,7 @@ class DecoderConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    attn_sinks: bool = False  # a learned sink logit per head in every softmax (GPT-OSS)
     moe: MoESpec | None = None
     moe_layers: frozenset[int] = frozenset()  # layers whose MLP is `moe`'s sparse block
 
@@ -102,6 +103,7 @@ class DecoderLayer(nn.Module):
             o_bias=config.o_bias,
             qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
             sliding_window=layer_sliding_window(a, layer_idx),
+            sinks=config.attn_sinks,
             parallel=parallel,
         )
         if layer_idx in config.moe_layers:

@@ -17,6 +17,7 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "Phi3ForCausalLM": ("models.phi3", "Phi3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("models.mixtral", "MixtralForCausalLM"),
+    "GptOssForCausalLM": ("models.gpt_oss", "GptOssForCausalLM"),
 }
 SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
 

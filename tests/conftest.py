@@ -62,6 +62,28 @@ FAMILIES = {
     "mixtral": dict(
         cls="MixtralConfig", num_local_experts=8, num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False
     ),
+    # GPT-OSS: four layers alternating an 8-token window and full attention (prompts run past the
+    # window), 6 experts top-2 with biases, sinks and biases randomised (build_checkpoint) so they
+    # matter, YaRN stretching a 64-token original context by 8
+    "gpt_oss": dict(
+        cls="GptOssConfig",
+        num_hidden_layers=4,
+        head_dim=16,
+        intermediate_size=48,
+        num_local_experts=6,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 64,
+        },
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -91,11 +113,11 @@ def build_checkpoint(family: str, out_dir: Path, num_layers: int = 2, seed: int 
     spec = dict(FAMILIES[family])
     tok = build_tokenizer(out_dir)
     cfg_cls = getattr(transformers, spec.pop("cls"))
+    spec.setdefault("intermediate_size", 128)
+    spec.setdefault("num_hidden_layers", num_layers)
     cfg = cfg_cls(
         vocab_size=VOCAB,
         hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
@@ -107,9 +129,13 @@ def build_checkpoint(family: str, out_dir: Path, num_layers: int = 2, seed: int 
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # larger weights than the 0.02 default, so greedy choices are not near-ties
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() >= 2:  # matrices, and stacked expert matrices
                 p.normal_(0, 0.08)
+            elif name.endswith("sinks"):  # GPT-OSS: sink logits as large as the scores, so they matter
+                p.normal_(0.5, 1.0)
+            elif name.endswith("_bias") or ".router." in name:  # GPT-OSS's expert and router biases
+                p.normal_(0, 0.05)
     model.save_pretrained(out_dir)
     return out_dir
 

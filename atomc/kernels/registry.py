@@ -161,11 +161,12 @@ def _aiter_ops():
     return torch.ops.atomc_aiter
 
 
-def _rocm_after_aiter(q, k, v, out, layer_idx: int, scale: float, sliding_window: int) -> None:
-    """atomc::paged_attention on ROCm's first available backend after AITER (Triton, else torch)."""
+def _rocm_after_aiter(q, k, v, out, layer_idx: int, scale: float, sliding_window: int, sinks=None) -> None:
+    """atomc::paged_attention on ROCm's first available backend after AITER (Triton, else torch):
+    what AITER cannot run (small pages for prefill, fp32, attention sinks)."""
     for backend in PLATFORM_BACKENDS["rocm"][1:]:
         if backend_available(backend):
-            return lookup("paged_attention", backend)(q, k, v, out, layer_idx, scale, sliding_window)
+            return lookup("paged_attention", backend)(q, k, v, out, layer_idx, scale, sliding_window, sinks)
     raise RuntimeError("no backend after aiter for atomc::paged_attention")  # torch is always there
 
 

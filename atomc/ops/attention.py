@@ -2,6 +2,11 @@
 
 One opaque op per layer, so Dynamo sees one node and the graph can be cut there. It writes into
 `out` (no allocation inside the op), which is what CUDA-graph pieces around it need.
+
+Attention sinks (GPT-OSS): `sinks` [Hq] is a learned logit per query head that joins every query's
+softmax denominator and attends to nothing: softmax([q.k * scale..., sink]) with the sink's share
+dropped, so a head can put weight "nowhere" and its output shrinks. None (the default, every
+dense family) is plain softmax attention, computed by SDPA as before.
 """
 
 from __future__ import annotations
@@ -21,29 +26,36 @@ def attention(
     layer_idx: int,
     scale: float,
     sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """q/out: [T, Hq, D]; k/v: [T, Hkv, D]. Reads the KV cache and batch metadata from the forward context.
 
     `sliding_window` W > 0: a query at position p sees keys at positions p - W + 1 .. p (Mistral);
-    0 is full causal attention."""
+    0 is full causal attention. `sinks` [Hq]: per-head sink logits (see the module docstring)."""
     cache = layer_cache(layer_idx)
     if cache is None:
-        return attention_without_cache(q, k, v, out, scale, sliding_window)
+        return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
     meta, k_cache, v_cache = cache
     write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window)
+    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window, sinks)
 
 
 @attention.register_fake
-def _(q, k, v, out, layer_idx, scale, sliding_window=0) -> None:
+def _(q, k, v, out, layer_idx, scale, sliding_window=0, sinks=None) -> None:
     return None
 
 
 def attention_without_cache(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float, sliding_window: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """No KV cache in the forward context (a plain forward, tracing): the batch is one causal sequence."""
-    out.copy_(causal_attention(q, k, v, scale, sliding_window))
+    out.copy_(causal_attention(q, k, v, scale, sliding_window, sinks))
 
 
 def write_kv_cache(
@@ -71,8 +83,31 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int) -> to
     return mask
 
 
+def masked_softmax_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, sinks: torch.Tensor | None
+) -> torch.Tensor:
+    """fp32 attention of q [B, Hq, Lq, D] over k/v [B, Hkv, Lk, D] (GQA: Hq a multiple of Hkv) under a
+    boolean `mask` broadcasting to [B, Hq, Lq, Lk]. SDPA without sinks; with them, the softmax
+    takes one more logit per head (the sink) whose probability is dropped."""
+    q, k, v = q.float(), k.float(), v.float()
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = (q @ k.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    sink = sinks.float().view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+    p = torch.cat([s, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return p @ v
+
+
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int, sliding_window: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    q_offset: int,
+    sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [Lq, Hq, D] at absolute positions q_offset.., k/v [Lk, Hkv, D] at 0..; causal (and windowed
     when sliding_window > 0); GQA by repeat."""
@@ -82,20 +117,21 @@ def attend(
     lq, lk = q.shape[0], k.shape[0]
     q_pos = torch.arange(q_offset, q_offset + lq, device=q.device)[:, None]
     mask = visible(q_pos, torch.arange(lk, device=q.device)[None, :], sliding_window)
-    o = F.scaled_dot_product_attention(
-        q.transpose(0, 1).float(),
-        k.transpose(0, 1).float(),
-        v.transpose(0, 1).float(),
-        attn_mask=mask,
-        scale=scale,
+    o = masked_softmax_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, scale, sinks
     )
-    return o.transpose(0, 1).to(q.dtype)
+    return o[0].transpose(0, 1).to(q.dtype)
 
 
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sliding_window: int = 0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return attend(q, k, v, scale, q_offset=0, sliding_window=sliding_window)
+    return attend(q, k, v, scale, q_offset=0, sliding_window=sliding_window, sinks=sinks)
 
 
 def paged_attention_reference(
@@ -106,6 +142,7 @@ def paged_attention_reference(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Torch reference for prefill, chunked prefill over a cached prefix, and decode, in one batch.
 
@@ -120,9 +157,9 @@ def paged_attention_reference(
         elif qe > qs:
             k = gather_kv(k_cache, meta.block_tables[i], seq_len)
             v = gather_kv(v_cache, meta.block_tables[i], seq_len)
-            out[qs:qe] = attend(q[qs:qe], k, v, scale, seq_len - (qe - qs), sliding_window)
+            out[qs:qe] = attend(q[qs:qe], k, v, scale, seq_len - (qe - qs), sliding_window, sinks)
     if decode_rows:
-        decode_attention(q, k_cache, v_cache, out, meta, decode_rows, scale, sliding_window)
+        decode_attention(q, k_cache, v_cache, out, meta, decode_rows, scale, sliding_window, sinks)
 
 
 def decode_attention(
@@ -134,6 +171,7 @@ def decode_attention(
     rows: list[int],
     scale: float,
     sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """One query token per sequence in `rows`: gather every context into a padded batch, mask, attend.
     The query sits at position len - 1; with a window it sees the last `sliding_window` keys."""
@@ -146,12 +184,12 @@ def decode_attention(
     token = torch.tensor([meta.query_start_loc_host[i] for i in rows], device=q.device)
     last = torch.tensor(lens, device=q.device)[:, None] - 1  # each query's position
     valid = visible(last, torch.arange(longest, device=q.device)[None, :], sliding_window)
-    o = F.scaled_dot_product_attention(
-        q[token].unsqueeze(2).float(),  # [B, Hq, 1, D]
-        k.transpose(1, 2).float(),  # [B, Hkv, L, D]
-        v.transpose(1, 2).float(),
-        attn_mask=valid[:, None, None, :],
-        scale=scale,
-        enable_gqa=True,
+    o = masked_softmax_attention(
+        q[token].unsqueeze(2),  # [B, Hq, 1, D]
+        k.transpose(1, 2),  # [B, Hkv, L, D]
+        v.transpose(1, 2),
+        valid[:, None, None, :],
+        scale,
+        sinks,
     )
     out[token] = o.squeeze(2).to(out.dtype)

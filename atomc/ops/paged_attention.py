@@ -19,15 +19,16 @@ def paged_attention(
     layer_idx: int,
     scale: float,
     sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
-    """`sliding_window` as in `atomc::attention` (0 = full causal attention)."""
+    """`sliding_window` and `sinks` as in `atomc::attention` (0 = full causal attention, None = no sinks)."""
     cache = layer_cache(layer_idx)
     if cache is None:
-        return attention_without_cache(q, k, v, out, scale, sliding_window)
+        return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
     meta, k_cache, v_cache = cache
-    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window)
+    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window, sinks)
 
 
 @paged_attention.register_fake
-def _(q, k, v, out, layer_idx, scale, sliding_window=0) -> None:
+def _(q, k, v, out, layer_idx, scale, sliding_window=0, sinks=None) -> None:
     return None

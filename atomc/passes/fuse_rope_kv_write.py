@@ -5,7 +5,9 @@ atomc::rope_and_write_kv (rotate q/k, write rotated k and v to the cache) + atom
 Pattern:      q_r, k_r = atomc.rope(pos, q, k, cos_sin);  atomc.attention(q_r, k_r, v, out, layer, scale, window)
 Replacement:  q_r, k_r = atomc.rope_and_write_kv(pos, q, k, v, cos_sin, layer)
               atomc.paged_attention(q_r, k_r, v, out, layer, scale, window)
-The sliding window (0 when the call leaves it at its default) goes to the attention that reads.
+The sliding window (0 when the call leaves it at its default) and the attention sinks (GPT-OSS;
+passed on only when the call has them, so a dense graph keeps its exact arguments) go to the
+attention that reads.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class FuseRopeKVWrite(FusionPass):
     anchor = ATTENTION
 
     def rewrite(self, gm, attn) -> bool:
-        q, k, v, out, layer_idx, scale, window = _attention_args(attn)
+        q, k, v, out, layer_idx, scale, window, sinks = _attention_args(attn)
         rope = _rope_outputs(q, k)
         # other users of q/k (e.g. empty_like(q) for `out`) take the fused op's outputs: same values
         if rope is None:
@@ -53,7 +55,8 @@ class FuseRopeKVWrite(FusionPass):
             q_new, k_new = getitems(gm.graph, fused, vals)
         with gm.graph.inserting_before(attn):
             # paged_attention reads the cache rope_and_write_kv wrote: taking its outputs orders the two
-            paged = call(gm.graph, PAGED, (q_new, k_new, v, out, layer_idx, scale, window))
+            args = (q_new, k_new, v, out, layer_idx, scale, window) + (() if sinks is None else (sinks,))
+            paged = call(gm.graph, PAGED, args)
         attn.replace_all_uses_with(paged)
         q.replace_all_uses_with(q_new)
         k.replace_all_uses_with(k_new)
@@ -62,8 +65,9 @@ class FuseRopeKVWrite(FusionPass):
 
 
 def _attention_args(attn):
-    """(q, k, v, out, layer_idx, scale, sliding_window), positional or keyword; the window defaults to 0."""
-    names = ("q", "k", "v", "out", "layer_idx", "scale", "sliding_window")
+    """(q, k, v, out, layer_idx, scale, sliding_window, sinks), positional or keyword; the window
+    defaults to 0, the sinks to None."""
+    names = ("q", "k", "v", "out", "layer_idx", "scale", "sliding_window", "sinks")
     defaults = {"sliding_window": 0}
     return tuple(
         attn.args[i] if i < len(attn.args) else attn.kwargs.get(n, defaults.get(n)) for i, n in enumerate(names)

@@ -4,6 +4,8 @@ and MoE families will reuse: one qkv GEMM, optional q/k RMSNorm, RoPE, atomc::at
 This is the one place a model calls torch.ops.atomc.attention. The op finds the layer's paged KV
 cache by `layer_idx` in the forward context, so the traced graph captures no cache tensor.
 Heads are this rank's (QKVParallelLinear splits them); o_proj sums the ranks' partial outputs.
+`sinks=True` (GPT-OSS) adds a learned sink logit per head, `sinks` [this rank's heads], passed to
+the op; without it the op is called exactly as before (the dense families' graphs do not change).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from models.layers.linear import QKVParallelLinear, RowParallelLinear
 from models.layers.norm import RMSNorm
 from models.layers.parallel import SINGLE, ParallelInfo
 from models.layers.rotary import RotaryEmbedding
+from models.quant.base import set_weight_attrs
 
 
 class LlamaStyleAttention(nn.Module):
@@ -31,6 +34,7 @@ class LlamaStyleAttention(nn.Module):
         o_bias: bool = False,
         qk_norm_eps: float | None = None,
         sliding_window: int = 0,
+        sinks: bool = False,
         parallel: ParallelInfo = SINGLE,
         linear_method=None,
     ):
@@ -48,6 +52,19 @@ class LlamaStyleAttention(nn.Module):
         if self.qk_norm:  # Qwen3: RMSNorm over each head's q and k before RoPE
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        if sinks:
+            self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
+            set_weight_attrs(self.sinks, {"weight_loader": self._load_sinks})
+        else:
+            self.register_parameter("sinks", None)
+
+    def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        """This rank's heads of the checkpoint's [num_heads] sinks (heads split as q's are)."""
+        n, rank = self.num_heads, self.qkv_proj.parallel.rank
+        if loaded.dim() != 1 or loaded.shape[0] != n * self.qkv_proj.parallel.size:
+            raise ValueError(f"has shape {tuple(loaded.shape)}, the model expects ({n * self.qkv_proj.parallel.size},)")
+        with torch.no_grad():
+            param.copy_(loaded[rank * n : (rank + 1) * n])
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
         t = x.shape[0]
@@ -59,5 +76,8 @@ class LlamaStyleAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(positions, q, k)
         out = torch.empty_like(q)
-        torch.ops.atomc.attention(q, k, v, out, self.layer_idx, self.scale, self.sliding_window)
+        if self.sinks is None:
+            torch.ops.atomc.attention(q, k, v, out, self.layer_idx, self.scale, self.sliding_window)
+        else:
+            torch.ops.atomc.attention(q, k, v, out, self.layer_idx, self.scale, self.sliding_window, self.sinks)
         return self.o_proj(out.view(t, self.num_heads * self.head_dim))

@@ -6,7 +6,7 @@ import sys
 import fake_aiter
 import pytest
 import torch
-from triton_kernel_cases import ATTN_CASES, WINDOW_CASES, attention_reference, make_batch
+from triton_kernel_cases import ATTN_CASES, WINDOW_CASES, attention_reference, make_batch, random_sinks
 
 from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from atomc.kernels import registry
@@ -53,7 +53,7 @@ def test_rope_and_cache_write(aiter_ops):
 CASES = {**{k: (*v, 0) for k, v in ATTN_CASES.items()}, **WINDOW_CASES}
 
 
-def run_paged(op, case, dtype=torch.float16, page=128, seed=0):
+def run_paged(op, case, dtype=torch.float16, page=128, seed=0, sinks=None):
     """(op's output, the reference's) on one batch already in the cache; padding rows stay NaN."""
     q_lens, seq_lens, window = CASES[case]
     q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, 4, 2, 16, dtype, "cpu", page=page, seed=seed)
@@ -61,8 +61,8 @@ def run_paged(op, case, dtype=torch.float16, page=128, seed=0):
     out = torch.full_like(q, float("nan"))
     fake_aiter.CALLS.clear()
     with set_forward_context(ForwardContext(meta, [(k_cache, v_cache)])):
-        op(q, k, v, out, 0, 0.25, window)
-    ref = attention_reference(q, k_cache, v_cache, meta, 0.25, window)
+        op(q, k, v, out, 0, 0.25, window, *(() if sinks is None else (sinks,)))
+    ref = attention_reference(q, k_cache, v_cache, meta, 0.25, window, sinks)
     t = meta.query_start_loc_host[-1]
     assert out[t:].isnan().all()
     return out[:t], ref[:t]
@@ -104,6 +104,19 @@ def test_paged_attention_falls_back_where_aiter_cannot(aiter_ops, monkeypatch, c
     out, ref = run_paged(aiter_ops.paged_attention, case, dtype=dtype, page=page)
     torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
     assert fake_aiter.CALLS == []
+
+
+@pytest.mark.parametrize("case", ["decode", "mixed_w70"])
+def test_layers_with_sinks_run_the_next_backend(aiter_ops, monkeypatch, case):
+    # AITER's entries are not given attention sinks: such a layer runs ROCm's next backend (here
+    # the reference), even where AITER would take the batch, and gets the sinks' answer
+    monkeypatch.setattr(registry, "backend_available", lambda backend: backend != "triton")
+    sinks = random_sinks(4)
+    out, ref = run_paged(aiter_ops.paged_attention, case, sinks=sinks)
+    torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
+    assert fake_aiter.CALLS == []
+    plain, _ = run_paged(aiter_ops.paged_attention, case)
+    assert fake_aiter.CALLS != [] and not torch.allclose(plain.float(), out.float(), atol=1e-2)
 
 
 def test_attention_writes_the_cache_then_attends(aiter_ops):

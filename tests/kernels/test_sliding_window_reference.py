@@ -4,7 +4,7 @@ far past the window, mixed batches, and the no-cache path."""
 
 import pytest
 import torch
-from triton_kernel_cases import WINDOW_CASES, dense_window_attention, make_batch
+from triton_kernel_cases import WINDOW_CASES, dense_window_attention, make_batch, random_sinks
 
 from atomc.forward_context import ForwardContext, set_forward_context
 from atomc.ops.attention import causal_attention, paged_attention_reference
@@ -54,3 +54,38 @@ def test_no_cache_path_and_ops_take_the_window():
         torch.testing.assert_close(out, got, atol=0, rtol=0)
         op(q, k, v, out, 0, 0.25)  # the schema default: full attention
         torch.testing.assert_close(out, causal_attention(q, k, v, 0.25), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["prefill_w8", "chunked_prefill_w20", "decode_w24", "mixed_w70", "full"])
+def test_reference_sinks_match_dense_oracle(case):
+    """Attention sinks (GPT-OSS) in the reference, with and without a window, against the fp64 oracle
+    that adds exp(sink) to each softmax denominator; and the sinks change the answer."""
+    q_lens, seq_lens, window = WINDOW_CASES[case] if case != "full" else ([1, 9, 1, 20], [37, 9, 100, 52], 0)
+    q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, 4, 2, 16, torch.float32, "cpu", seed=3)
+    sinks = random_sinks(4)
+    out = torch.zeros_like(q)
+    paged_attention_reference(q, k_cache, v_cache, out, meta, 0.25, window, sinks)
+    want = dense_window_attention(q, k_cache, v_cache, meta, 0.25, window, sinks)
+    t = meta.query_start_loc_host[-1]
+    torch.testing.assert_close(out[:t].double(), want[:t], atol=1e-5, rtol=1e-5)
+    plain = torch.zeros_like(q)
+    paged_attention_reference(q, k_cache, v_cache, plain, meta, 0.25, window)
+    assert not torch.allclose(plain[:t], out[:t], atol=1e-2)
+
+
+def test_no_cache_path_and_ops_take_the_sinks():
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(12, h, 16, generator=g) for h in (4, 2, 2))
+    sinks = random_sinks(4)
+    got = causal_attention(q, k, v, 0.25, sliding_window=5, sinks=sinks)
+    # the no-cache path is one sequence: the paged oracle over a cache holding exactly these keys
+    meta_q, k_cache, v_cache, meta = make_batch([12], [12], 4, 2, 16, torch.float32, "cpu")
+    slots = meta.slot_mapping[:12]
+    k_cache.view(-1, 2, 16)[slots], v_cache.view(-1, 2, 16)[slots] = k, v
+    want = dense_window_attention(q, k_cache, v_cache, meta, 0.25, 5, sinks)
+    torch.testing.assert_close(got.double(), want[:12], atol=1e-5, rtol=1e-5)
+    for op in (torch.ops.atomc.attention, torch.ops.atomc.paged_attention):
+        out = torch.empty_like(q)
+        with set_forward_context(ForwardContext()):
+            op(q, k, v, out, 0, 0.25, 5, sinks)
+        torch.testing.assert_close(out, got, atol=0, rtol=0)

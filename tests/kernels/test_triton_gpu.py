@@ -14,6 +14,7 @@ from triton_kernel_cases import (  # noqa: E402
     attention_reference,
     cos_sin_cache,
     make_batch,
+    random_sinks,
     rel_err,
     rms_norm_reference,
     rope_reference,
@@ -33,16 +34,16 @@ def kernels():
     return kt
 
 
-def run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=None, sliding_window=0):
+def run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=None, sliding_window=0, sinks=None):
     q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, hq, hkv, d, BF16, DEV)
     scale = d**-0.5
     out = torch.full_like(q, float("nan"))
     kernels().paged_attention(
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
         meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=num_segments,
-        sliding_window=sliding_window,
+        sliding_window=sliding_window, sinks=sinks,
     )  # fmt: skip
-    ref = attention_reference(q, k_cache, v_cache, meta, scale, sliding_window)
+    ref = attention_reference(q, k_cache, v_cache, meta, scale, sliding_window, sinks)
     t = meta.query_start_loc_host[-1]
     assert not out[:t].isnan().any()
     assert out[t:].isnan().all()
@@ -62,6 +63,22 @@ def test_paged_attention(case, hq, hkv, d, segments):
 def test_paged_attention_sliding_window(case, hq, hkv, d, segments):
     q_lens, seq_lens, window = WINDOW_CASES[case]
     run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=segments, sliding_window=window)
+
+
+@pytest.mark.parametrize("segments", [1, 8, None])
+@pytest.mark.parametrize("case", ["mixed", "decode", "prefill_w8", "decode_w24", "mixed_w70"])
+def test_paged_attention_sinks(case, segments):
+    # GPT-OSS-20B's heads (64 q, 8 kv, head_dim 64) with bf16 sinks, with and without a window
+    q_lens, seq_lens, window = WINDOW_CASES[case] if case in WINDOW_CASES else (*ATTN_CASES[case], 0)
+    sinks = random_sinks(64, DEV).to(BF16)
+    run_attention(q_lens, seq_lens, 64, 8, 64, num_segments=segments, sliding_window=window, sinks=sinks)
+
+
+def test_paged_attention_sinks_gpt_oss_decode():
+    # GPT-OSS's 128-token window, decode far past it, beside full layers' long contexts
+    sinks = random_sinks(64, DEV)
+    for window in (128, 0):
+        run_attention([1] * 8, [3000 + 13 * i for i in range(8)], 64, 8, 64, sliding_window=window, sinks=sinks)
 
 
 def test_paged_attention_sliding_window_mistral_decode():

@@ -23,6 +23,7 @@ from triton_kernel_cases import (  # noqa: E402
     attention_reference,
     cos_sin_cache,
     make_batch,
+    random_sinks,
     rel_err,
     rms_norm_reference,
     rope_reference,
@@ -65,7 +66,7 @@ needs_loops = pytest.mark.skipif(
 )
 
 
-def run_attention(case, dtype, hq, hkv, d, num_segments=None, **kw):
+def run_attention(case, dtype, hq, hkv, d, num_segments=None, sinks=None, **kw):
     q_lens, seq_lens, window = WINDOW_CASES[case] if case in WINDOW_CASES else (*ATTN_CASES[case], 0)
     q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, hq, hkv, d, dtype, "cpu")
     scale = d**-0.5
@@ -73,9 +74,9 @@ def run_attention(case, dtype, hq, hkv, d, num_segments=None, **kw):
     paged_attention(
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
         meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=num_segments,
-        sliding_window=window, **kw,
+        sliding_window=window, sinks=sinks, **kw,
     )  # fmt: skip
-    ref = attention_reference(q, k_cache, v_cache, meta, scale, window)
+    ref = attention_reference(q, k_cache, v_cache, meta, scale, window, sinks)
     t = meta.query_start_loc_host[-1]
     assert not out[:t].isnan().any(), "a query row was not written"
     assert out[t:].isnan().all(), "padding rows must stay untouched"
@@ -106,6 +107,33 @@ def test_paged_attention_sliding_window(case, dtype, num_segments):
     # 2D, split-KV over the window only, and the default choice; 16-key tiles so that windows
     # skip whole tiles and mask inside the boundary one
     run_attention(case, dtype, hq=4, hkv=2, d=16, num_segments=num_segments, tile_n=16)
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["mixed", "decode", "prefill_w8", "decode_w24", "mixed_w70"])
+@pytest.mark.parametrize("num_segments", [1, 4])
+def test_paged_attention_sinks(case, dtype, num_segments):
+    """Sink logits folded in after the KV loop (2D) or in the reduce (split-KV), with and without a
+    window, against the reference (itself checked against an fp64 oracle); sinks in fp32 and in the
+    activation dtype (a checkpoint's parameter)."""
+    run_attention(case, dtype, hq=4, hkv=2, d=16, num_segments=num_segments, tile_n=16, sinks=random_sinks(4))
+    run_attention(case, dtype, hq=4, hkv=2, d=16, num_segments=num_segments, tile_n=16,
+                  sinks=random_sinks(4, seed=2).to(dtype))  # fmt: skip
+
+
+@needs_loops
+def test_paged_attention_sinks_matter_and_none_is_the_plain_kernel():
+    q, k_cache, v_cache, meta = make_batch([1, 9, 1, 20], [37, 9, 100, 52], 4, 2, 16, torch.float32, "cpu")
+    args = (meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.25, 20, 100, 4)
+    outs = []
+    for sinks in (None, random_sinks(4)):
+        out = torch.zeros_like(q)
+        paged_attention(q, k_cache, v_cache, out, *args, num_segments=1, sinks=sinks)
+        outs.append(out)
+    t = meta.query_start_loc_host[-1]
+    assert not torch.allclose(outs[0][:t], outs[1][:t], atol=1e-2)
+    torch.testing.assert_close(outs[0][:t], attention_reference(q, k_cache, v_cache, meta, 0.25)[:t])
 
 
 @needs_loops
@@ -396,3 +424,30 @@ def test_gemv_rejects_wide_batches():
 
     with pytest.raises(ValueError, match="M<=16"):
         gemv(torch.zeros(17, 8), torch.zeros(4, 8))
+
+
+@needs_loops
+@pytest.mark.parametrize("op", ["attention", "paged_attention"])
+def test_attention_backend_ops_take_sinks(op):
+    """The lowered graph's call (sinks as the schema's last argument) against the atomc op, through a
+    forward context that holds the paged cache; and without a context (one causal sequence)."""
+    from atomc.forward_context import ForwardContext, set_forward_context
+    from atomc.kernels import registry
+
+    q, k_cache, v_cache, meta = make_batch([1, 9, 1, 20], [37, 9, 100, 52], 4, 2, 16, torch.float32, "cpu")
+    g = torch.Generator().manual_seed(9)
+    k, v = torch.randn(q.shape[0], 2, 16, generator=g), torch.randn(q.shape[0], 2, 16, generator=g)
+    sinks = random_sinks(4)
+    outs = []
+    for fn in (registry.lookup(op, "triton"), getattr(torch.ops.atomc, op).default):
+        caches = (k_cache.clone(), v_cache.clone())
+        out = torch.zeros_like(q)
+        with set_forward_context(ForwardContext(meta, [caches])):
+            fn(q, k, v, out, 0, 0.25, 24, sinks)
+        outs.append(out)
+    t = meta.query_start_loc_host[-1]
+    torch.testing.assert_close(outs[0][:t], outs[1][:t], atol=1e-5, rtol=1e-5)
+    no_cache = [torch.zeros(12, 4, 16) for _ in range(2)]
+    for out, fn in zip(no_cache, (registry.lookup(op, "triton"), getattr(torch.ops.atomc, op).default), strict=True):
+        fn(q[:12], k[:12], v[:12], out, 0, 0.25, 5, sinks)
+    torch.testing.assert_close(no_cache[0], no_cache[1], atol=0, rtol=0)

@@ -67,15 +67,24 @@ def make_batch(q_lens, seq_lens, hq, hkv, d, dtype, device, page=16, pad_tokens=
     return move(q), move(k_cache), move(v_cache), meta
 
 
-def attention_reference(q, k_cache, v_cache, meta, scale, sliding_window=0):
+def random_sinks(hq, device="cpu", seed=1):
+    """Per-head sink logits around the size of the scaled q.k logits (some well above), so they take
+    a real share of each softmax."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(hq, generator=g) * 1.5 + 0.5).to(device)
+
+
+def attention_reference(q, k_cache, v_cache, meta, scale, sliding_window=0, sinks=None):
     ref = torch.zeros_like(q, dtype=torch.float32)
-    paged_attention_reference(q.float(), k_cache.float(), v_cache.float(), ref, meta, scale, sliding_window)
+    paged_attention_reference(q.float(), k_cache.float(), v_cache.float(), ref, meta, scale, sliding_window, sinks)
     return ref
 
 
-def dense_window_attention(q, k_cache, v_cache, meta, scale, sliding_window):
+def dense_window_attention(q, k_cache, v_cache, meta, scale, sliding_window, sinks=None):
     """An independent oracle: per sequence, the contiguous K/V read page by page, an explicit
-    [q_len, seq_len] mask built position by position, and softmax(q k^T * scale + mask) v in fp64."""
+    [q_len, seq_len] mask built position by position, and softmax(q k^T * scale + mask) v in fp64.
+    With `sinks` [Hq], each head's row of the softmax gets one more logit whose share is dropped:
+    p = exp(s) / (sum exp(s) + exp(sink))."""
     out = torch.zeros_like(q, dtype=torch.float64)
     page = k_cache.shape[1]
     group = q.shape[1] // k_cache.shape[2]
@@ -94,7 +103,13 @@ def dense_window_attention(q, k_cache, v_cache, meta, scale, sliding_window):
                 if j <= p and (sliding_window <= 0 or p - j < sliding_window):
                     mask[r, j] = 0.0
         s = torch.einsum("qhd,khd->hqk", q[qs:qe].double(), k) * scale + mask
-        out[qs:qe] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
+        if sinks is None:
+            p = s.softmax(-1)
+        else:
+            e = (s - s.amax(-1, keepdim=True)).exp()  # every row sees at least its own key
+            sink = (sinks.double()[:, None, None] - s.amax(-1, keepdim=True)).exp()
+            p = e / (e.sum(-1, keepdim=True) + sink)
+        out[qs:qe] = torch.einsum("hqk,khd->qhd", p, v)
     return out
 
 

@@ -33,13 +33,16 @@ def test_unsupported_architecture_lists_the_supported_ones():
 
 def test_config_parsing_imports_no_model_code(checkpoints):
     """ModelArch (what the engine reads) imports neither torch nor any family module."""
-    dirs = json.dumps({f: str(d) for f, d in checkpoints.items()})
+    from tests.conftest import FAMILIES
+
+    # (folder, layers): 2 unless the fixture family sets its own (GPT-OSS alternates over 4)
+    dirs = json.dumps({f: (str(d), FAMILIES[f].get("num_hidden_layers", 2)) for f, d in checkpoints.items()})
     code = f"""
 import json, sys
 from models.arch import ModelArch
-for fam, d in json.loads({dirs!r}).items():
+for fam, (d, layers) in json.loads({dirs!r}).items():
     a = ModelArch.from_dir(d)
-    assert a.num_layers == 2 and a.vocab_size == 384, fam
+    assert a.num_layers == layers and a.vocab_size == 384, fam
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith(("models.", "atomc")))
 print(json.dumps(loaded))
 """

@@ -120,3 +120,36 @@ def test_sliding_window_survives_the_split():
 
 
 ATTENTION_TARGETS = (torch.ops.atomc.attention, torch.ops.atomc.attention.default)
+
+
+def sink_graphs(window):
+    """A GPT-OSS-style attention (sinks, window) traced and split."""
+    from models.layers.attention import LlamaStyleAttention
+    from tests.passes.pass_helpers import randomize
+
+    torch.manual_seed(0)
+    attn = randomize(LlamaStyleAttention(A.hidden_size, A.num_heads, A.num_kv_heads, A.head_dim, 0,
+                                         qkv_bias=True, o_bias=True, sliding_window=window, sinks=True))  # fmt: skip
+    with torch.no_grad():
+        attn.sinks.copy_(torch.randn(A.num_heads) * 2)
+    gm, inputs = capture(lambda p, x: attn(p, x, ROPE), torch.arange(5), torch.randn(5, A.hidden_size))
+    _, canon = apply(Canonicalize(), apply(NoopElimination(), gm)[1])
+    result, after = apply(FuseRopeKVWrite(), canon)
+    return gm, inputs, result, after, attn
+
+
+def test_sinks_survive_the_split():
+    """The sinks on atomc.attention move to the paged_attention that replaces it (as its last
+    argument), with the window; the fused graph gives the same outputs and cache over prefill and
+    decode; and a dense graph's paged_attention keeps its seven arguments."""
+    for window in (0, 3):
+        gm, inputs, result, after, attn = sink_graphs(window)
+        assert result.rewritten == 1
+        (paged,) = [n for n in after.graph.nodes if n.target is torch.ops.atomc.paged_attention.default]
+        assert len(paged.args) == 8 and paged.args[6] == window
+        sink_arg = paged.args[7]
+        assert sink_arg.op in ("get_attr", "placeholder")
+        assert_same_over_prefill_and_decode(gm, after, inputs, A)
+    _, _, _, dense, _ = graphs()
+    (paged,) = [n for n in dense.graph.nodes if n.target is torch.ops.atomc.paged_attention.default]
+    assert len(paged.args) == 7

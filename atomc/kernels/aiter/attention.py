@@ -13,6 +13,10 @@ reads or writes that layout as it is, so the allocator needs nothing AITER-speci
   `window_size=(W - 1, 0, 0)` for a window (left keys, right keys, sink). Its CK kernel requires a
   page size divisible by 128 (atomc's default is 16): with smaller pages, and for dtypes AITER's
   attention does not take (fp32), the op runs ROCm's next backend (Triton, else the reference).
+- Attention sinks (GPT-OSS's per-head sink logits): neither entry above is given them here
+  (paged_attention_v1 has no such argument; flash_attn_varlen_func's `sink_ptr` is not wired or
+  checked against AMD hardware), so a layer with sinks runs ROCm's next backend (Triton, which
+  folds the sink in, else the reference).
 - Q/K norms (Qwen3): AITER's fused qk-norm + RoPE + cache entry writes V in a non-NHD layout and
   takes one eps, so the norms run as `rmsnorm2d_fwd` over head rows, then the RoPE and the write.
 
@@ -126,23 +130,24 @@ def set_next_backend(fn: Callable) -> None:
     _next_backend = fn
 
 
-def next_backend(q, k, v, out, layer_idx: int, scale: float, sliding_window: int) -> None:
+def next_backend(q, k, v, out, layer_idx: int, scale: float, sliding_window: int, sinks=None) -> None:
     """ROCm's next backend for atomc::paged_attention (the cache write, if any, is done)."""
     if _next_backend is None:
         raise RuntimeError("atomc_aiter attention is loaded through atomc.kernels.registry, which sets its fallback")
-    return _next_backend(q, k, v, out, layer_idx, scale, sliding_window)
+    return _next_backend(q, k, v, out, layer_idx, scale, sliding_window, sinks)
 
 
-def attend(q, k, v, out, layer_idx, scale, sliding_window) -> None:
+def attend(q, k, v, out, layer_idx, scale, sliding_window, sinks=None) -> None:
     cache = layer_cache(layer_idx)
     if cache is None:
-        return attention_without_cache(q, k, v, out, scale, sliding_window)
+        return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
     meta, k_cache, v_cache = cache
     if meta.num_seqs == 0:
         return
     page = k_cache.shape[1]
-    if q.dtype not in AITER_DTYPES or (meta.max_query_len > 1 and page % VARLEN_PAGE_MULTIPLE):
-        return next_backend(q, k, v, out, layer_idx, scale, sliding_window)
+    unsupported = sinks is not None or q.dtype not in AITER_DTYPES
+    if unsupported or (meta.max_query_len > 1 and page % VARLEN_PAGE_MULTIPLE):
+        return next_backend(q, k, v, out, layer_idx, scale, sliding_window, sinks)
     q = q.contiguous()
     if meta.max_query_len == 1:
         decode(q, k_cache, v_cache, out, meta, scale, sliding_window)
@@ -159,8 +164,9 @@ def paged_attention(
     layer_idx: int,
     scale: float,
     sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
-    attend(q, k, v, out, layer_idx, scale, sliding_window)
+    attend(q, k, v, out, layer_idx, scale, sliding_window, sinks)
 
 
 @torch.library.custom_op("atomc_aiter::attention", mutates_args=("out",))
@@ -172,12 +178,13 @@ def attention(
     layer_idx: int,
     scale: float,
     sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     cache = layer_cache(layer_idx)
     if cache is not None:
         meta, k_cache, v_cache = cache
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-    attend(q, k, v, out, layer_idx, scale, sliding_window)
+    attend(q, k, v, out, layer_idx, scale, sliding_window, sinks)
 
 
 def rope_then_write(positions, q, k, v, cos_sin_cache, layer_idx):

@@ -32,10 +32,11 @@ def custom(name: str, mutates=()):
     return deco
 
 
-def attend(q, out, meta, k_cache, v_cache, scale, sliding_window):
+def attend(q, out, meta, k_cache, v_cache, scale, sliding_window, sinks):
     tk.paged_attention(
         q.contiguous(), k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables,
         scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs, sliding_window=sliding_window,
+        sinks=sinks,
     )  # fmt: skip
 
 
@@ -118,11 +119,12 @@ def paged_attention(
     layer_idx: int,
     scale: float,
     sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     cache = layer_cache(layer_idx)
     if cache is None:
-        return attention_without_cache(q, k, v, out, scale, sliding_window)
-    attend(q, out, *cache, scale, sliding_window)
+        return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
+    attend(q, out, *cache, scale, sliding_window, sinks)
 
 
 @custom("attention", mutates=("out",))
@@ -134,13 +136,14 @@ def attention(
     layer_idx: int,
     scale: float,
     sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     cache = layer_cache(layer_idx)
     if cache is None:
-        return attention_without_cache(q, k, v, out, scale, sliding_window)
+        return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
     meta, k_cache, v_cache = cache
     tk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-    attend(q, out, *cache, scale, sliding_window)
+    attend(q, out, *cache, scale, sliding_window, sinks)
 
 
 @custom("moe")

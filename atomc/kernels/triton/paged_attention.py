@@ -15,6 +15,11 @@ Sliding window (`WINDOW` > 0, a constexpr): a program starts at the first KV til
 inside its queries' window, so the keys before the window cost nothing, and masks only inside the
 boundary tile; split-KV cuts only the window's span into segments. With WINDOW = 0 the kernel is the
 full-attention kernel (the window code is not compiled in).
+
+Attention sinks (`SINKS`, a constexpr; GPT-OSS): one logit per query head joins the softmax
+denominator. It is folded in once, after the KV loop (2D) or in the reduce (split-KV), as one more
+"key" with no value: the running max becomes max(m, sink) and the sum gains exp(sink - max). With
+SINKS off (every dense family) the sink code is not compiled in and the kernel is the old one.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr):
 def _attn_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     part_acc_ptr, part_m_ptr, part_l_ptr,
-    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
+    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, sinks_ptr,
     qk_scale, num_seqs,
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -61,7 +66,7 @@ def _attn_kernel(
     GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
-    MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr,
+    MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
 ):  # fmt: skip
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -148,6 +153,8 @@ def _attn_kernel(
         tl.store(part_l_ptr + idx, l_i, mask=row_ok)
         tl.store(part_acc_ptr + idx[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_ok[:, None])
     else:
+        if SINKS:
+            m_i, l_i, acc = _fold_sink(sinks_ptr, head, m_i, l_i, acc)
         l_safe = tl.where(l_i > 0, l_i, 1.0)  # a row with no keys writes zeros, not NaN
         o = acc / l_safe[:, None]
         o_rows = tok * stride_ot + head * stride_oh
@@ -158,13 +165,23 @@ def _attn_kernel(
         )
 
 
+@triton.jit
+def _fold_sink(sinks_ptr, head, m_i, l_i, acc):
+    # the sink logit (natural log domain, like the scaled q.k) as one more key with no value;
+    # m_i / l_i are in the log2 domain the kernels keep
+    sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+    m_new = tl.maximum(m_i, sink)  # finite: a row with no keys still has its sink
+    alpha = tl.exp2(m_i - m_new)
+    return m_new, l_i * alpha + tl.exp2(sink - m_new), acc * alpha[:, None]
+
+
 @triton.jit(do_not_specialize=["num_seqs"])
 def _reduce_kernel(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_seqs,
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, sinks_ptr, num_seqs,
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SINKS: tl.constexpr,
 ):  # fmt: skip
     # same q-block mapping as the attention kernel, so only rows owned by a sequence are written
     q_block = tl.program_id(0)
@@ -196,6 +213,8 @@ def _reduce_kernel(
         a = tl.load(part_acc_ptr + (base + s)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
         acc += a * w_s[:, None]
+    if SINKS:
+        _, denom, acc = _fold_sink(sinks_ptr, head, m_max, denom, acc)
     denom = tl.where(denom > 0, denom, 1.0)
     o = acc / denom[:, None]
     o_rows = tok * stride_ot + head * stride_oh
@@ -247,9 +266,11 @@ def paged_attention(
     num_warps: int | None = None,
     num_stages: int = 2,
     sliding_window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over paged K/V [blocks, page, Hkv, D]; writes out [T, Hq, D].
-    `sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p only.
+    `sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p only. `sinks` [Hq]: one
+    sink logit per query head in every softmax denominator (None: none).
 
     Sequence i's queries are rows query_start_loc[i]:query_start_loc[i+1], the last q_len of its
     seq_lens[i] positions. Rows not owned by any sequence are left untouched. `num_segments`
@@ -261,6 +282,7 @@ def paged_attention(
     _, page, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert sinks is None or (sinks.shape == (num_q_heads,) and sinks.is_contiguous())
     if num_seqs == 0 or num_tokens == 0:
         return out
     group = num_q_heads // num_kv_heads
@@ -297,7 +319,7 @@ def paged_attention(
     _attn_kernel[(q_blocks, num_kv_heads, num_segments)](
         q, k_cache, v_cache, out,
         part_acc, part_m, part_l,
-        query_start_loc, seq_lens, block_tables,
+        query_start_loc, seq_lens, block_tables, out if sinks is None else sinks,
         scale * 1.4426950408889634, num_seqs,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -306,14 +328,14 @@ def paged_attention(
         block_tables.stride(0),
         BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page, NUM_SEGMENTS=num_segments, SPLIT=split,
         MIN_SEG_TILES=MIN_SEG_TILES, IEEE=q.dtype == torch.float32, WINDOW=max(sliding_window, 0),
-        num_warps=num_warps, num_stages=num_stages,
+        SINKS=sinks is not None, num_warps=num_warps, num_stages=num_stages,
         **common,
     )  # fmt: skip
     if split:
         _reduce_kernel[(q_blocks, num_kv_heads)](
-            out, part_acc, part_m, part_l, query_start_loc, num_seqs,
+            out, part_acc, part_m, part_l, query_start_loc, out if sinks is None else sinks, num_seqs,
             out.stride(0), out.stride(1),
-            BLOCK_Q=block_q, NUM_SEGMENTS=num_segments, num_warps=4,
+            BLOCK_Q=block_q, NUM_SEGMENTS=num_segments, SINKS=sinks is not None, num_warps=4,
             **common,
         )  # fmt: skip
     return out
