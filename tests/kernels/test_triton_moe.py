@@ -100,6 +100,7 @@ def test_expert_map_on_the_gemv_route():
 def test_more_experts_and_top_k():
     check(12, torch.float16, SMALL, e=16, k=4, seed=1)  # 48 pairs, the small route's tile is 64 rows
     check(40, torch.float16, SORTED, e=16, k=4, seed=1)
+    check(9, torch.float16, SMALL, e=16, k=3, seed=2)  # k not a power of two: padded slot lanes
 
 
 @pytest.mark.parametrize("block_m", [16, 32])

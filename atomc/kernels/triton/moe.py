@@ -110,10 +110,11 @@ def _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, c
     else:
         if p > moe_config.SMALL_PATH_MAX_PAIRS:
             raise ValueError(f"fused_moe: the small path takes <= {moe_config.SMALL_PATH_MAX_PAIRS} pairs, got {p}")
-        block_m = max(16, triton.next_power_of_2(p))
+        block_m = max(16, triton.next_power_of_2(x.shape[0]))  # one row per token
         sorted_ids = block_expert = num_padded = local  # unused by the small route
         row_groups = p
     ieee = x.dtype == torch.float32
+    slots = triton.next_power_of_2(k)
     route = (local, sorted_ids, block_expert, num_padded)
     gu, dn = config["gate_up"], config["down"]
     if sorted_route and dn.get("block_m", block_m) != block_m:
@@ -124,15 +125,15 @@ def _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, c
         x.stride(0), w13.stride(0), w13.stride(1), 0 if w13_bias is None else w13_bias.stride(0), act.stride(0),
         float(alpha), float(limit),
         TOPK=k, ACT=code, HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route,
-        IEEE=ieee, BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"],
+        IEEE=ieee, BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"], BLOCK_SLOTS=slots,
         num_warps=gu["num_warps"], num_stages=gu["num_stages"],
     )  # fmt: skip
     moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2_bias if w2_bias is not None else w2, y, *route,
         p, h, inter,
         act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
-        HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee,
-        BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
+        TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee,
+        BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"], BLOCK_SLOTS=slots,
         num_warps=dn["num_warps"], num_stages=dn["num_stages"],
     )  # fmt: skip
 
