@@ -3,7 +3,7 @@
 next to atomc's per-expert torch loop (`experts_reference`) and `torch._grouped_mm` (where the
 torch build has it).
 
-    python benchmarks/moe_kernel.py --out results/moe_kernel.json [--shapes mixtral,qwen3_moe] [--tokens 1,8]
+    python benchmarks/moe_kernel.py --out results/moe_kernel.json [--shapes mixtral,qwen3_moe] [--tokens 1,8] [--routes]
 
 Bytes are the weights actually read (the distinct experts the routing touches, w13 + w2 + biases)
 plus x and the output; FLOPs are 6 * M * top_k * H * I. Ours and grouped_mm are timed as CUDA-graph
@@ -75,7 +75,7 @@ def graph_time_us(fn, calls: list[tuple]) -> float:
     return do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3 / len(calls)
 
 
-def bench_shape(name: str, tokens: list[int], rows: list[dict]) -> None:
+def bench_shape(name: str, tokens: list[int], rows: list[dict], routes: bool = False) -> None:
     e, h, inter, k, act, bias = SHAPES[name]
     g = torch.Generator(DEV).manual_seed(0)
     w13 = (torch.randn(e, 2 * inter, h, generator=g, device=DEV) / h**0.5).to(BF16)
@@ -102,6 +102,12 @@ def bench_shape(name: str, tokens: list[int], rows: list[dict]) -> None:
         }
         if hasattr(torch, "_grouped_mm"):
             impls["grouped_mm"] = (lambda x, w, i: grouped_mm_moe(x, w, i, w13, w2, b13, b2, act), True)
+        if routes:  # every other route that can take t tokens, at its default tiles: where each wins
+            for path, tokens_like in (("gemv", 1), ("small", 2), ("sorted", 4096)):
+                if path != cfg["path"] and moe_config.fits(path, t, k):
+                    alt = moe_config.default_config(tokens_like, k, e, inter)
+                    fn = lambda x, w, i, alt=alt: fused_experts(x, w, i, w13, w2, b13, b2, None, act, config=alt)  # noqa: E731
+                    impls[f"atomc_triton[{path}]"] = (fn, True)
         for impl, (fn, graphed) in impls.items():
             row = dict(shape=name, tokens=t, impl=impl, experts_touched=round(touched, 2), bytes=int(nbytes))
             try:
@@ -130,11 +136,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results/moe_kernel.json"))
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--routes", action="store_true", help="also time each other route that can take M tokens")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     rows: list[dict] = []
     for name in args.shapes.split(","):
-        bench_shape(name, tokens, rows)
+        bench_shape(name, tokens, rows, args.routes)
         torch.cuda.empty_cache()  # the shape's weights are gone with its frame
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version())
     args.out.parent.mkdir(parents=True, exist_ok=True)

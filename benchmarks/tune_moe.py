@@ -3,8 +3,9 @@ atomc/kernels/triton/moe_config.py reads (configs/E=..,H=..,I=..,topk=..,dtype=.
 
     python benchmarks/tune_moe.py --shapes qwen3_moe [--tokens 1,8,64,512] [--quick] [--out-dir DIR]
 
-Per M bucket it tries the few-pair route (when M * top_k fits it) and the sorted route, and keeps
-the faster, so the file also records where the sorted route takes over. The gate/up tile is searched
+Per M bucket it tries every route that can take M tokens (the one-token GEMV, the few-pair route
+when M * top_k fits it, the sorted route) and keeps the fastest, so the file also records where
+each route takes over. The gate/up tile is searched
 with the down tile at its default, then the down tile with the best gate/up (the sorted route's two
 GEMMs share block_m, searched outside). Each candidate is timed as in benchmarks/moe_kernel.py (a
 CUDA graph of calls with different routings, weights from HBM); candidates that fail to compile
@@ -29,6 +30,8 @@ from atomc.ops.moe import select_experts
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_TILES = [dict(block_m=0, block_n=n, block_k=k, num_warps=w, num_stages=s)
                for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3,))]  # fmt: skip
+GEMV_TILES = [dict(block_m=0, block_n=n, block_k=k, num_warps=w, num_stages=4)
+              for n, k, w in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8))]  # fmt: skip
 SORTED_TILES = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s)
                 for n, k, w, s in ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
                                    (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 4), (256, 64, 8, 3))]  # fmt: skip
@@ -71,12 +74,15 @@ def tune_shape(name: str, tokens: list[int], quick: bool) -> dict:
             weights, ids = select_experts(torch.randn(t, e, generator=g, device=DEV), k)
             calls.append((torch.randn(t, h, generator=g, device=DEV).to(BF16), weights, ids))
         time_config = timer(w13, w2, b13, b2, act, calls)
-        default = moe_config.default_config(t, k, e)
+        default = moe_config.default_config(t, k, e, inter)
         default_us = time_config(default)
         found = []
+        if t == 1:
+            tiles = GEMV_TILES[::3] if quick else GEMV_TILES
+            found.append(search(time_config, "gemv", tiles, tiles, default["gate_up"]))
         if t * k <= moe_config.SMALL_PATH_MAX_PAIRS:
             tiles = SMALL_TILES[::3] if quick else SMALL_TILES
-            found.append(search(time_config, "small", tiles, tiles, moe_config.default_config(1, 1, e)["gate_up"]))
+            found.append(search(time_config, "small", tiles, tiles, moe_config.default_config(2, 1, e)["gate_up"]))
         for bm in SORTED_BLOCK_M[1::2] if quick else SORTED_BLOCK_M:
             if bm > 2 * max(16, t * k):  # rows mostly padding
                 continue

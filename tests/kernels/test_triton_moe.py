@@ -28,6 +28,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
 TILE = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
 SMALL = {"path": "small", "gate_up": dict(TILE), "down": dict(TILE)}
 SORTED = {"path": "sorted", "gate_up": dict(TILE), "down": dict(TILE)}
+GEMV = {"path": "gemv", "gate_up": dict(TILE, block_n=4, block_k=16), "down": dict(TILE, block_n=2, block_k=32)}
 
 
 def check(t, dtype, config, *, activation="silu", bias=False, expert_map=None, e=E, k=K, skewed=False, seed=0):
@@ -49,6 +50,19 @@ def check(t, dtype, config, *, activation="silu", bias=False, expert_map=None, e
 @pytest.mark.parametrize("t", [1, 5, 32])
 def test_small_route_matches_reference(t, dtype, activation, bias):
     check(t, dtype, SMALL, activation=activation, bias=bias, seed=t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("activation,bias", [("silu", False), ("swiglu_oai", True), ("silu", True)])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_gemv_route_matches_reference(k, dtype, activation, bias):
+    check(1, dtype, GEMV, activation=activation, bias=bias, k=k, seed=k)
+
+
+def test_gemv_route_takes_one_token():
+    x, logits, w13, w2, _, _ = make_moe(2, E, H, INTER, K, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="one token"):
+        fused_experts(x, *select_experts(logits, K), w13, w2, config=GEMV)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -76,9 +90,17 @@ def test_expert_map_drops_experts_on_other_ranks(config):
     assert elsewhere.any() and (out[elsewhere] == 0).all()
 
 
+def test_expert_map_on_the_gemv_route():
+    # one token choosing 3 of 6 experts; this rank holds experts 1 and 4 only
+    expert_map = torch.tensor([-1, 0, -1, -1, 1, -1], dtype=torch.int32)
+    for seed in range(4):
+        check(1, torch.float32, GEMV, bias=True, expert_map=expert_map, k=3, seed=seed)
+
+
 def test_more_experts_and_top_k():
     check(12, torch.float16, SMALL, e=16, k=4, seed=1)  # 48 pairs, the small route's tile is 64 rows
     check(40, torch.float16, SORTED, e=16, k=4, seed=1)
+    check(9, torch.float16, SMALL, e=16, k=3, seed=2)  # k not a power of two: padded slot lanes
 
 
 @pytest.mark.parametrize("block_m", [16, 32])
@@ -102,6 +124,8 @@ def test_align_by_expert_layout(block_m):
 def test_the_route_follows_the_pair_count():
     k = 8
     small = moe_config.SMALL_PATH_MAX_PAIRS // k
+    assert moe_config.pick_config(1, 128, 2048, 768, k, torch.bfloat16, "none")["path"] == "gemv"
+    assert moe_config.pick_config(2, 128, 2048, 768, k, torch.bfloat16, "none")["path"] == "small"
     assert moe_config.pick_config(small, 128, 2048, 768, k, torch.bfloat16, "none")["path"] == "small"
     assert moe_config.pick_config(small + 1, 128, 2048, 768, k, torch.bfloat16, "none")["path"] == "sorted"
 

@@ -60,14 +60,16 @@ def test_fused_moe_real_shapes(shape, t):
     assert rel_err(out, ref) < REL
 
 
-@pytest.mark.parametrize("path", ["small", "sorted"])
-def test_both_routes_at_a_decode_batch(shape, path):
+@pytest.mark.parametrize("t", [1, 4])
+@pytest.mark.parametrize("path", ["gemv", "small", "sorted"])
+def test_every_route_at_decode_batches(shape, path, t):
     from atomc.kernels.triton import moe_config
 
-    t = 4
-    cfg = moe_config.default_config(t, shape["k"], shape["e"])
-    if path == "sorted":
-        cfg = moe_config.default_config(4096, shape["k"], shape["e"])
+    if path == "gemv" and t != 1:
+        pytest.skip("the gemv route takes one token")
+    tokens = {"gemv": 1, "small": 2, "sorted": 4096}[path]  # a token count whose default is that route
+    cfg = moe_config.default_config(tokens, shape["k"], shape["e"], shape["w2"].shape[2])
+    assert cfg["path"] == path
     args = inputs(shape, t, seed=11)
     assert rel_err(kernels()(*args, config=cfg), experts_reference(*args)) < REL
 

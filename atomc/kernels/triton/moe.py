@@ -3,9 +3,10 @@
     router logits -> softmax top-k (moe_routing.py; else select_experts) -> local ids (expert_map)
     -> gate/up GEMM + activation -> down GEMM (+ bias) -> weighted sum over k (moe_combine)
 
-Two routes through the same GEMM kernels (moe_gemm.py): for few (token, expert) pairs (decode)
-no sort at all, each chosen expert's weights read once by the programs of its first pair; for many,
-pairs sorted by expert and padded to the row block on the device (moe_align.py) and grouped GEMMs.
+Three routes: one token (batch-1 decode), CUDA-core GEMVs over its k experts (moe_gemv.py); few
+(token, expert) pairs, the tensor-core kernels of moe_gemm.py without a sort, each chosen expert's
+weights read once by the programs of its first pair; many pairs, the same kernels over pairs sorted
+by expert and padded to the row block on the device (moe_align.py): grouped GEMMs.
 The route and tiles come from moe_config.py (tuned JSON, else a default). No host sync and no
 data-dependent shape anywhere, so the op captures in a CUDA graph.
 
@@ -21,7 +22,7 @@ import functools
 import torch
 import triton
 
-from atomc.kernels.triton import moe_config
+from atomc.kernels.triton import moe_config, moe_gemv
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import (
     ACT_SILU,
@@ -81,6 +82,26 @@ def fused_experts(
     out = torch.empty_like(x)
     if t == 0:
         return out
+    act = x.new_empty(p, inter)
+    y = x.new_empty(p, h)
+    code = ACTIVATION_CODES[activation]
+    if config["path"] == "gemv":
+        if t != 1:
+            raise ValueError(f"fused_moe: the gemv route takes one token, got {t}")
+        moe_gemv.launch(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config)
+    else:
+        _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config)
+    block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
+    moe_combine_kernel[(t, triton.cdiv(h, block_h))](
+        y, weights.float().contiguous(), local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h,
+    )  # fmt: skip
+    return out
+
+
+def _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config) -> None:
+    """The tensor-core GEMMs (moe_gemm.py), routed by the few-pair scan or by expert-sorted blocks."""
+    p, (e_local, h, inter) = local.numel(), w2.shape
+    k = p // x.shape[0]
     sorted_route = config["path"] == "sorted"
     if sorted_route:
         block_m = config["gate_up"]["block_m"]
@@ -89,38 +110,32 @@ def fused_experts(
     else:
         if p > moe_config.SMALL_PATH_MAX_PAIRS:
             raise ValueError(f"fused_moe: the small path takes <= {moe_config.SMALL_PATH_MAX_PAIRS} pairs, got {p}")
-        block_m = max(16, triton.next_power_of_2(p))
+        block_m = max(16, triton.next_power_of_2(x.shape[0]))  # one row per token
         sorted_ids = block_expert = num_padded = local  # unused by the small route
         row_groups = p
-    act = x.new_empty(p, inter)
-    y = x.new_empty(p, h)
     ieee = x.dtype == torch.float32
+    slots = triton.next_power_of_2(k)
     route = (local, sorted_ids, block_expert, num_padded)
     gu, dn = config["gate_up"], config["down"]
+    if sorted_route and dn.get("block_m", block_m) != block_m:
+        raise ValueError("fused_moe: both GEMMs of the sorted path share one block_m (one alignment)")
     moe_gate_up_kernel[(row_groups, triton.cdiv(inter, gu["block_n"]))](
         x, w13, w13_bias if w13_bias is not None else w13, act, *route,
         p, h, inter,
         x.stride(0), w13.stride(0), w13.stride(1), 0 if w13_bias is None else w13_bias.stride(0), act.stride(0),
         float(alpha), float(limit),
-        TOPK=k, ACT=ACTIVATION_CODES[activation], HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route,
-        IEEE=ieee, BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"],
+        TOPK=k, ACT=code, HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route,
+        IEEE=ieee, BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"], BLOCK_SLOTS=slots,
         num_warps=gu["num_warps"], num_stages=gu["num_stages"],
     )  # fmt: skip
-    if sorted_route and dn.get("block_m", block_m) != block_m:
-        raise ValueError("fused_moe: both GEMMs of the sorted path share one block_m (one alignment)")
     moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2_bias if w2_bias is not None else w2, y, *route,
         p, h, inter,
         act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
-        HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee,
-        BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
+        TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee,
+        BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"], BLOCK_SLOTS=slots,
         num_warps=dn["num_warps"], num_stages=dn["num_stages"],
     )  # fmt: skip
-    block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
-    moe_combine_kernel[(t, triton.cdiv(h, block_h))](
-        y, weights.float().contiguous(), local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h,
-    )  # fmt: skip
-    return out
 
 
 def fused_moe(

@@ -4,11 +4,12 @@ A file under `configs/` is named by (experts, hidden, intermediate, top_k, dtype
 M buckets (token counts) to a configuration; a call takes the bucket nearest its token count (the
 largest bucket <= M, else the smallest). A configuration:
 
-    {"path": "small" | "sorted",            # optional; else by SMALL_PATH_MAX_PAIRS
+    {"path": "gemv" | "small" | "sorted",   # optional; else gemv for one token, then by SMALL_PATH_MAX_PAIRS
      "gate_up": {"block_m", "block_n", "block_k", "num_warps", "num_stages"},
      "down": {...the same keys...}}
 
-(the small path sizes block_m from the pair count itself.) `benchmarks/tune_moe.py` writes the files.
+The gemv and small routes ignore block_m (gemv has one row, small sizes it from the pair count).
+`benchmarks/tune_moe.py` writes the files.
 
 The files change only how the kernels are launched, never the traced graph, so they are read when
 the op runs (cached per process) and are not part of the compile cache key: no module imports
@@ -27,7 +28,7 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # the few-token path (no sort) for up to this many (token, expert) pairs; above it, the sorted
 # grouped GEMM. Its tile is [next_pow2(pairs), block_n] so it must stay a small GEMV-like tile.
 SMALL_PATH_MAX_PAIRS = 64
-PATHS = ("small", "sorted")
+PATHS = ("gemv", "small", "sorted")
 
 
 def config_name(experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str) -> str:
@@ -44,14 +45,19 @@ def load_configs(name: str, directory: Path = CONFIG_DIR) -> dict[int, dict] | N
     return {int(m): cfg for m, cfg in raw["buckets"].items()}
 
 
-def default_config(tokens: int, top_k: int, experts: int) -> dict:
-    """Untuned shapes: small GEMV-like tiles for few pairs, tensor-core tiles growing with the
-    expected rows per expert (tokens * top_k / experts) for many."""
+def default_config(tokens: int, top_k: int, experts: int, inter: int = 0) -> dict:
+    """Untuned shapes: the one-row GEMV for one token (two weight rows per program, as the dense
+    `gemv` reduce kernel's H200 sweep found best), small tensor-core tiles for few pairs, and tiles
+    growing with the expected rows per expert (tokens * top_k / experts) for many."""
+    if tokens == 1:
+        down_k = 2048 if inter >= 2048 else max(16, 1 << max(0, inter - 1).bit_length())
+        return {"path": "gemv", "gate_up": dict(block_m=0, block_n=2, block_k=1024, num_warps=4, num_stages=4),
+                "down": dict(block_m=0, block_n=2, block_k=down_k, num_warps=8, num_stages=4)}  # fmt: skip
     pairs = tokens * top_k
     if pairs <= SMALL_PATH_MAX_PAIRS:
         # 16 rows per program: even Qwen3-MoE's 768-row experts give 8 * 48 programs at one token
-        gemv = dict(block_m=0, block_n=16, block_k=128, num_warps=4, num_stages=4)
-        return {"path": "small", "gate_up": gemv, "down": dict(gemv)}
+        tile = dict(block_m=0, block_n=16, block_k=128, num_warps=4, num_stages=4)
+        return {"path": "small", "gate_up": tile, "down": dict(tile)}
     per_expert = pairs / experts
     if per_expert <= 32:
         tile = dict(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3)
@@ -62,6 +68,13 @@ def default_config(tokens: int, top_k: int, experts: int) -> dict:
     return {"path": "sorted", "gate_up": tile, "down": dict(tile)}
 
 
+def fits(path: str, tokens: int, top_k: int) -> bool:
+    """Whether a route can take this many tokens."""
+    if path == "gemv":
+        return tokens == 1
+    return path == "sorted" or tokens * top_k <= SMALL_PATH_MAX_PAIRS
+
+
 @functools.cache  # per (shape, token count): a dict lookup per call after the first
 def pick_config(
     tokens: int, experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str,
@@ -70,12 +83,11 @@ def pick_config(
     """The tuned configuration for this shape and token count when a file has one, else the default;
     "path" always filled in. Callers must not modify the result (it is cached)."""
     tuned = load_configs(config_name(experts, hidden, inter, top_k, dtype, device_name), directory)
+    default = default_config(tokens, top_k, experts, inter)
     if not tuned:
-        return default_config(tokens, top_k, experts)
+        return default
     below = [m for m in tuned if m <= tokens]
-    cfg = dict(tuned[max(below) if below else min(tuned)])
-    if "path" not in cfg:
-        cfg["path"] = "small" if tokens * top_k <= SMALL_PATH_MAX_PAIRS else "sorted"
-    if cfg["path"] == "small" and tokens * top_k > SMALL_PATH_MAX_PAIRS:
-        cfg = default_config(tokens, top_k, experts)  # the small path's tile cannot hold these pairs
+    cfg = {"path": default["path"], **tuned[max(below) if below else min(tuned)]}
+    if not fits(cfg["path"], tokens, top_k):
+        return default  # e.g. a one-token gemv entry or a small-route tile too short for these pairs
     return cfg

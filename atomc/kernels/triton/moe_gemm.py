@@ -3,10 +3,10 @@
 Both paths of `fused_moe` run these kernels; they differ only in how a program finds the rows
 (chosen (token, expert) pairs, numbered p = token * top_k + slot) that it multiplies by one expert:
 - ROUTE_SORTED=False, few pairs: program j owns pair j's expert if j is that expert's first pair
-  (every other program with the same expert exits at once); it gathers all P <= BLOCK_M pairs that
-  chose the expert. No sort, no host sync, and each chosen expert's weight rows are read once,
-  so batch-1 decode is a GEMV over the k chosen experts (x's rows padded to BLOCK_M for the
-  tensor-core dot; the padding costs no memory traffic).
+  (every other program with the same expert exits at once); it scans the [tokens, k] ids and takes
+  each token's pair with that expert, one tile row per token (BLOCK_M >= tokens: an expert has at
+  most one pair per token). No sort, no host sync, each chosen expert's weight rows read once
+  (x's rows padded to BLOCK_M for the tensor-core dot; the padding costs no memory traffic).
 - ROUTE_SORTED=True, many pairs: pairs sorted by expert and padded to BLOCK_M
   (`moe_align.align_by_expert`); program b takes block b of `sorted_ids` and the block's expert;
   blocks past the padded total exit at once, so the grid is sized for the worst case.
@@ -25,7 +25,10 @@ ACT_SILU, ACT_SWIGLU_OAI = 0, 1
 
 
 @triton.jit
-def _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED: tl.constexpr, BLOCK_M: tl.constexpr):
+def _rows(
+    local_ids, sorted_ids, block_expert, num_padded, P,
+    TOPK: tl.constexpr, ROUTE_SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
+):  # fmt: skip
     """(expert, pair rows [BLOCK_M], row mask, go) for this program; go (int32) is 0 for a program
     with nothing to do."""
     j = tl.program_id(0)
@@ -36,13 +39,15 @@ def _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED: tl.c
         rows = tl.load(sorted_ids + j * BLOCK_M + tl.arange(0, BLOCK_M))
         ok = rows < P
     else:
-        offs = tl.arange(0, BLOCK_M)
-        loc = tl.load(local_ids + offs, mask=offs < P, other=-1)
+        # a token picks an expert at most once, so an expert has at most one pair per token: row r
+        # of the tile is token r (BLOCK_M >= tokens), holding its pair with this expert if it has one
         e = tl.load(local_ids + j)
-        ok = loc == e
-        first = tl.min(tl.where(ok, offs, BLOCK_M))
-        go = first == j
-        rows = offs
+        pairs = tl.arange(0, BLOCK_M)[:, None] * TOPK + tl.arange(0, BLOCK_SLOTS)[None, :]
+        valid = (pairs < P) & (tl.arange(0, BLOCK_SLOTS)[None, :] < TOPK)
+        match = (tl.load(local_ids + pairs, mask=valid, other=-1) == e) & valid
+        go = tl.min(tl.min(tl.where(match, pairs, P), 1), 0) == j  # j is the expert's first pair
+        rows = tl.sum(tl.where(match, pairs, 0), 1)
+        ok = tl.sum(match.to(tl.int32), 1) > 0
     go = (go & (e >= 0)).to(tl.int32)  # -1: the expert lives on another rank
     return e, rows, ok, go
 
@@ -55,10 +60,12 @@ def moe_gate_up_kernel(
     stride_xm, stride_we, stride_wn, stride_be, stride_am,
     alpha, limit,
     TOPK: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
 ):  # fmt: skip
     """act[p, n] = act(x[p // TOPK] @ w13[e, n] (gate), x @ w13[e, INTER + n] (up)) for this block's pairs."""
-    e, rows, ok, go = _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED, BLOCK_M)
+    e, rows, ok, go = _rows(
+        local_ids, sorted_ids, block_expert, num_padded, P, TOPK, ROUTE_SORTED, BLOCK_M, BLOCK_SLOTS
+    )
     if go == 0:
         return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -104,11 +111,13 @@ def moe_down_kernel(
     local_ids, sorted_ids, block_expert, num_padded,
     P, H, INTER,
     stride_am, stride_we, stride_wn, stride_be, stride_ym,
-    HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
 ):  # fmt: skip
     """y[p, n] = act[p] @ w2[e, n] (+ b2[e, n]) for this block's pairs, in y's dtype."""
-    e, rows, ok, go = _rows(local_ids, sorted_ids, block_expert, num_padded, P, ROUTE_SORTED, BLOCK_M)
+    e, rows, ok, go = _rows(
+        local_ids, sorted_ids, block_expert, num_padded, P, TOPK, ROUTE_SORTED, BLOCK_M, BLOCK_SLOTS
+    )
     if go == 0:
         return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

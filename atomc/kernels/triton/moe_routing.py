@@ -6,8 +6,10 @@ an H200), so those launches would be a third of the layer. This kernel does the 
 (softmax scoring, no expert groups, no correction bias: Mixtral, Qwen3-MoE, GPT-OSS) in one
 launch, one program per token; other routings stay on `select_experts`.
 
-Same results as `select_experts`: fp32 softmax over all experts, the k largest in descending order,
-ties to the lower expert id, then optional renormalisation over the chosen k and scaling.
+The results of `select_experts` up to ties: fp32 softmax over all experts, the k largest in
+descending order, then optional renormalisation over the chosen k and scaling. Among equal scores
+the lower expert id wins here (deterministic); torch.topk, which `select_experts` and transformers
+call, leaves that order unspecified, so the two can pick different (equally weighted) experts.
 """
 
 from __future__ import annotations

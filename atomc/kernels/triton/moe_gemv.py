@@ -1,0 +1,101 @@
+"""The expert GEMMs for one token (batch-1 decode): each chosen expert multiplies exactly one row.
+
+The tensor-core kernels of moe_gemm.py pad that row to 16 and need BLOCK_N >= 16; here each program
+multiply-adds a [BLOCK_N, BLOCK_K] weight tile with the row on the CUDA cores into an fp32 register
+tile, summed once at the end (as the one-row `gemv` reduce kernel does, which beat cuBLAS at one row
+on the H200). BLOCK_N may be 2, so even Qwen3-MoE's 768-row experts give thousands of programs and
+the weight stream keeps enough loads in flight. Program (j, n) owns pair j = slot j of the token;
+pairs whose expert is on another rank exit at once. Same rounding and outputs as moe_gemm.py: act
+[k, I] in x's dtype, then y [k, H], combined by `moe_combine_kernel`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def moe_gate_up_gemv_kernel(
+    x_ptr, w_ptr, b_ptr, act_ptr, local_ids,
+    H, INTER, stride_we, stride_wn, stride_be, stride_am,
+    alpha, limit,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    j = tl.program_id(0)
+    e = tl.load(local_ids + j)
+    if e < 0:  # on another rank
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < INTER
+    w_gate = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    w_up = w_gate + INTER * stride_wn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < H
+        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        wm = n_ok[:, None] & k_ok[None, :]
+        acc_g += tl.load(w_gate + offs_k[None, :], mask=wm, other=0.0).to(tl.float32) * x
+        acc_u += tl.load(w_up + offs_k[None, :], mask=wm, other=0.0).to(tl.float32) * x
+    gate = tl.sum(acc_g, 1)
+    up = tl.sum(acc_u, 1)
+    if HAS_BIAS:
+        b = b_ptr + e.to(tl.int64) * stride_be
+        gate += tl.load(b + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        up += tl.load(b + INTER + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    gate = gate.to(act_ptr.dtype.element_ty).to(tl.float32)  # rounded as the reference's GEMM output
+    up = up.to(act_ptr.dtype.element_ty).to(tl.float32)
+    if ACT == 0:
+        h = gate / (1.0 + tl.exp(-gate)) * up
+    else:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        h = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+    tl.store(act_ptr + j * stride_am + offs_n, h.to(act_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def moe_down_gemv_kernel(
+    act_ptr, w_ptr, b_ptr, y_ptr, local_ids,
+    H, INTER, stride_am, stride_we, stride_wn, stride_be, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    j = tl.program_id(0)
+    e = tl.load(local_ids + j)
+    if e < 0:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < INTER
+        a = tl.load(act_ptr + j * stride_am + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * a
+    y = tl.sum(acc, 1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + e.to(tl.int64) * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + j * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+def launch(x, w13, w2, w13_bias, w2_bias, local, act, y, activation_code: int, alpha, limit, config: dict) -> None:
+    """Both GEMVs for one token's k pairs (x [1, H], act [k, I], y [k, H])."""
+    k = local.numel()
+    inter, h = w2.shape[2], w2.shape[1]
+    gu, dn = config["gate_up"], config["down"]
+    moe_gate_up_gemv_kernel[(k, triton.cdiv(inter, gu["block_n"]))](
+        x, w13, w13_bias if w13_bias is not None else w13, act, local,
+        h, inter, w13.stride(0), w13.stride(1), 0 if w13_bias is None else w13_bias.stride(0), act.stride(0),
+        float(alpha), float(limit),
+        ACT=activation_code, HAS_BIAS=w13_bias is not None, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"],
+        num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+    )  # fmt: skip
+    moe_down_gemv_kernel[(k, triton.cdiv(h, dn["block_n"]))](
+        act, w2, w2_bias if w2_bias is not None else w2, y, local,
+        h, inter, act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
+        HAS_BIAS=w2_bias is not None, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
+        num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+    )  # fmt: skip
