@@ -45,7 +45,7 @@ NAMESPACES = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"
 MODULES = {
     "torch": ("atomc.ops",),
     "triton": ("atomc.kernels.triton.ops",),
-    "aiter": ("atomc.kernels.aiter.ops", "atomc.kernels.aiter.attention"),
+    "aiter": ("atomc.kernels.aiter.ops", "atomc.kernels.aiter.attention", "atomc.kernels.aiter.moe"),
 }
 
 # (op, backend) -> loader returning the op's overload in that backend's namespace
@@ -155,19 +155,30 @@ for _op in OPS:
 # ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----
 @functools.cache
 def _aiter_ops():
-    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write
+    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write; MoE
         importlib.import_module(module)
     importlib.import_module("atomc.kernels.aiter.attention").set_next_backend(_rocm_after_aiter)
+    importlib.import_module("atomc.kernels.aiter.moe").set_next_backend(_rocm_moe_after_aiter)
     return torch.ops.atomc_aiter
+
+
+def _after_aiter(op: str):
+    """`op`'s overload on ROCm's first available backend after AITER (Triton, else torch)."""
+    for backend in PLATFORM_BACKENDS["rocm"][1:]:
+        if (op, backend) in _LOADERS and backend_available(backend):
+            return lookup(op, backend)
+    raise RuntimeError(f"no backend after aiter for atomc::{op}")  # torch is always there
 
 
 def _rocm_after_aiter(q, k, v, out, layer_idx: int, scale: float, sliding_window: int, sinks=None) -> None:
     """atomc::paged_attention on ROCm's first available backend after AITER (Triton, else torch):
     what AITER cannot run (small pages for prefill, fp32, attention sinks)."""
-    for backend in PLATFORM_BACKENDS["rocm"][1:]:
-        if backend_available(backend):
-            return lookup("paged_attention", backend)(q, k, v, out, layer_idx, scale, sliding_window, sinks)
-    raise RuntimeError("no backend after aiter for atomc::paged_attention")  # torch is always there
+    return _after_aiter("paged_attention")(q, k, v, out, layer_idx, scale, sliding_window, sinks)
+
+
+def _rocm_moe_after_aiter(*args) -> torch.Tensor:
+    """atomc::moe (its positional arguments) on ROCm's first available backend after AITER."""
+    return _after_aiter("moe")(*args)
 
 
 AITER_OPS = (
@@ -179,6 +190,7 @@ AITER_OPS = (
     "qk_norm_rope_and_write_kv",
     "attention",
     "paged_attention",
+    "moe",
 )
 for _op in AITER_OPS:
     register(_op, "aiter")(functools.partial(lambda name: getattr(_aiter_ops(), name).default, _op))

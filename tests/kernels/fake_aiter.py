@@ -1,10 +1,14 @@
 """A stand-in `aiter` module for CPU tests. Its functions take keyword arguments only, with the
-names of AITER's real signatures (aiter/ops/{attention,mha,cache,rmsnorm}.py), so a wrapper that passes an argument
-positionally or misnames one fails here; each asserts the layouts AITER expects and computes the
-reference in plain torch."""
+names of AITER's real signatures (aiter/ops/{attention,mha,cache,rmsnorm,moe_op,topk}.py and
+aiter/fused_moe.py), so a wrapper that passes an argument positionally or misnames one fails here;
+each asserts the layouts AITER expects and computes the reference in plain torch, written out here
+rather than calling atomc's. `install(monkeypatch)` puts it in sys.modules as `aiter` and
+`aiter.fused_moe`."""
 
 from __future__ import annotations
 
+import enum
+import sys
 import types
 
 import torch
@@ -155,9 +159,169 @@ def flash_attn_varlen_func(
     return out
 
 
+# ---- MoE: enums (csrc/include/aiter_enum.h), routing (ops/moe_op.py, ops/topk.py), fused_moe ----
+
+
+class ActivationType(enum.Enum):
+    No = -1
+    Silu = 0
+    Gelu = 1
+    Swiglu = 2
+    Situv2 = 3
+
+
+class QuantType(enum.Enum):
+    No = 0
+    per_Tensor = 1
+    per_Token = 2
+    per_1x32 = 3
+    per_1x128 = 4
+    per_128x128 = 5
+    per_256x128 = 6
+    per_1024x128 = 7
+
+
+GATING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_topk_outputs(weights, ids, gating_output, name_ids="topk_ids"):
+    assert gating_output.dim() == 2 and gating_output.dtype in GATING_DTYPES and gating_output.is_contiguous()
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32, f"topk_weights fp32, {name_ids} int32"
+    assert weights.shape == ids.shape and weights.shape[0] == gating_output.shape[0]
+    assert 1 <= ids.shape[1] <= gating_output.shape[1]
+
+
+def _renormalise(w, need_renorm):
+    return w / w.sum(dim=-1, keepdim=True) if need_renorm else w
+
+
+def topk_softmax(
+    *, topk_weights, topk_indices, token_expert_indices, gating_output, need_renorm, num_shared_experts=0,
+    shared_expert_scoring_func="",
+):  # fmt: skip
+    """Top-k of the logits (softmax is monotone), weights exp(l - max) / sum over all experts."""
+    CALLS.append("topk_softmax")
+    _check_topk_outputs(topk_weights, topk_indices, gating_output, "topk_indices")
+    assert token_expert_indices.shape == topk_indices.shape and token_expert_indices.dtype == torch.int32
+    assert isinstance(need_renorm, bool) and num_shared_experts == 0 and shared_expert_scoring_func == ""
+    logits = gating_output.float()
+    t, k = topk_indices.shape
+    top, idx = logits.topk(k, dim=-1)
+    mx = logits.max(dim=-1, keepdim=True).values
+    w = (top - mx).exp() / (logits - mx).exp().sum(dim=-1, keepdim=True)
+    topk_weights.copy_(_renormalise(w, need_renorm))
+    topk_indices.copy_(idx)
+    # slot-major row index of each (token, slot), as the kernel reports it
+    token_expert_indices.copy_(torch.arange(k, dtype=torch.int32)[None, :] * t + torch.arange(t)[:, None])
+
+
+def _in_best_groups(choice, num_expert_group, topk_group, group_score):
+    """[T, E] bool: whether each expert is in one of its token's `topk_group` best groups."""
+    t, e = choice.shape
+    assert e % num_expert_group == 0 and 1 <= topk_group <= num_expert_group
+    groups = choice.view(t, num_expert_group, e // num_expert_group)
+    best = group_score(groups).topk(topk_group, dim=-1).indices
+    keep = torch.zeros(t, num_expert_group, dtype=torch.bool).scatter(1, best, True)
+    return keep[..., None].expand(groups.shape).reshape(t, e)
+
+
+def grouped_topk(
+    *, gating_output, topk_weights, topk_ids, num_expert_group, topk_group, need_renorm, is_softmax=True,
+    routed_scaling_factor=1.0,
+):  # fmt: skip
+    """A group's score is its best expert's; weights are the chosen scores."""
+    CALLS.append("grouped_topk")
+    _check_topk_outputs(topk_weights, topk_ids, gating_output)
+    logits = gating_output.float()
+    scores = logits.softmax(-1) if is_softmax else logits.sigmoid()
+    keep = _in_best_groups(scores, num_expert_group, topk_group, lambda g: g.amax(-1))
+    w, idx = scores.masked_fill(~keep, 0.0).topk(topk_ids.shape[1], dim=-1)
+    topk_weights.copy_(_renormalise(w, need_renorm) * routed_scaling_factor)
+    topk_ids.copy_(idx)
+
+
+def biased_grouped_topk(
+    *, gating_output, correction_bias, topk_weights, topk_ids, num_expert_group, topk_group, need_renorm,
+    routed_scaling_factor=1.0,
+):  # fmt: skip
+    """Sigmoid scores; experts chosen on score + bias, a group's score the sum of its best two;
+    weights the unbiased scores of the chosen."""
+    CALLS.append("biased_grouped_topk")
+    _check_topk_outputs(topk_weights, topk_ids, gating_output)
+    assert correction_bias.shape == (gating_output.shape[1],)
+    assert correction_bias.dtype in (torch.float32, gating_output.dtype)
+    assert need_renorm, "moe_fused_gate (the many-token path) asserts need_renorm"
+    scores = gating_output.float().sigmoid()
+    choice = scores + correction_bias.float()
+    keep = _in_best_groups(choice, num_expert_group, topk_group, lambda g: g.topk(2, dim=-1).values.sum(-1))
+    idx = choice.masked_fill(~keep, float("-inf")).topk(topk_ids.shape[1], dim=-1).indices
+    w = scores.gather(1, idx)
+    topk_weights.copy_(_renormalise(w, need_renorm) * routed_scaling_factor)
+    topk_ids.copy_(idx)
+
+
+def fused_moe(
+    *, hidden_states, w1, w2, topk_weight, topk_ids, expert_mask=None, activation=ActivationType.Silu,
+    quant_type=QuantType.No, doweight_stage1=False, w1_scale=None, w2_scale=None, a1_scale=None, a2_scale=None,
+    block_size_M=None, num_local_tokens=None, moe_sorting_dispatch_policy=0, dtype=None, hidden_pad=0,
+    intermediate_pad=0, bias1=None, bias2=None, splitk=0, swiglu_limit=None, beta=None, linear_beta=None,
+    gate_mode="separated", shared_w1=None, shared_w2=None, shared_w1_scale=None, shared_w2_scale=None,
+    shared_expert_id=-1, stage2_scatter=None,
+):  # fmt: skip
+    """Unquantised g1u1 SiLU experts. With `expert_mask` [n] (0/1 int32), an id's weight row is the
+    number of ones before it and ids whose mask is 0 contribute nothing. Stage 1 (gate/up, SiLU * up)
+    rounds to the output dtype, as the two-kernel path stores it; the weighted sum is in fp32."""
+    CALLS.append("fused_moe")
+    assert isinstance(activation, ActivationType) and isinstance(quant_type, QuantType), "AITER's enums"
+    assert activation == ActivationType.Silu and quant_type == QuantType.No, "the stand-in runs unquantised SiLU"
+    assert not doweight_stage1 and dtype is None and bias1 is None and bias2 is None and swiglu_limit is None
+    assert all(s is None for s in (w1_scale, w2_scale, a1_scale, a2_scale, num_local_tokens, stage2_scatter))
+    assert shared_w1 is None and shared_w2 is None and shared_expert_id == -1
+    m, dim = hidden_states.shape
+    e, two_inter, dim1 = w1.shape
+    inter = two_inter // 2
+    assert dim1 == dim and w2.shape == (e, dim, inter), f"w1 [E, 2I, dim], w2 [E, dim, I]: {w1.shape} {w2.shape}"
+    assert hidden_states.dtype in (torch.float16, torch.bfloat16), "Fused_moe unsupported out dtype"
+    assert w1.dtype == w2.dtype == hidden_states.dtype and hidden_states.is_contiguous()
+    assert topk_weight.dtype == torch.float32 and topk_ids.dtype == torch.int32
+    assert topk_weight.shape == topk_ids.shape and topk_ids.shape[0] == m
+    if expert_mask is None:
+        rows = topk_ids.long()
+        assert int(rows.min()) >= 0 and int(rows.max()) < e
+    else:
+        assert expert_mask.dim() == 1 and expert_mask.dtype == torch.int32 and int(expert_mask.sum()) == e
+        assert int(topk_ids.min()) >= 0 and int(topk_ids.max()) < expert_mask.numel()
+        row_of = torch.where(expert_mask > 0, expert_mask.cumsum(0) - 1, -1)
+        rows = row_of[topk_ids.long()]
+    out = torch.zeros(m, dim, dtype=torch.float32)
+    token, slot = torch.nonzero(rows >= 0, as_tuple=True)
+    for t, s in zip(token.tolist(), slot.tolist(), strict=True):  # one (token, expert) pair at a time
+        r = int(rows[t, s])
+        h = hidden_states[t].float() @ w1[r].float().T
+        gate, up = h[:inter], h[inter:]
+        a = (gate * torch.sigmoid(gate) * up).to(hidden_states.dtype).float()
+        y = (a @ w2[r].float().T).to(hidden_states.dtype).float()
+        out[t] += topk_weight[t, s] * y
+    return out.to(hidden_states.dtype)
+
+
 def module() -> types.ModuleType:
     mod = types.ModuleType("aiter")
     for fn in (rmsnorm2d_fwd, rmsnorm2d_fwd_with_add, silu_and_mul, rope_cached_positions_2c_fwd,
-               reshape_and_cache_flash, paged_attention_v1, flash_attn_varlen_func):  # fmt: skip
+               reshape_and_cache_flash, paged_attention_v1, flash_attn_varlen_func, topk_softmax, grouped_topk,
+               biased_grouped_topk):  # fmt: skip
         setattr(mod, fn.__name__, fn)
+    mod.ActivationType, mod.QuantType = ActivationType, QuantType
+    sub = types.ModuleType("aiter.fused_moe")  # fused_moe lives in a submodule `import aiter` does not load
+    sub.fused_moe = fused_moe
+    mod.fused_moe = sub
+    return mod
+
+
+def install(monkeypatch) -> types.ModuleType:
+    """The stand-in as `aiter` (and `aiter.fused_moe`) for one test; CALLS cleared."""
+    mod = module()
+    monkeypatch.setitem(sys.modules, "aiter", mod)
+    monkeypatch.setitem(sys.modules, "aiter.fused_moe", mod.fused_moe)
+    CALLS.clear()
     return mod

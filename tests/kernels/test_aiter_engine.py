@@ -1,12 +1,11 @@
 """A whole generation through the ROCm lowering on CPU: the stand-in `aiter` installed as `aiter`,
 the "rocm" pass pipeline forced, Triton marked unavailable (so every op AITER covers runs on the
-stand-in and the rest on the torch reference), and the tiny Llama compiled. Its greedy tokens must
-equal the eager torch-reference engine's. This checks the wiring (lowering, argument names,
-layouts, metadata), not AMD hardware: none of the AITER path has run there."""
+stand-in and the rest on the torch reference), and a tiny Llama, Mistral (sliding window) or
+Qwen3-MoE compiled. Its greedy tokens must equal the eager torch-reference engine's. This checks
+the wiring (lowering, argument names, layouts, metadata), not AMD hardware: none of the AITER path
+has run there."""
 
 from __future__ import annotations
-
-import sys
 
 import fake_aiter
 import pytest
@@ -21,7 +20,7 @@ PROMPTS = ["The capital of France is", "Once upon a time there", "def add(a, b):
 def rocm_pipeline(monkeypatch):
     from atomc.passes.manager import PassManager
 
-    monkeypatch.setitem(sys.modules, "aiter", fake_aiter.module())
+    fake_aiter.install(monkeypatch)
     monkeypatch.setattr(registry, "backend_available", lambda backend: backend != "triton")
     for_platform = PassManager.for_platform.__func__
     rocm = classmethod(lambda cls, platform, disabled=(): for_platform(cls, "rocm", disabled))
@@ -39,9 +38,28 @@ def mistral_window_dir(tmp_path_factory):
         return build_checkpoint("mistral_w6", tmp_path_factory.mktemp("mistral_w6"))
 
 
-@pytest.mark.parametrize("model", ["llama", "mistral_window"])
+ATTENTION_CALLS = {"flash_attn_varlen_func", "paged_attention_v1", "reshape_and_cache_flash", "rmsnorm2d_fwd_with_add",
+                   "rope_cached_positions_2c_fwd"}  # fmt: skip
+# the MoE block on AITER: its router through topk_softmax, its experts through fused_moe
+MODELS = {
+    "llama": ("llama_dir", ATTENTION_CALLS | {"silu_and_mul"}),
+    "mistral_window": ("mistral_window_dir", ATTENTION_CALLS | {"silu_and_mul"}),
+    "qwen3_moe": ("qwen3_moe_dir", ATTENTION_CALLS | {"topk_softmax", "fused_moe"}),
+}
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe_dir(tmp_path_factory):
+    """Qwen3-MoE (8 experts, top-2, renormalised; q/k norms), every layer sparse."""
+    from tests.conftest import build_checkpoint
+
+    return build_checkpoint("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"))
+
+
+@pytest.mark.parametrize("model", list(MODELS))
 def test_generation_through_the_aiter_lowering(rocm_pipeline, model, request, tmp_path):
-    model_dir = request.getfixturevalue("llama_dir" if model == "llama" else "mistral_window_dir")
+    fixture, expected_calls = MODELS[model]
+    model_dir = request.getfixturevalue(fixture)
     # fp16: AITER's attention takes fp16/bf16 only; 128-token pages: CK's paged prefill needs them
     kw = dict(model=str(model_dir), dtype="float16", device="cpu", block_size=128, cache_dir=str(tmp_path))
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -49,8 +67,7 @@ def test_generation_through_the_aiter_lowering(rocm_pipeline, model, request, tm
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
     chosen = llm.engine.runner.compile_info.get("passes", {})
     calls = set(fake_aiter.CALLS)
-    assert {"flash_attn_varlen_func", "paged_attention_v1", "reshape_and_cache_flash", "rmsnorm2d_fwd_with_add",
-            "rope_cached_positions_2c_fwd", "silu_and_mul"} <= calls, (calls, chosen)  # fmt: skip
+    assert expected_calls <= calls, (calls, chosen)
     want = [o.outputs[0].token_ids for o in LLM(**kw, enforce_eager=True).generate(PROMPTS, params)]
     assert got == want
     assert len(got[0]) == 12

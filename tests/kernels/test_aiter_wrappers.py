@@ -15,8 +15,7 @@ from tests.passes.pass_helpers import assert_same
 
 @pytest.fixture
 def aiter_ops(monkeypatch):
-    monkeypatch.setitem(sys.modules, "aiter", fake_aiter.module())
-    fake_aiter.CALLS.clear()
+    fake_aiter.install(monkeypatch)
     # through the registry, as the lowering loads them: it defines torch.ops.atomc_aiter.* and sets
     # the attention's fallback to ROCm's next backend
     registry.lookup("attention", "aiter")

@@ -1,5 +1,3 @@
-import sys
-
 import pytest
 import torch
 from pass_helpers import apply, assert_same, decoder_graph, ops, run, through
@@ -47,7 +45,7 @@ def test_cuda_uses_triton(fused):
 
 def test_rocm_prefers_aiter_then_triton(fused, monkeypatch):
     gm, inputs, before = fused
-    monkeypatch.setitem(sys.modules, "aiter", fake_aiter.module())
+    fake_aiter.install(monkeypatch)
     monkeypatch.setattr(registry, "backend_available", lambda backend: True)
     result, after = apply(Lowering("rocm"), before)
     assert result.rewritten == 6
@@ -94,7 +92,7 @@ def test_sliding_window_survives_lowering(monkeypatch):
 
     a, before, inputs = windowed_attention_graph(3)
     assert windows_of(before) == {"atomc.paged_attention.default": 3}
-    monkeypatch.setitem(sys.modules, "aiter", fake_aiter.module())
+    fake_aiter.install(monkeypatch)
     monkeypatch.setattr(registry, "backend_available", lambda backend: True)
     assert windows_of(apply(Lowering("cuda"), before)[1]) == {"atomc_triton.paged_attention.default": 3}
     _, after = apply(Lowering("rocm"), before)
