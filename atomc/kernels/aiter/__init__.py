@@ -1,7 +1,8 @@
 """AITER (ROCm) kernels behind atomc ops. UNTESTED ON AMD HARDWARE: the wrappers follow AITER's
 documented signatures (keyword arguments, since positional order drifts between releases) and are
 checked only against a stand-in `aiter` module on CPU (tests/kernels/test_aiter_wrappers.py).
-`ops.py` holds norms, activation and RoPE; `attention.py` attention and the KV-cache write."""
+`ops.py` holds norms, activation and RoPE; `attention.py` attention and the KV-cache write; `moe.py`
+the mixture-of-experts block."""
 
 from __future__ import annotations
 
