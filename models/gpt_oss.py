@@ -98,7 +98,8 @@ class GptOssForCausalLM(DecoderForCausalLM):
             expert_bias=True,
             router_bias=True,
             swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)),
-            swiglu_limit=float(required(cfg, "swiglu_limit")),
+            # configs written before transformers made it a field hold it in the code: 7.0
+            swiglu_limit=float(cfg.get("swiglu_limit") or 7.0),
         )
         bias = bool(cfg.get("attention_bias", True))
         return parse_decoder_config(

@@ -131,3 +131,14 @@ def test_expert_tensor_in_another_layout_is_refused(ckpt, tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"gate_up_proj has shape \(6, 96, 64\).*GPT-OSS stores w13_weight"):
         load_model(tmp_path, torch.float32, "cpu")
+
+
+def test_a_config_without_swiglu_limit_takes_the_fixed_limit(ckpt):
+    """Older transformers versions write no swiglu_limit (their code fixes it at 7.0)."""
+    from models.arch import ModelArch
+    from models.gpt_oss import GptOssForCausalLM
+
+    raw = json.loads((ckpt / "config.json").read_text())
+    raw.pop("swiglu_limit", None)
+    raw["swiglu_limit"] = None
+    assert GptOssForCausalLM.parse_config(ModelArch.from_dict(raw)).moe.swiglu_limit == 7.0
