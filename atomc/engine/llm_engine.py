@@ -409,10 +409,10 @@ class LLMEngine(EngineClient):
         return {
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
-            # the fullest pool: the one that stops admission (block counts are the first pool's)
+            # the fullest pool: the one that stops admission; block counts over every pool (KV group)
             "kv_cache_usage": max(pool.usage() for pool in self.block_pools),
-            "num_free_blocks": self.blocks.num_free_blocks,
-            "num_total_blocks": self.blocks.num_blocks,
+            "num_free_blocks": sum(pool.num_free_blocks for pool in self.block_pools),
+            "num_total_blocks": sum(pool.num_usable_blocks for pool in self.block_pools),
             "prefix_cache_queries": self.blocks.prefix_queries,
             "prefix_cache_hits": self.blocks.prefix_hits,
             "num_preemptions": self.scheduler.num_preemptions,
