@@ -199,3 +199,43 @@ def test_windowed_layers_take_less_of_the_kv_memory(mixed_dir):
     assert longest > 1.8 * (all_full // 128)
     k_full, k_window = runner.kv_caches[1][0], runner.kv_caches[0][0]
     assert (k_full.shape[0], k_window.shape[0]) == (full_blocks, window_blocks)
+
+
+def mixed_tokens(llm: LLM, prompts, max_tokens: int = 16) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+def test_mixed_layers_preempted_by_a_small_pool_keep_their_tokens(mixed_dir):
+    prompts = [*PROMPTS, LONG, PROMPTS[0] + " again"]
+    want = mixed_tokens(mixed_llm(mixed_dir), prompts)
+    # 48 full blocks (192 tokens) for five sequences of up to 140: the newest are preempted and
+    # recomputed, in chunks of 16 that start at every offset relative to the window
+    llm = mixed_llm(mixed_dir, num_kv_blocks=48, max_model_len=160, max_num_batched_tokens=16)
+    assert mixed_tokens(llm, prompts) == want
+    stats = llm.engine.stats()
+    assert stats["num_preemptions"] > 0 and stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_graph_buffers_hold_a_block_table_per_group(mixed_dir):
+    # the CUDA-graph paths without capture (CPU): their static buffers carry each group's slots and
+    # tables, and every layer reads its group's; tokens equal the plain eager forward's
+    from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs
+
+    prompts = [*PROMPTS, LONG]
+    want = mixed_tokens(mixed_llm(mixed_dir, max_num_batched_tokens=24, max_num_seqs=4), prompts)
+    llm = mixed_llm(mixed_dir, max_num_batched_tokens=24, max_num_seqs=4)
+    r = llm.engine.runner
+    blocks = r.max_model_len // r.block_size
+    kw = dict(capture=False, layer_group=r.layer_group)
+    r.mixed_graphs = MixedGraphs(r.forward, r.kv_caches, [8, 16, 32], 4, blocks, r.max_model_len, "cpu", **kw)
+    r.decode_graphs = DecodeGraphs(
+        r.forward, r.model.compute_logits, r.kv_caches, [1, 2, 4], blocks, r.max_model_len, "cpu", **kw
+    )
+    assert set(r.decode_graphs.group_buffers) == {"slot_mapping_1", "block_tables_1"}
+    calls = []
+    for graphs in (r.mixed_graphs, r.decode_graphs):
+        launch = graphs._launch
+        graphs._launch = lambda key, launch=launch: calls.append(key) or launch(key)
+    assert mixed_tokens(llm, prompts) == want
+    assert any(isinstance(k, int) for k in calls) and any(isinstance(k, tuple) for k in calls)
