@@ -46,6 +46,8 @@ class Scheduler:
             raise ValueError("every KV-cache group must use the same block size")
         # one full-attention pool: the plain path (no windows, no per-group loops)
         self.single_pool = len(self.groups) == 1 and self.blocks.sliding_window is None
+        if not self.single_pool:  # chosen once: _grow runs for every running sequence every step
+            self._grow = self._grow_groups
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -107,7 +109,7 @@ class Scheduler:
             return 0
         bm.take_cached(hits)
         table = list(hits)
-        seq.block_tables = [table]
+        seq.set_block_tables([table])
         seq.block_hashes = [bm.blocks[b].hash for b in hits]
         self._start(seq, computed)
         for _ in range(fresh):
@@ -141,13 +143,14 @@ class Scheduler:
             if not g.can_allocate(revived + fresh):
                 return 0
             plans.append((first, hits))
-        seq.block_tables, seq.released_blocks = [], []
+        tables, seq.released_blocks = [], []
         for g, (first, hits) in zip(self.groups, plans, strict=True):
             g.take_cached(hits)
             table = [NULL_BLOCK] * first + hits
             table.extend(g.allocate() for _ in range(fresh))
-            seq.block_tables.append(table)
+            tables.append(table)
             seq.released_blocks.append(first)
+        seq.set_block_tables(tables)
         seq.block_hashes = hashes[:k]
         self._start(seq, computed)
         return n
@@ -182,18 +185,16 @@ class Scheduler:
         return k, hashes
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
-        """Give `seq` blocks for `num_tokens`, preempting the newest running sequences if needed."""
-        if not self.single_pool:
-            return self._grow_groups(seq, num_tokens)
-        table = seq.block_tables[0]
-        need = self.blocks.blocks_needed(num_tokens) - len(table)
+        """Give `seq` blocks for `num_tokens`, preempting the newest running sequences if needed
+        (one full-attention pool; `_grow_groups` replaces it for several)."""
+        need = self.blocks.blocks_needed(num_tokens) - len(seq.block_table)
         while not self.blocks.can_allocate(need):
             victim = self.running[-1]
             self.preempt(victim)
             if victim is seq:
                 return False
         for _ in range(need):
-            table.append(self.blocks.allocate())
+            seq.block_table.append(self.blocks.allocate())
         return True
 
     def _grow_groups(self, seq: Sequence, num_tokens: int) -> bool:
@@ -237,7 +238,7 @@ class Scheduler:
                 parent = seq.block_hashes[-1] if seq.block_hashes else None
                 tokens = seq.token_ids[j * bs : (j + 1) * bs]
                 if single:
-                    h = self.blocks.commit_full_block(seq.block_tables[0][j], parent, tokens)
+                    h = self.blocks.commit_full_block(seq.block_table[j], parent, tokens)
                 else:
                     h = block_hash(parent, tokens)
                     for g, table, released in zip(self.groups, seq.block_tables, seq.released_blocks, strict=True):
@@ -257,12 +258,12 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         if self.single_pool:
-            self.blocks.free_blocks(seq.block_tables[0])
-            seq.block_tables = [[]]
+            self.blocks.free_blocks(seq.block_table)
+            seq.set_block_tables([[]])
         else:
             for g, table, released in zip(self.groups, seq.block_tables, seq.released_blocks, strict=True):
                 g.free_blocks(table[released:])
-            seq.block_tables = [[] for _ in self.groups]
+            seq.set_block_tables([[] for _ in self.groups])
             seq.released_blocks = [0] * len(self.groups)
         seq.block_hashes = []
         seq.num_computed_tokens = 0

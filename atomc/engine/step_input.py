@@ -49,13 +49,12 @@ def build_step_input(
     feed_rows: list[int] = []
     feed_sources: list[int] = []
     prompt_logprobs: list[PromptLogprobRequest] = []
-    more = [GroupTables([], []) for _ in range(num_groups - 1)]  # the groups after the first
     bs = block_size
     for item in scheduled:
         seq, n = item.seq, item.num_new_tokens
         begin = seq.num_computed_tokens
         end = begin + n
-        tokens, table = seq.token_ids, seq.block_tables[0]
+        tokens, table = seq.token_ids, seq.block_table
         known = len(tokens)
         row0 = len(ids)
         seq_ids.append(seq.seq_id)
@@ -70,10 +69,6 @@ def build_step_input(
             ids.extend(tokens[begin:end])
             positions.extend(range(begin, end))
             slots.extend(slots_for(table, begin, end, bs))
-        if more:
-            for group, group_table in zip(more, seq.block_tables[1:], strict=True):
-                group.block_tables.append(group_table)
-                group.slot_mapping.extend(slots_for(group_table, begin, end, bs))
         if end > known:  # inputs sampled by the in-flight launch: filled in on the device
             if in_flight_step is None:
                 raise RuntimeError(f"sequence {seq.seq_id}: pending tokens but no launch in flight")
@@ -100,9 +95,24 @@ def build_step_input(
             if last > begin:
                 targets = tokens[begin + 1 : last + 1]
                 prompt_logprobs.append(PromptLogprobRequest(seq.seq_id, row0, p.prompt_logprobs, targets))
+    more = _group_tables(scheduled, num_groups, bs) if num_groups > 1 else []
     step = StepInput(
         step_id, seq_ids, query_lens, context_lens, tables, ids, positions, slots,
         sample_rows, sample_seq_ids, params_list, history, seeds,
         feed_rows, feed_sources, in_flight_step if feed_rows else None, prompt_logprobs, finished_seq_ids, more,
     )  # fmt: skip
     return step, samplers
+
+
+def _group_tables(scheduled: list[ScheduledSeq], num_groups: int, bs: int) -> list[GroupTables]:
+    """Block tables and KV slots of the KV groups after the first (a pass of its own, so the
+    one-group step above pays nothing for them)."""
+    more = [GroupTables([], []) for _ in range(num_groups - 1)]
+    for item in scheduled:
+        seq = item.seq
+        begin = seq.num_computed_tokens
+        end = begin + item.num_new_tokens
+        for group, table in zip(more, seq.block_tables[1:], strict=True):
+            group.block_tables.append(table)
+            group.slot_mapping.extend(slots_for(table, begin, end, bs))
+    return more
