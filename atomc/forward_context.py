@@ -35,6 +35,20 @@ class ForwardContext:
     # per layer (k_cache, v_cache) pages in the layout its backend reads (kernels/registry.py:
     # kv_cache_layout; NHD, [num_blocks, block_size, num_kv_heads, head_dim], for every backend today)
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # per layer, when the layers' KV-cache groups have their own block pools (sliding-window layers
+    # beside full ones): the metadata of the layer's group (its block tables and KV slots; the rest
+    # is shared). None: every layer reads attn_metadata
+    layer_metadata: list[AttentionMetadata] | None = None
+
+
+def group_context(
+    metas: list[AttentionMetadata], kv_caches: list[tuple[torch.Tensor, torch.Tensor]], layer_group: list[int]
+) -> ForwardContext:
+    """The context of a step whose KV groups have metadata `metas` (one per group; `layer_group[l]`
+    is layer l's group). One group: the plain context, every layer reads the same metadata."""
+    if len(metas) == 1:
+        return ForwardContext(metas[0], kv_caches)
+    return ForwardContext(metas[0], kv_caches, [metas[g] for g in layer_group])
 
 
 _current = ForwardContext()
@@ -47,7 +61,8 @@ def layer_cache(layer_idx: int) -> tuple[AttentionMetadata, torch.Tensor, torch.
     if ctx.attn_metadata is None or not ctx.kv_caches:
         return None
     k_cache, v_cache = ctx.kv_caches[layer_idx]
-    return ctx.attn_metadata, k_cache, v_cache
+    per_layer = ctx.layer_metadata
+    return (ctx.attn_metadata if per_layer is None else per_layer[layer_idx]), k_cache, v_cache
 
 
 @contextlib.contextmanager

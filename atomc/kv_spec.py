@@ -28,3 +28,35 @@ class PagedAttentionSpec:
 
 
 KVCacheSpec = PagedAttentionSpec  # MLA's latent spec joins this union with its models
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers whose KV share block ids: one block pool, and one block table per sequence.
+
+    Layers group by their attention window: a full-attention layer needs every block of a sequence,
+    a sliding-window layer only the blocks that hold its window, so each kind gets its own pool and
+    a windowed group frees a sequence's blocks once they fall behind the window."""
+
+    sliding_window: int | None  # tokens; None = full attention
+    layers: tuple[int, ...]
+
+
+def kv_cache_groups(specs: list[KVCacheSpec]) -> list[KVCacheGroup]:
+    """The layers' KV groups: full attention first (when any layer has it), then one group per
+    window size in order of first appearance. A model with one kind of layer has one group."""
+    by_window: dict[int | None, list[int]] = {}
+    for layer, spec in enumerate(specs):
+        by_window.setdefault(spec.sliding_window, []).append(layer)
+    order = sorted(by_window, key=lambda w: w is not None)  # stable: full first, windows as they come
+    return [KVCacheGroup(w, tuple(by_window[w])) for w in order]
+
+
+def blocks_per_sequence(sliding_window: int | None, num_tokens: int, max_chunk: int, block_size: int) -> int:
+    """The most blocks one sequence of `num_tokens` tokens holds at once in a group: all of them for
+    full attention; for a window W, the blocks of the chunk being computed (at most `max_chunk`
+    tokens) and of the W - 1 keys before its first query, one more for the alignment."""
+    every = -(-num_tokens // block_size)
+    if sliding_window is None:
+        return every
+    return min(every, -(-(sliding_window - 1 + min(max_chunk, num_tokens)) // block_size) + 1)

@@ -138,7 +138,7 @@ def mixed_step(eng, prompt_len: int) -> dict:
     scheduled = eng.scheduler.schedule()
     runner = eng.runner
     step, _ = build_step_input(scheduled, runner.block_size, -1, None, [])
-    ids, pos, meta = device_batch(step, runner.device)
+    ids, pos, (meta,) = device_batch(step, runner.device)  # a dense model: one KV group
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.inference_mode(), set_forward_context(ForwardContext(meta, runner.kv_caches)):
         runner.forward(ids, pos)

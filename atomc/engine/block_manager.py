@@ -4,6 +4,12 @@ Prefix caching: a full block is identified by a hash chained over every token be
 (hash(prev_hash, tokens)), so equal hashes mean equal prefixes. Blocks are ref-counted; a block
 whose count drops to zero keeps its contents and hash and waits in an LRU list, where a later
 request can revive it (a hit) until allocation needs the space and evicts the oldest.
+
+One manager is one block pool: the blocks of one KV-cache group (`atomc/kv_spec.py:
+kv_cache_groups`). A sliding-window group's pool keeps block 0 out of allocation as its *null
+block*: the entries of a sequence's table for blocks already released behind the window hold it,
+so the table still indexes blocks by position while the attention kernels, which start at the
+window, never read them (block 0 holds zeros: never allocated, never written).
 """
 
 from __future__ import annotations
@@ -27,15 +33,23 @@ class Block:
     hash: bytes | None = None  # set once the block is full and its tokens are final
 
 
+NULL_BLOCK = 0  # a windowed pool's placeholder for released blocks (see the module docstring)
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        if num_blocks < 1:
-            raise ValueError("the KV cache needs at least one block")
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, sliding_window: int | None = None
+    ):
+        first = 0 if sliding_window is None else NULL_BLOCK + 1
+        if num_blocks < first + 1:
+            raise ValueError("the KV cache needs at least one block" + (" besides the null block" if first else ""))
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window  # tokens; None: a full-attention pool
         self.blocks = [Block(i) for i in range(num_blocks)]
         # free blocks in eviction order: never-used/evicted first, then cached ones oldest-first
-        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(first, num_blocks))
+        self.num_usable_blocks = num_blocks - first
         self.cached: dict[bytes, int] = {}  # full-block hash -> block id
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # of which served from the cache
@@ -49,7 +63,7 @@ class BlockManager:
         return len(self.free)
 
     def usage(self) -> float:
-        return 1.0 - self.num_free_blocks / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_usable_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
@@ -110,12 +124,52 @@ class BlockManager:
     def commit_full_block(self, block_id: int, parent: bytes | None, tokens: list[int]) -> bytes:
         """Record a now-full block in the prefix cache; returns its chained hash."""
         h = block_hash(parent, tokens)
+        self.commit_hash(block_id, h)
+        return h
+
+    def commit_hash(self, block_id: int, h: bytes) -> None:
+        """Record a now-full block whose chained hash is `h` in the prefix cache."""
         if self.enable_prefix_caching:
             block = self.blocks[block_id]
             if block.hash is None:
                 block.hash = h
                 self.cached.setdefault(h, block_id)
-        return h
+
+    # -- sliding window ----------------------------------------------------------------------------
+
+    def first_live_block(self, begin: int) -> int:
+        """Index (in a sequence's table) of the first block a chunk starting at position `begin`
+        reads: its first query sees keys from begin - W + 1. Blocks before it can be released."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, begin - self.sliding_window + 1) // self.block_size
+
+    def release_behind_window(self, table: list[int], released: int, begin: int) -> int:
+        """Free the blocks of `table` wholly before the window of a chunk starting at `begin` (from
+        index `released`, the count already released), leaving the null block in their entries.
+        Returns the new released count."""
+        first = self.first_live_block(begin)
+        if first <= released:
+            return released
+        self.free_blocks(table[released:first])
+        table[released:first] = [NULL_BLOCK] * (first - released)
+        return first
+
+    def window_hit_blocks(self, hashes: list[bytes], limit: int) -> int:
+        """The largest k <= `limit` such that a sequence whose first k blocks have chained hashes
+        `hashes[:k]` finds, in this pool, every block its next query's window reads (the blocks
+        covering positions k*bs - W + 1 .. k*bs - 1); 0 always qualifies."""
+        if not self.enable_prefix_caching:
+            return 0
+        cached, run = self.cached, 0
+        runs = []  # runs[j]: cached blocks in a row ending at block j
+        for h in hashes[:limit]:
+            run = run + 1 if h in cached else 0
+            runs.append(run)
+        for k in range(len(runs), 0, -1):
+            if runs[k - 1] >= k - self.first_live_block(k * self.block_size):
+                return k
+        return 0
 
     def record_lookup(self, queried: int, hit: int) -> None:
         self.prefix_queries += queried

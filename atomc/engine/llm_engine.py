@@ -113,13 +113,9 @@ class LLMEngine(EngineClient):
             self.runner.num_blocks,
             t2 - t1,
         )
-        self.blocks = BlockManager(self.runner.num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
-        if self.blocks.blocks_needed(self.max_model_len) > self.blocks.num_blocks:
-            raise ValueError(
-                f"the KV cache holds {self.blocks.num_blocks * config.cache.block_size} tokens, fewer than "
-                f"max_model_len={self.max_model_len}; lower --max-model-len or give the cache more memory"
-            )
-        self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.block_pools = self._block_pools()
+        self.blocks = self.block_pools[0]
+        self.scheduler = Scheduler(config.scheduler, self.block_pools)
         if self.device.startswith("cuda") and not config.compile.enforce_eager:
             t3 = time.perf_counter()
             self.runner.capture_graphs(self.max_model_len)
@@ -272,7 +268,8 @@ class LLMEngine(EngineClient):
     def _launch(self, scheduled: list[ScheduledSeq]) -> _Launched | None:
         in_flight = self._in_flight.step_id if self._in_flight is not None else None
         step, samplers = build_step_input(
-            scheduled, self.blocks.block_size, next(self._step_ids), in_flight, self.scheduler.take_finished()
+            scheduled, self.blocks.block_size, next(self._step_ids), in_flight, self.scheduler.take_finished(),
+            len(self.block_pools),
         )
         pending = self.runner.launch(step)
         if step.prompt_logprobs:
@@ -375,13 +372,47 @@ class LLMEngine(EngineClient):
             metrics=dict(req.metrics),
         )
 
+    def _block_pools(self) -> list[BlockManager]:
+        """One block pool per KV-cache group of the model (full attention first), each able to hold
+        one sequence of max_model_len (a windowed pool: its window and a chunk)."""
+        cache, bs = self.config.cache, self.config.cache.block_size
+        needs, _ = self.runner.kv_group_needs()
+        pools = []
+        for group, num_blocks, need in zip(self.runner.kv_groups, self.runner.group_num_blocks, needs, strict=True):
+            window = group.sliding_window
+            pool = BlockManager(num_blocks, bs, cache.enable_prefix_caching, sliding_window=window)
+            if need > pool.num_usable_blocks:
+                if window is None:
+                    raise ValueError(
+                        f"the KV cache holds {pool.num_usable_blocks * bs} tokens, fewer than "
+                        f"max_model_len={self.max_model_len}; lower --max-model-len or give the cache more memory"
+                    )
+                raise ValueError(
+                    f"the KV cache of the layers with a {window}-token window holds {pool.num_usable_blocks} "
+                    f"blocks, fewer than the {need} one sequence needs (its window and a chunk of "
+                    f"max_num_batched_tokens={self.config.scheduler.max_num_batched_tokens}); lower "
+                    "--max-num-batched-tokens or give the cache more memory"
+                )
+            pools.append(pool)
+        if len(pools) > 1:
+            log.info(
+                "KV-cache groups: %s",
+                ", ".join(
+                    f"{'full' if g.sliding_window is None else f'window {g.sliding_window}'} "
+                    f"({len(g.layers)} layers, {p.num_usable_blocks} blocks)"
+                    for g, p in zip(self.runner.kv_groups, pools, strict=True)
+                ),
+            )
+        return pools
+
     def stats(self) -> dict:
         return {
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
-            "kv_cache_usage": self.blocks.usage(),
-            "num_free_blocks": self.blocks.num_free_blocks,
-            "num_total_blocks": self.blocks.num_blocks,
+            # the fullest pool: the one that stops admission; block counts over every pool (KV group)
+            "kv_cache_usage": max(pool.usage() for pool in self.block_pools),
+            "num_free_blocks": sum(pool.num_free_blocks for pool in self.block_pools),
+            "num_total_blocks": sum(pool.num_usable_blocks for pool in self.block_pools),
             "prefix_cache_queries": self.blocks.prefix_queries,
             "prefix_cache_hits": self.blocks.prefix_hits,
             "num_preemptions": self.scheduler.num_preemptions,

@@ -30,7 +30,14 @@ class Sequence:
     # the first pending token's row among the in-flight launch's sampled rows (the others follow)
     pending_row: int = 0
     max_num_tokens: int = 2**62  # prompt + max_tokens, capped by max_model_len: it finishes there
+    # the first KV-cache group's block ids by position: block_tables[0], the same list (the hot
+    # paths read it without indexing; the scheduler sets both, see set_block_tables)
     block_table: list[int] = field(default_factory=list)
+    # per KV-cache group (one block pool each, atomc/kv_spec.py: kv_cache_groups), the block ids
+    # by position; a sliding-window group's first `released_blocks[g]` entries were freed behind
+    # the window and hold its null block
+    block_tables: list[list[int]] = field(default_factory=list)
+    released_blocks: list[int] = field(default_factory=lambda: [0])
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of the full, committed blocks
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first schedule)
     scheduled_once: bool = False
@@ -41,6 +48,15 @@ class Sequence:
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=lambda: [None])  # none for token 0
     cumulative_logprob: float = 0.0
     text: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.block_tables:
+            self.block_tables = [self.block_table]
+
+    def set_block_tables(self, tables: list[list[int]]) -> None:
+        """Replace the tables of every group (and the first group's alias `block_table`)."""
+        self.block_tables = tables
+        self.block_table = tables[0]
 
     @property
     def num_tokens(self) -> int:

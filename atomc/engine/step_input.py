@@ -6,14 +6,16 @@ sampled by the in-flight launch and not read back yet is marked pending and fed 
 positions and KV slots; the sampled rows with their parameters, token histories for the rows that
 read them, and seeds; the prompt rows to score. One pass over the scheduled sequences, lists
 appended in place: this runs every step, and at hundreds of decoding sequences its cost is part of
-the step's host time (benchmarks/engine_host_cpu.py).
+the step's host time (benchmarks/engine_host_cpu.py). With several KV-cache groups (sliding-window
+layers beside full ones, each group its own block pool) every further group adds its block tables
+and KV slots (`StepInput.group_tables`); with one group none of that code runs.
 """
 
 from __future__ import annotations
 
 from atomc.engine.scheduler import ScheduledSeq
 from atomc.engine.sequence import Sequence
-from atomc.runtime.batch import PENDING_TOKEN, PromptLogprobRequest, StepInput, slots_for
+from atomc.runtime.batch import PENDING_TOKEN, GroupTables, PromptLogprobRequest, StepInput, slots_for
 
 
 def build_step_input(
@@ -22,13 +24,15 @@ def build_step_input(
     step_id: int,
     in_flight_step: int | None,
     finished_seq_ids: list[int],
+    num_groups: int = 1,
 ) -> tuple[StepInput, list[Sequence]]:
     """The step record for `scheduled`, and the sequence of each sampled row (in row order).
 
     A sequence's pending tokens were sampled by launch `in_flight_step` (the only one not read back
     yet), at rows `seq.pending_row`, `seq.pending_row + 1`, ... of its sampled rows. Block tables
     and token histories are the sequences' own lists, not copies: the runner consumes the record
-    at once (or pickles it), before the scheduler changes them."""
+    at once (or pickles it), before the scheduler changes them. `num_groups`: the KV-cache groups
+    (each sequence has a block table per group)."""
     seq_ids: list[int] = []
     query_lens: list[int] = []
     context_lens: list[int] = []
@@ -91,9 +95,24 @@ def build_step_input(
             if last > begin:
                 targets = tokens[begin + 1 : last + 1]
                 prompt_logprobs.append(PromptLogprobRequest(seq.seq_id, row0, p.prompt_logprobs, targets))
+    more = _group_tables(scheduled, num_groups, bs) if num_groups > 1 else []
     step = StepInput(
         step_id, seq_ids, query_lens, context_lens, tables, ids, positions, slots,
         sample_rows, sample_seq_ids, params_list, history, seeds,
-        feed_rows, feed_sources, in_flight_step if feed_rows else None, prompt_logprobs, finished_seq_ids,
+        feed_rows, feed_sources, in_flight_step if feed_rows else None, prompt_logprobs, finished_seq_ids, more,
     )  # fmt: skip
     return step, samplers
+
+
+def _group_tables(scheduled: list[ScheduledSeq], num_groups: int, bs: int) -> list[GroupTables]:
+    """Block tables and KV slots of the KV groups after the first (a pass of its own, so the
+    one-group step above pays nothing for them)."""
+    more = [GroupTables([], []) for _ in range(num_groups - 1)]
+    for item in scheduled:
+        seq = item.seq
+        begin = seq.num_computed_tokens
+        end = begin + item.num_new_tokens
+        for group, table in zip(more, seq.block_tables[1:], strict=True):
+            group.block_tables.append(table)
+            group.slot_mapping.extend(slots_for(table, begin, end, bs))
+    return more

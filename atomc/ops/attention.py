@@ -68,11 +68,12 @@ def write_kv_cache(
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v[: slot_mapping.numel()][keep].to(v_cache.dtype)
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` tokens of one sequence's K or V, [length, Hkv, D]."""
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int, first_block: int = 0) -> torch.Tensor:
+    """Tokens first_block * block_size .. length - 1 of one sequence's K or V, [tokens, Hkv, D]."""
     block_size = cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
-    return cache[block_table[:num_blocks].long()].reshape(-1, *cache.shape[2:])[:length]
+    tokens = cache[block_table[first_block:num_blocks].long()].reshape(-1, *cache.shape[2:])
+    return tokens[: length - first_block * block_size]
 
 
 def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int) -> torch.Tensor:
@@ -147,17 +148,22 @@ def paged_attention_reference(
     """Torch reference for prefill, chunked prefill over a cached prefix, and decode, in one batch.
 
     Decode rows (one query token) go through one batched call; prefill chunks loop per sequence.
-    With a sliding window the whole context is still gathered and masked: a reference, not fast."""
+    With a sliding window only the blocks from the one holding the first query's first key are
+    read: a windowed KV group releases the blocks before it (their table entries are placeholders)."""
     starts = meta.query_start_loc_host
+    page = k_cache.shape[1]
     decode_rows = []
     for i, seq_len in enumerate(meta.seq_lens_host):
         qs, qe = starts[i], starts[i + 1]
         if qe - qs == 1:
             decode_rows.append(i)
         elif qe > qs:
-            k = gather_kv(k_cache, meta.block_tables[i], seq_len)
-            v = gather_kv(v_cache, meta.block_tables[i], seq_len)
-            out[qs:qe] = attend(q[qs:qe], k, v, scale, seq_len - (qe - qs), sliding_window, sinks)
+            prefix = seq_len - (qe - qs)
+            first = max(0, prefix - sliding_window + 1) // page if sliding_window > 0 else 0
+            k = gather_kv(k_cache, meta.block_tables[i], seq_len, first)
+            v = gather_kv(v_cache, meta.block_tables[i], seq_len, first)
+            # positions relative to the first gathered key: the masks depend on differences only
+            out[qs:qe] = attend(q[qs:qe], k, v, scale, prefix - first * page, sliding_window, sinks)
     if decode_rows:
         decode_attention(q, k_cache, v_cache, out, meta, decode_rows, scale, sliding_window, sinks)
 
@@ -174,16 +180,23 @@ def decode_attention(
     sinks: torch.Tensor | None = None,
 ) -> None:
     """One query token per sequence in `rows`: gather every context into a padded batch, mask, attend.
-    The query sits at position len - 1; with a window it sees the last `sliding_window` keys."""
+    The query sits at position len - 1; with a window it sees the last `sliding_window` keys, and
+    only the pages that hold them are gathered (the ones before may be placeholders)."""
     page = k_cache.shape[1]
     lens = [meta.seq_lens_host[i] for i in rows]
     longest = max(lens)
-    tables = meta.block_tables[rows, : (longest + page - 1) // page].long()  # [B, pages]
-    k = k_cache[tables].flatten(1, 2)[:, :longest]  # [B, L, Hkv, D]
-    v = v_cache[tables].flatten(1, 2)[:, :longest]
+    pages = torch.arange((longest + page - 1) // page, device=q.device)[None, :]  # [1, pages]
+    if sliding_window > 0:  # each row's pages from the one holding its first key
+        first = [max(0, n - sliding_window) // page for n in lens]
+        pages = torch.tensor(first, device=q.device)[:, None] + pages[:, : (sliding_window - 1) // page + 2]
+    width = meta.block_tables.shape[1]
+    tables = meta.block_tables[rows].gather(1, pages.clamp(max=width - 1).expand(len(rows), -1)).long()
+    k = k_cache[tables].flatten(1, 2)  # [B, pages * page, Hkv, D]
+    v = v_cache[tables].flatten(1, 2)
+    k_pos = (pages[:, :, None] * page + torch.arange(page, device=q.device)).flatten(1)  # past the end: masked
     token = torch.tensor([meta.query_start_loc_host[i] for i in rows], device=q.device)
     last = torch.tensor(lens, device=q.device)[:, None] - 1  # each query's position
-    valid = visible(last, torch.arange(longest, device=q.device)[None, :], sliding_window)
+    valid = visible(last, k_pos, sliding_window)
     o = masked_softmax_attention(
         q[token].unsqueeze(2),  # [B, Hq, 1, D]
         k.transpose(1, 2),  # [B, Hkv, L, D]

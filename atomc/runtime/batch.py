@@ -9,12 +9,18 @@ no tensors, no engine objects), so it pickles: a tensor-parallel worker in anoth
 the same step. It is built every step, on the hot path of decode: hence parallel lists, not one
 object per row, and sparse dicts for what few rows carry (token histories, seeds).
 
+KV-cache groups: layers whose KV lives in separate block pools (sliding-window layers beside full
+ones, `atomc/kv_spec.py: kv_cache_groups`) see other block ids for the same positions, so every group
+after the first brings its own block tables and KV slots (`GroupTables`); the query layout and
+lengths are shared. A dense model has one group and `group_tables` stays empty.
+
 `StepResult` is what comes back: a token and its logprobs per sampled row, prompt logprobs per
 sequence.
 
 `write_batch_arrays` is the only place that turns a step into the arrays attention reads
-(`AttentionMetadata`'s slot mapping, query starts, sequence lengths, block tables) plus the input
-ids and positions. The eager path writes them into fresh arrays and copies those to the device;
+(`AttentionMetadata`'s slot mapping, query starts, sequence lengths, block tables, and the slot
+mapping and block tables of each further KV group) plus the input ids and positions. The eager
+path writes them into fresh arrays and copies those to the device;
 the CUDA-graph paths write them into their pinned staging buffers, padded to the captured shape.
 """
 
@@ -40,6 +46,15 @@ class PromptLogprobRequest:
     first_row: int
     top_n: int
     target_ids: list[int]
+
+
+@dataclass
+class GroupTables:
+    """One further KV-cache group's view of the step: its block table per scheduled sequence (batch
+    order) and the KV slot of each query row in its pool."""
+
+    block_tables: list[list[int]]
+    slot_mapping: list[int]
 
 
 @dataclass
@@ -69,6 +84,8 @@ class StepInput:
     feed_step: int | None = None
     prompt_logprobs: list[PromptLogprobRequest] = field(default_factory=list)
     finished_seq_ids: list[int] = field(default_factory=list)
+    # KV-cache groups 1, 2, ...: their block tables and slots (group 0's are the fields above)
+    group_tables: list[GroupTables] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -114,6 +131,11 @@ def prefill_step_input(lengths: list[int], block_size: int) -> StepInput:
     return StepInput(0, list(range(len(lengths))), list(lengths), zeros, seq_tables, ids, positions, slots, [], [], [])
 
 
+def group_array_name(name: str, group: int) -> str:
+    """The array (or buffer) name of KV group `group`'s "slot_mapping" or "block_tables"."""
+    return name if group == 0 else f"{name}_{group}"
+
+
 def write_batch_arrays(
     step: StepInput,
     out: Mapping[str, np.ndarray],
@@ -123,8 +145,9 @@ def write_batch_arrays(
     query_start: bool = True,
 ) -> int:
     """Write the step's input ids, positions and attention metadata into host arrays `out`
-    ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables"),
-    padded to `num_tokens` rows and `num_seqs` sequences. Returns the block-table width written.
+    ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables", and
+    for each further KV group g "slot_mapping_g", "block_tables_g"), padded to `num_tokens` rows and
+    `num_seqs` sequences. Returns the block-table width written (equal in every group).
 
     Padding (CUDA graphs): rows past the step's get id 0, position 0 (RoPE reads its table at
     every row's position) and slot -1 (no KV write); sequences past the step's get
@@ -149,10 +172,22 @@ def write_batch_arrays(
         starts[0] = 0
         np.cumsum(step.query_lens, out=starts[1 : b + 1])
         starts[b + 1 : num_seqs + 1] = t + pad_query_len * np.arange(1, num_seqs - b + 1)
-    tables = step.block_tables
+    width = _write_tables(step.block_tables, out["block_tables"], num_seqs)
+    for g, group in enumerate(step.group_tables, 1):
+        a = out[group_array_name("slot_mapping", g)]
+        a[:t] = group.slot_mapping
+        a[t:num_tokens] = -1
+        _write_tables(group.block_tables, out[group_array_name("block_tables", g)], num_seqs)
+    return width
+
+
+def _write_tables(tables: list[list[int]], out: np.ndarray, num_seqs: int) -> int:
+    """Rows of `out` for the first `num_seqs` sequences: each table, zero-padded (padded sequences
+    all zeros) to the widest; returns that width."""
+    b = len(tables)
     widths = np.fromiter(map(len, tables), np.int64, b)
     width = int(widths.max())
-    bt = out["block_tables"][:num_seqs, :width]
+    bt = out[:num_seqs, :width]
     bt[:] = 0
     # one conversion of the flattened tables and a masked write: converting a list per row, or a
     # padded list of lists, costs about twice as much at hundreds of sequences

@@ -20,21 +20,26 @@ captured largest first.
   depends only on the captured size. Padded tokens belong to no sequence and write no KV; their
   rows are never read.
 
+With several KV-cache groups (sliding-window layers beside full ones, each group its own block
+pool) the buffers hold a slot mapping and a block table per group, and each layer's attention
+reads its group's (`layer_group`).
+
 Full graphs rather than piecewise ones: with the attention metadata static, the attention kernel
 needs no host values, so the whole forward fits in one graph and no op is left to launch eagerly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Hashable
 
 import torch
 
-from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from atomc.forward_context import AttentionMetadata, group_context, set_forward_context
 from atomc.progress import progress_bar
-from atomc.runtime.batch import StepInput, write_batch_arrays
+from atomc.runtime.batch import StepInput, group_array_name, write_batch_arrays
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +72,12 @@ class _StaticBatchGraphs:
         max_seq_len: int,
         device: str,
         capture: bool = True,
+        layer_group: list[int] | None = None,
     ):
+        """`layer_group[l]`: layer l's KV-cache group (None: one group)."""
         self.forward, self.kv_caches = forward, kv_caches
+        self.layer_group = layer_group or [0] * len(kv_caches)
+        self.num_groups = max(self.layer_group, default=0) + 1
         self.keys = keys
         self.max_seqs, self.max_seq_len = max_seqs, max_seq_len
         self.use_graphs = capture
@@ -79,6 +88,11 @@ class _StaticBatchGraphs:
         self.query_start_loc = torch.zeros(max_seqs + 1, dtype=torch.int32, device=dev)
         self.seq_lens = torch.zeros(max_seqs, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=dev)
+        # the KV groups after the first: their own slots and block tables (the same shapes)
+        self.group_buffers: dict[str, torch.Tensor] = {}
+        for g in range(1, self.num_groups):
+            self.group_buffers[group_array_name("slot_mapping", g)] = torch.full_like(self.slot_mapping, -1)
+            self.group_buffers[group_array_name("block_tables", g)] = torch.zeros_like(self.block_tables)
         # pinned staging: one host->device copy per buffer per step, without a sync
         pin = torch.device(dev).type == "cuda"
         self.staging = {
@@ -103,12 +117,30 @@ class _StaticBatchGraphs:
             "query_start_loc": self.query_start_loc,
             "seq_lens": self.seq_lens,
             "block_tables": self.block_tables,
+            **self.group_buffers,
         }
+
+    def _group_metadata(self, meta: AttentionMetadata, num_tokens: int, num_seqs: int) -> list[AttentionMetadata]:
+        """Per KV group, `meta` with the group's slots and block tables."""
+        metas = [meta]
+        for g in range(1, self.num_groups):
+            slots = self.group_buffers[group_array_name("slot_mapping", g)][:num_tokens]
+            tables = self.group_buffers[group_array_name("block_tables", g)][:num_seqs]
+            metas.append(dataclasses.replace(meta, slot_mapping=slots, block_tables=tables))
+        return metas
+
+    def _copy_in_groups(self, num_tokens: int, num_seqs: int, width: int) -> None:
+        st = self.staging
+        for g in range(1, self.num_groups):
+            slots, tables = group_array_name("slot_mapping", g), group_array_name("block_tables", g)
+            self.group_buffers[slots][:num_tokens].copy_(st[slots][:num_tokens], non_blocking=True)
+            self.group_buffers[tables][:num_seqs, :width].copy_(st[tables][:num_seqs, :width], non_blocking=True)
 
     def num_tokens(self, key: Hashable) -> int:
         raise NotImplementedError
 
-    def _metadata(self, key: Hashable) -> AttentionMetadata:
+    def _metadata(self, key: Hashable) -> list[AttentionMetadata]:
+        """The attention metadata of each KV group for graph `key`, over the static buffers."""
         raise NotImplementedError
 
     def _host_lists(self, num_seqs: int, query_start: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -122,7 +154,7 @@ class _StaticBatchGraphs:
 
     def _run(self, key: Hashable) -> torch.Tensor:
         n = self.num_tokens(key)
-        with set_forward_context(ForwardContext(self._metadata(key), self.kv_caches)):
+        with set_forward_context(group_context(self._metadata(key), self.kv_caches, self.layer_group)):
             hidden = self.forward(self.input_ids[:n], self.positions[:n])
         return self._output(hidden)
 
@@ -206,10 +238,10 @@ class DecodeGraphs(_StaticBatchGraphs):
                 return size, query_len
         return None
 
-    def _metadata(self, key: tuple[int, int]) -> AttentionMetadata:
+    def _metadata(self, key: tuple[int, int]) -> list[AttentionMetadata]:
         bs, q = key
         starts, lens = self._host_lists(bs, self.query_starts[q])
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[: bs * q],
             query_start_loc=self.query_starts[q][: bs + 1],
             seq_lens=self.seq_lens[:bs],
@@ -220,6 +252,7 @@ class DecodeGraphs(_StaticBatchGraphs):
             max_seq_len=self.max_seq_len,  # an upper bound: the kernel reads the real lengths
             num_seqs=bs,
         )
+        return self._group_metadata(meta, bs * q, bs)
 
     def _output(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.compute_logits(hidden)
@@ -235,6 +268,8 @@ class DecodeGraphs(_StaticBatchGraphs):
         self._copy_in(("input_ids", "positions", "slot_mapping"), bs * q)
         self._copy_in(("seq_lens",), bs)
         self.block_tables[:bs, :width].copy_(self.staging["block_tables"][:bs, :width], non_blocking=True)
+        if self.num_groups > 1:
+            self._copy_in_groups(bs * q, bs, width)
         if feed is not None:
             feed(self.input_ids)
         return self._launch(key)[: step.num_tokens]
@@ -261,9 +296,9 @@ class MixedGraphs(_StaticBatchGraphs):
                 return size
         return None
 
-    def _metadata(self, size: int) -> AttentionMetadata:
+    def _metadata(self, size: int) -> list[AttentionMetadata]:
         starts, lens = self._host_lists(self.max_seqs, self.query_start_loc)
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:size],
             query_start_loc=self.query_start_loc,
             seq_lens=self.seq_lens,
@@ -274,6 +309,7 @@ class MixedGraphs(_StaticBatchGraphs):
             max_seq_len=self.max_seq_len,
             num_seqs=self.max_seqs,
         )
+        return self._group_metadata(meta, size, self.max_seqs)
 
     def fits(self, num_tokens: int, num_seqs: int) -> bool:
         return num_tokens <= self.max_size and num_seqs <= self.max_seqs
@@ -288,6 +324,8 @@ class MixedGraphs(_StaticBatchGraphs):
         self.query_start_loc.copy_(self.staging["query_start_loc"], non_blocking=True)
         self.seq_lens.copy_(self.staging["seq_lens"], non_blocking=True)
         self.block_tables[:n, :width].copy_(self.staging["block_tables"][:n, :width], non_blocking=True)
+        if self.num_groups > 1:
+            self._copy_in_groups(size, n, width)
         if feed is not None:
             feed(self.input_ids)
         return self._launch(size)[:t]

@@ -9,6 +9,7 @@ nothing of the engine's objects, so the same record could drive a runner in anot
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -18,13 +19,14 @@ import numpy as np
 import torch
 
 from atomc.config import EngineConfig
-from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from atomc.forward_context import AttentionMetadata, ForwardContext, group_context, set_forward_context
 from atomc.kernels.registry import ensure_registered, kv_cache_layout
+from atomc.kv_spec import blocks_per_sequence, kv_cache_groups
 from atomc.platforms import platform_of
-from atomc.runtime.batch import StepInput, StepResult, prefill_step_input, write_batch_arrays
+from atomc.runtime.batch import StepInput, StepResult, group_array_name, prefill_step_input, write_batch_arrays
 from atomc.runtime.capture_sizes import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
-from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
+from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block, scale_kv_blocks, split_kv_blocks
 from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch
 from atomc.runtime.transfer import to_device
 from models.arch import ModelArch
@@ -61,10 +63,17 @@ class ModelRunner:
             self.timings["compile_or_load_s"] = time.perf_counter() - t0
         self.kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else getattr(torch, config.cache.kv_cache_dtype)
         self.kv_specs = self.model.kv_cache_specs()  # one per layer
+        # layers that share block ids (full attention; each sliding window): one pool per group
+        self.kv_groups = kv_cache_groups(self.kv_specs)
+        self.layer_group = [0] * len(self.kv_specs)
+        for g, group in enumerate(self.kv_groups):
+            for layer in group.layers:
+                self.layer_group[layer] = g
         t0 = time.perf_counter()
-        self.num_blocks = self._num_kv_blocks()  # on a GPU: the first forward, where kernels compile
+        self.group_num_blocks = self._num_kv_blocks()  # on a GPU: the first forward, where kernels compile
         self.timings["kv_sizing_s"] = time.perf_counter() - t0
-        self.kv_caches = self._allocate_kv_cache(self.num_blocks)
+        self.num_blocks = self.group_num_blocks[0]
+        self.kv_caches = self._allocate_kv_cache(self.group_num_blocks)
         self.sampler = Sampler(seed=config.model.seed)
         self.decode_graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
@@ -72,20 +81,39 @@ class ModelRunner:
         self._last_sampled: tuple[int, torch.Tensor] | None = None
         self._generators: dict[int, torch.Generator] = {}  # seq id -> generator of a seeded sequence
 
-    def _allocate_kv_cache(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _allocate_kv_cache(self, num_blocks: int | list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`num_blocks`: pages of every layer, or one count per KV group."""
         platform = platform_of(self.device)
+        per_layer = num_blocks if isinstance(num_blocks, int) else [num_blocks[g] for g in self.layer_group]
         return allocate_kv_cache(
-            self.kv_specs, num_blocks, self.block_size, self.kv_dtype, self.device,
+            self.kv_specs, per_layer, self.block_size, self.kv_dtype, self.device,
             layout_of=lambda spec: kv_cache_layout(platform, spec),
         )  # fmt: skip
 
-    def _num_kv_blocks(self) -> int:
-        per_block = bytes_per_block(self.kv_specs, self.block_size, self.kv_dtype)
+    def kv_group_needs(self) -> tuple[list[int], list[int]]:
+        """Per KV group: the blocks one sequence of max_model_len holds at once, and the blocks its
+        pool reserves (a windowed pool's null block)."""
+        chunk = self.config.scheduler.max_num_batched_tokens
+        needs = [
+            blocks_per_sequence(g.sliding_window, self.max_model_len, chunk, self.block_size) for g in self.kv_groups
+        ]
+        return needs, [0 if g.sliding_window is None else 1 for g in self.kv_groups]
+
+    def _num_kv_blocks(self) -> list[int]:
+        """Blocks per KV group: `--num-kv-blocks` is the first group's pool (the others in
+        proportion); else the memory budget split by what each group needs at max_model_len."""
+        needs, nulls = self.kv_group_needs()
         if self.config.cache.num_kv_blocks is not None:
-            return self.config.cache.num_kv_blocks
+            return scale_kv_blocks(self.config.cache.num_kv_blocks, needs, nulls)
+        per_block = [
+            bytes_per_block([self.kv_specs[i] for i in g.layers], self.block_size, self.kv_dtype)
+            for g in self.kv_groups
+        ]
         if str(self.device).startswith("cuda"):
-            return self._profile_cuda_blocks(per_block)
-        return max(1, int(self.config.cache.cpu_kv_cache_gib * 2**30) // per_block)
+            budget = self._profile_cuda_budget(sum(per_block))
+        else:
+            budget = int(self.config.cache.cpu_kv_cache_gib * 2**30)
+        return [max(1, n) for n in split_kv_blocks(budget, per_block, needs, nulls)]
 
     @torch.inference_mode()
     def profile_run(self) -> int:
@@ -98,16 +126,17 @@ class ModelRunner:
         longest = min(self.max_model_len, total)
         lens = [longest] * (total // longest) + ([total % longest] if total % longest else [])
         step = prefill_step_input(lens, bs)
-        ids, positions, meta = device_batch(step, self.device)
+        ids, positions, (meta,) = device_batch(step, self.device)
         num_blocks = sum(len(t) for t in step.block_tables)
-        scratch = self._allocate_kv_cache(num_blocks)
+        scratch = self._allocate_kv_cache(num_blocks)  # every layer (group) reads the one table
         with set_forward_context(ForwardContext(meta, scratch)):
             hidden = self.forward(ids, positions)
         self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
         return bytes_per_block(self.kv_specs, bs, self.kv_dtype) * num_blocks
 
-    def _profile_cuda_blocks(self, per_block: int) -> int:
-        """Blocks that fit in `gpu_memory_utilization` of the card after a forward at the largest batch."""
+    def _profile_cuda_budget(self, per_block: int) -> int:
+        """Bytes for the KV cache in `gpu_memory_utilization` of the card after a forward at the
+        largest batch (`per_block`: bytes of one block across all layers, the least that is usable)."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
@@ -118,13 +147,12 @@ class ModelRunner:
         free, total = torch.cuda.mem_get_info()
         in_use = total - free  # weights, CUDA context, library workspaces
         budget = total * self.config.cache.gpu_memory_utilization - in_use - max(activations, 0)
-        blocks = int(budget // per_block)
-        if blocks < 1:
+        if budget < per_block:
             raise RuntimeError(
                 f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} GiB); "
                 "raise --gpu-memory-utilization or lower --max-num-batched-tokens"
             )
-        return blocks
+        return int(budget)
 
     # -- one step ------------------------------------------------------------------------------------
 
@@ -152,10 +180,12 @@ class ModelRunner:
             if self.mixed_graphs is not None and self.mixed_graphs.fits(step.num_tokens, step.num_seqs):
                 hidden = self.mixed_graphs.replay(step, feed=feed)
             else:
-                input_ids, positions, meta = device_batch(step, self.device)
+                input_ids, positions, metas = device_batch(step, self.device)
                 if feed is not None:
                     feed(input_ids)
-                with set_forward_context(ForwardContext(meta, self.kv_caches)):
+                if len(metas) != len(self.kv_groups):
+                    raise RuntimeError(f"step {step.step_id}: {len(metas)} KV groups, the model {len(self.kv_groups)}")
+                with set_forward_context(group_context(metas, self.kv_caches, self.layer_group)):
                     hidden = self.forward(input_ids, positions)
             if step.prompt_logprobs:
                 prompt_logprobs = self._prompt_logprobs(step, hidden)
@@ -238,7 +268,7 @@ class ModelRunner:
         if mixed:
             self.mixed_graphs = MixedGraphs(
                 self.forward, self.kv_caches, mixed, sched.max_num_seqs, max_blocks, max_model_len, self.device,
-                capture=use_graphs,
+                capture=use_graphs, layer_group=self.layer_group,
             )  # fmt: skip
             if use_graphs:
                 self.mixed_graphs.capture()
@@ -249,7 +279,7 @@ class ModelRunner:
         sizes = [s for s in sizes if s <= sched.max_num_seqs]
         self.decode_graphs = DecodeGraphs(
             self.forward, self.model.compute_logits, self.kv_caches, sizes, max_blocks, max_model_len, self.device,
-            capture=use_graphs,
+            capture=use_graphs, layer_group=self.layer_group,
         )  # fmt: skip
         if use_graphs:
             self.decode_graphs.capture(pool)
@@ -283,11 +313,16 @@ _ARRAYS = (  # name, numpy dtype, torch dtype: what write_batch_arrays fills
 )
 
 
-def device_batch(step: StepInput, device: str) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """Input ids, positions and attention metadata on `device` for a step (the eager path)."""
+def device_batch(step: StepInput, device: str) -> tuple[torch.Tensor, torch.Tensor, list[AttentionMetadata]]:
+    """Input ids, positions and the attention metadata of each KV group on `device` for a step (the
+    eager path); the groups after the first differ only in their block tables and slots."""
     t, b = step.num_tokens, step.num_seqs
-    shapes = {"query_start_loc": b + 1, "seq_lens": b, "block_tables": (b, max(map(len, step.block_tables)))}
+    width = max(map(len, step.block_tables))
+    shapes = {"query_start_loc": b + 1, "seq_lens": b, "block_tables": (b, width)}
     host = {name: np.empty(shapes.get(name, t), dtype) for name, dtype, _ in _ARRAYS}
+    for g in range(1, len(step.group_tables) + 1):
+        host[group_array_name("slot_mapping", g)] = np.empty(t, np.int64)
+        host[group_array_name("block_tables", g)] = np.empty((b, width), np.int32)
     write_batch_arrays(step, host, t, b, 0)
     dev = {name: to_device(torch.from_numpy(host[name]), dtype, device) for name, _, dtype in _ARRAYS}
     meta = AttentionMetadata(
@@ -301,4 +336,9 @@ def device_batch(step: StepInput, device: str) -> tuple[torch.Tensor, torch.Tens
         max_seq_len=int(host["seq_lens"].max()),
         num_seqs=b,
     )
-    return dev["input_ids"], dev["positions"], meta
+    metas = [meta]
+    for g in range(1, len(step.group_tables) + 1):
+        slots = to_device(torch.from_numpy(host[group_array_name("slot_mapping", g)]), torch.long, device)
+        tables = to_device(torch.from_numpy(host[group_array_name("block_tables", g)]), torch.int32, device)
+        metas.append(dataclasses.replace(meta, slot_mapping=slots, block_tables=tables))
+    return dev["input_ids"], dev["positions"], metas

@@ -4,7 +4,7 @@ far past the window, mixed batches, and the no-cache path."""
 
 import pytest
 import torch
-from triton_kernel_cases import WINDOW_CASES, dense_window_attention, make_batch, random_sinks
+from triton_kernel_cases import WINDOW_CASES, dense_window_attention, make_batch, random_sinks, release_behind_window
 
 from atomc.forward_context import ForwardContext, set_forward_context
 from atomc.ops.attention import causal_attention, paged_attention_reference
@@ -89,3 +89,19 @@ def test_no_cache_path_and_ops_take_the_sinks():
         with set_forward_context(ForwardContext()):
             op(q, k, v, out, 0, 0.25, 5, sinks)
         torch.testing.assert_close(out, got, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_reference_never_reads_blocks_released_behind_the_window(case):
+    # a windowed KV group frees the blocks before the window; their entries hold a placeholder. The
+    # reference must not read them: poisoned with NaN, the output is still the dense oracle's
+    q_lens, seq_lens, window = WINDOW_CASES[case]
+    q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, 4, 2, 16, torch.float32, "cpu", seed=3)
+    want = dense_window_attention(q, k_cache, v_cache, meta, 0.25, window)
+    released = release_behind_window(meta, k_cache, v_cache, window, float("nan"))
+    if released is None:
+        pytest.skip("every query's window starts in its first block")
+    out = torch.zeros_like(q)
+    paged_attention_reference(q, k_cache, v_cache, out, released, 0.25, window)
+    t = meta.query_start_loc_host[-1]
+    torch.testing.assert_close(out[:t].double(), want[:t], atol=1e-5, rtol=1e-5)

@@ -25,6 +25,7 @@ from triton_kernel_cases import (  # noqa: E402
     make_batch,
     random_sinks,
     rel_err,
+    release_behind_window,
     rms_norm_reference,
     rope_reference,
     silu_and_mul_reference,
@@ -159,6 +160,27 @@ def test_sliding_window_skips_tiles_before_the_window(segments):
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         else:
             assert out.isnan().all()  # full attention reads the poisoned keys: the poison is live
+
+
+@needs_loops
+@pytest.mark.parametrize("segments", [1, 4])
+@pytest.mark.parametrize("case", ["chunked_prefill_w20", "decode_w24", "mixed_w70"])
+def test_sliding_window_over_released_blocks(case, segments):
+    """A windowed KV group's tables: the entries of blocks released behind the window hold its null
+    block (zeros). With the default 64-key tiles the kernel's first tile can start up to 3 pages
+    before the window's first page, so it may load those entries; they are masked, and the output
+    equals the reference over the real tables."""
+    q_lens, seq_lens, window = WINDOW_CASES[case]
+    q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, 4, 2, 16, torch.float32, "cpu")
+    ref = attention_reference(q, k_cache, v_cache, meta, 0.25, window)
+    released = release_behind_window(meta, k_cache, v_cache, window, 0.0)
+    out = torch.zeros_like(q)
+    paged_attention(
+        q, k_cache, v_cache, out, released.query_start_loc, released.seq_lens, released.block_tables, 0.25,
+        meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=segments, sliding_window=window,
+    )  # fmt: skip
+    t = meta.query_start_loc_host[-1]
+    torch.testing.assert_close(out[:t], ref[:t], atol=1e-5, rtol=1e-5)
 
 
 @needs_loops

@@ -156,3 +156,24 @@ def make_moe(t, e, h, inter, k, dtype, device, *, bias=False, seed=0, skewed=Fal
     b13 = (0.5 * rand(e, 2 * inter)).to(dtype) if bias else None
     b2 = (0.5 * rand(e, h)).to(dtype) if bias else None
     return x, logits.to(dtype), w13, w2, b13, b2
+
+
+def release_behind_window(meta, k_cache, v_cache, window, fill):
+    """A windowed KV group's view of `meta`: each sequence's table entries for blocks wholly before
+    its first query's window point at one unused block filled with `fill` (the null block), as the
+    scheduler leaves them. Returns that metadata (None when no block lies behind a window); `meta`
+    keeps the real tables."""
+    import dataclasses
+
+    page = k_cache.shape[1]
+    used = {int(b) for b in meta.block_tables.flatten()}
+    null = next(b for b in range(k_cache.shape[0]) if b not in used)
+    k_cache[null], v_cache[null] = fill, fill
+    tables = meta.block_tables.clone()
+    qsl = meta.query_start_loc_host
+    for i, seq_len in enumerate(meta.seq_lens_host):
+        first_query = seq_len - (qsl[i + 1] - qsl[i])
+        tables[i, : max(0, first_query - window + 1) // page] = null
+    if not (tables == null).any():
+        return None
+    return dataclasses.replace(meta, block_tables=tables)
