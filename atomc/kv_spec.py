@@ -27,7 +27,26 @@ class PagedAttentionSpec:
         return 2 * self.num_kv_heads * self.head_dim * dtype.itemsize
 
 
-KVCacheSpec = PagedAttentionSpec  # MLA's latent spec joins this union with its models
+@dataclass(frozen=True)
+class MLAAttentionSpec:
+    """The latent cache of a multi-head latent attention layer (DeepSeek-V2/V3): per token, one
+    vector of `kv_lora_rank` normalised latent values then `qk_rope_head_dim` rope'd key values,
+    shared by every head (576 values a token for V3, against 2 x 128 heads x 192/128 for full K/V).
+    No separate V: the values are the latent itself (the model applies W_UV after attention)."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    sliding_window: None = None  # MLA layers attend to the whole context
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.latent_dim * dtype.itemsize
+
+
+KVCacheSpec = PagedAttentionSpec | MLAAttentionSpec
 
 
 @dataclass(frozen=True)

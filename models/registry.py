@@ -18,6 +18,8 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("models.mixtral", "MixtralForCausalLM"),
     "GptOssForCausalLM": ("models.gpt_oss", "GptOssForCausalLM"),
+    "DeepseekV2ForCausalLM": ("models.deepseek", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("models.deepseek", "DeepseekV3ForCausalLM"),
 }
 SUPPORTED_ARCHITECTURES = tuple(_FAMILIES)
 

@@ -85,6 +85,39 @@ FAMILIES = {
         tie_word_embeddings=False,
     ),
 }
+# DeepSeek (MLA): every head has its own K/V in transformers (num_key_value_heads = heads); rope
+# dims 8 of a 24-wide q/k head, latent 32. V2-style: q straight from q_proj, softmax routing
+# without groups or renormalisation, two shared experts, every layer sparse. V3-style: q through a
+# LoRA, sigmoid scores with a correction bias (randomised in build_checkpoint so it changes the
+# choice), 4 groups of which 2 are kept, one shared expert, a dense first layer, YaRN with both
+# mscales (a rope-table factor and a softmax-scale factor that differ from 1)
+MLA = dict(
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    tie_word_embeddings=False,
+)
+DEEPSEEK = {
+    "deepseek_v2": dict(
+        cls="DeepseekV2Config", q_lora_rank=None, n_shared_experts=2, first_k_dense_replace=0,
+        topk_method="greedy", routed_scaling_factor=1.5, **MLA,
+    ),
+    "deepseek_v3": dict(
+        cls="DeepseekV3Config", num_hidden_layers=3, q_lora_rank=24, n_shared_experts=1, first_k_dense_replace=1,
+        n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+        rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.8,
+            "beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 128,
+        },
+        **MLA,
+    ),
+}  # fmt: skip
+FAMILIES.update(DEEPSEEK)
 
 
 def build_tokenizer(out_dir: Path):
@@ -119,7 +152,7 @@ def build_checkpoint(family: str, out_dir: Path, num_layers: int = 2, seed: int 
         vocab_size=VOCAB,
         hidden_size=64,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=spec.pop("num_key_value_heads", 2),
         max_position_embeddings=512,
         rms_norm_eps=1e-6,
         bos_token_id=tok.bos_token_id,
@@ -136,6 +169,9 @@ def build_checkpoint(family: str, out_dir: Path, num_layers: int = 2, seed: int 
                 p.normal_(0.5, 1.0)
             elif name.endswith("_bias") or ".router." in name:  # GPT-OSS's expert and router biases
                 p.normal_(0, 0.05)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3: as large as the sigmoid scores' spread
+                b.normal_(0, 0.1)
     model.save_pretrained(out_dir)
     return out_dir
 

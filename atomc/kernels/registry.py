@@ -34,12 +34,16 @@ OPS = (
     "silu_and_mul",
     "linear",
     "moe",
+    "mla_attention",
 )
+# ops with a torch body only: every other backend falls back to it (silu_mul: Inductor fuses the
+# separate gate/up itself; mla_attention: its Triton and AITER kernels are not written yet)
+TORCH_ONLY = ("silu_mul", "mla_attention")
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
 # an op reads the context and is missing here. rope_and_write_kv and qk_norm_rope_and_write_kv write
 # the KV cache but declare no mutation; they are marked side-effectful below (see passes/README.md).
-CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rope_and_write_kv")
+CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rope_and_write_kv", "mla_attention")
 # where each backend's ops live: torch.ops.<namespace>.*, defined by importing <module>
 NAMESPACES = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"}
 MODULES = {
@@ -148,7 +152,7 @@ def _triton_ops():
 
 
 for _op in OPS:
-    if _op != "silu_mul":  # separate gate/up: Inductor fuses silu*mul itself; keep the reference
+    if _op not in TORCH_ONLY:
         register(_op, "triton")(functools.partial(lambda name: getattr(_triton_ops(), name).default, _op))
 
 

@@ -8,3 +8,7 @@ from atomc.ops import attention  # noqa: F401
 # isort: split
 # ops the passes rewrite to
 from atomc.ops import activation, linear, moe, norm, paged_attention, rope, rope_kv  # noqa: F401
+
+# isort: split
+# DeepSeek's latent attention (torch reference only)
+from atomc.ops import mla  # noqa: F401

@@ -21,12 +21,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from atomc.kv_spec import KVCacheSpec
+from atomc.kv_spec import KVCacheSpec, MLAAttentionSpec
 
 
 def page_shape(layout: str, num_blocks: int, block_size: int, spec: KVCacheSpec) -> tuple[int, ...]:
-    """Shape of one layer's K (or V) tensor of `num_blocks` pages in `layout`."""
+    """Shape of one layer's K (or V) tensor of `num_blocks` pages in `layout` (an MLA layer's: its
+    latent pages, one "head" of kv_lora_rank + rope values)."""
     if layout == "NHD":  # [blocks, tokens of a page, kv heads, head dim]
+        if isinstance(spec, MLAAttentionSpec):
+            return (num_blocks, block_size, 1, spec.latent_dim)
         return (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
     raise ValueError(f"unknown KV-cache page layout {layout!r}")
 
@@ -65,7 +68,9 @@ def allocate_kv_cache(
     layout_of: Callable[[KVCacheSpec], str],
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer (k_cache, v_cache), `num_blocks` pages each (one count, or one per layer), in the
-    layout `layout_of(spec)`."""
+    layout `layout_of(spec)`. An MLA layer has one latent tensor: its k_cache is the latent pages
+    [.., kv_lora_rank + rope] and its v_cache a view of their first kv_lora_rank values (no memory
+    of its own: the latent is both the key's and the value's source)."""
     counts = [num_blocks] * len(specs) if isinstance(num_blocks, int) else list(num_blocks)
     groups: dict[tuple[KVCacheSpec, str, int], list[int]] = {}
     for layer, spec in enumerate(specs):
@@ -73,6 +78,11 @@ def allocate_kv_cache(
     caches: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(specs)
     for (spec, layout, count), layers in groups.items():
         shape = page_shape(layout, count, block_size, spec)
+        if isinstance(spec, MLAAttentionSpec):
+            latent = torch.zeros(len(layers), *shape, dtype=dtype, device=device)
+            for i, layer in enumerate(layers):
+                caches[layer] = (latent[i], latent[i, ..., : spec.kv_lora_rank])
+            continue
         pool = torch.zeros(len(layers), 2, *shape, dtype=dtype, device=device)
         for i, layer in enumerate(layers):
             caches[layer] = (pool[i, 0], pool[i, 1])

@@ -1,0 +1,296 @@
+"""DeepSeek-V2 and DeepSeek-V3 (and R1, which is V3's architecture): multi-head latent attention
+over a latent KV cache, and a MoE with DeepSeek's routing and shared experts.
+
+Attention (MLA). q comes from `q_proj`, or through a low-rank pair `q_a_proj` -> RMSNorm ->
+`q_b_proj` when `q_lora_rank` is set (V3; V2-Lite has none); per head it splits into a no-rope part
+(qk_nope_head_dim) and a rope part (qk_rope_head_dim). `kv_a_proj_with_mqa` gives the latent c_kv
+(kv_lora_rank, RMS-normalised) and one rope'd key k_pe shared by the heads; only these two are
+cached (atomc/kv_spec.py: MLAAttentionSpec). `kv_b_proj` [H x (nope + v), kv_lora] holds per head
+W_UK (its first nope rows) and W_UV (the v rows after): the layer folds W_UK into q and applies
+W_UV after atomc::mla_attention, which attends in latent space (atomc/ops/mla.py). The two halves
+are views of the loaded weight, so the checkpoint loads as it is.
+
+RoPE: DeepSeek's checkpoints pair rope dims as (0, 1), (2, 3), ... (V2's complex rotation; V3's
+`rope_interleave`, on by default). Gathering the even then the odd dims turns that into the
+rotate-half form RotaryEmbedding computes, with the same q_pe . k_pe, so the cache and the op hold
+the de-interleaved order. With YaRN the softmax scale is (nope + rope)^-0.5 times
+mscale(factor, mscale_all_dim)^2, and the rope table itself carries YaRN's attention factor
+(models/layers/rotary.py).
+
+MoE. Layers from `first_k_dense_replace` on are sparse (transformers reads no `moe_layer_freq`:
+a config with one other than 1 is refused). Routing is atomc::moe's (atomc/ops/moe.py:
+select_experts): V2 softmax scores, top-k without renormalising (`topk_method` greedy, or
+group_limited_greedy: the best `topk_group` of `n_group` groups by their best score); V3 sigmoid
+scores, `e_score_correction_bias` added to choose (not to weigh), groups scored by their best two,
+renormalised when `norm_topk_prob`. Both scale the weights by `routed_scaling_factor`, and add
+`n_shared_experts` shared experts (one gated MLP of moe_intermediate_size * n_shared_experts).
+
+Not here yet: Triton/AITER MLA kernels (the op's torch reference runs on every device), the MTP
+layers of V3/R1 checkpoints (`num_nextn_predict_layers`: their weights are not loaded and a
+checkpoint holding them is refused by name), FP8 checkpoints, tensor parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import atomc.ops  # noqa: F401  (registers torch.ops.atomc.mla_attention, moe)
+from atomc.kv_spec import MLAAttentionSpec
+from models.arch import ModelArch
+from models.decoder import required
+from models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from models.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from models.layers.mlp import GatedMLP
+from models.layers.moe import ExpertNames, FusedMoE, MoESpec
+from models.layers.norm import RMSNorm
+from models.layers.parallel import SINGLE, ParallelInfo
+from models.layers.rotary import RotaryEmbedding, rope_parameters
+
+LORA_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm use RMSNorm's default eps, not rms_norm_eps
+
+
+@dataclass(frozen=True)
+class DeepseekConfig:
+    arch: ModelArch
+    hidden_size: int
+    intermediate_size: int  # the dense layers' MLP
+    rms_norm_eps: float
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    attention_bias: bool
+    rope_theta: float
+    rope_scaling: dict | None
+    rope_interleave: bool
+    softmax_scale: float
+    moe: MoESpec
+    moe_layers: frozenset[int]
+    shared_intermediate_size: int  # 0: no shared experts
+    correction_bias: bool  # V3's e_score_correction_bias
+
+
+def softmax_scale(qk_head_dim: int, scaling: dict | None) -> float:
+    """qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN with mscale_all_dim set."""
+    scale = qk_head_dim**-0.5
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        all_dim = scaling.get("mscale_all_dim") or 0
+        factor = scaling.get("factor") or 1.0
+        if all_dim and factor > 1:
+            m = 0.1 * all_dim * math.log(factor) + 1.0
+            scale *= m * m
+    return scale
+
+
+def _refuse(cond: bool, message: str) -> None:
+    if cond:
+        raise ValueError(message)
+
+
+def parse_deepseek_config(arch: ModelArch, version: int) -> DeepseekConfig:
+    cfg, name = arch.raw, arch.architecture
+    act = cfg.get("hidden_act", "silu")
+    _refuse(act != "silu", f"hidden_act={act!r} is not supported for {name} (atomc's MLPs are silu-gated)")
+    freq = cfg.get("moe_layer_freq", 1)
+    _refuse(freq != 1, f"moe_layer_freq={freq} is not supported for {name} (every layer from first_k_dense_replace is sparse)")
+    mtp = cfg.get("num_nextn_predict_layers") or 0
+    _refuse(bool(mtp) and version == 2, f"num_nextn_predict_layers={mtp} is not supported for {name}")
+    method = cfg.get("topk_method", "greedy" if version == 2 else "noaux_tc")
+    experts = required(cfg, "n_routed_experts", "num_local_experts", "num_experts")
+    groups, keep = cfg.get("n_group") or 0, cfg.get("topk_group") or 0
+    if version == 2:
+        _refuse(method not in ("greedy", "group_limited_greedy"),
+                f"topk_method={method!r} is not supported for {name} (supported: greedy, group_limited_greedy)")  # fmt: skip
+        _refuse(bool(cfg.get("norm_topk_prob")),
+                f"norm_topk_prob=true is not supported for {name} (its router does not renormalise)")  # fmt: skip
+        scoring, renormalize = "softmax", False
+        if method == "greedy":
+            groups = keep = 0
+    else:
+        _refuse(method != "noaux_tc", f"topk_method={method!r} is not supported for {name} (supported: noaux_tc)")
+        scoring_func = cfg.get("scoring_func", "sigmoid")
+        _refuse(scoring_func != "sigmoid", f"scoring_func={scoring_func!r} is not supported for {name} (supported: sigmoid)")
+        scoring, renormalize = "sigmoid", bool(cfg.get("norm_topk_prob", True))
+    _refuse(bool(groups) != bool(keep), f"{name} sets only one of n_group / topk_group")
+    moe = MoESpec(
+        num_experts=experts,
+        top_k=required(cfg, "num_experts_per_tok"),
+        intermediate_size=required(cfg, "moe_intermediate_size"),
+        scoring=scoring,
+        renormalize=renormalize,
+        num_expert_group=groups,
+        topk_group=keep,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+    )
+    theta, scaling = rope_parameters(cfg)
+    nope, rope = required(cfg, "qk_nope_head_dim"), required(cfg, "qk_rope_head_dim")
+    first_sparse = cfg.get("first_k_dense_replace") or 0
+    return DeepseekConfig(
+        arch=arch,
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        q_lora_rank=cfg.get("q_lora_rank"),
+        kv_lora_rank=required(cfg, "kv_lora_rank"),
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        v_head_dim=required(cfg, "v_head_dim"),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_interleave=True if version == 2 else bool(cfg.get("rope_interleave", True)),
+        softmax_scale=softmax_scale(nope + rope, scaling),
+        moe=moe,
+        moe_layers=frozenset(range(first_sparse, arch.num_layers)),
+        shared_intermediate_size=moe.intermediate_size * (cfg.get("n_shared_experts") or 0),
+        correction_bias=version == 3,
+    )
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """Rope dims paired (0, 1), (2, 3), ... -> the evens then the odds (rotate-half's pairing)."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+
+
+class MLAAttention(nn.Module):
+    def __init__(self, c: DeepseekConfig, layer_idx: int, parallel: ParallelInfo = SINGLE):
+        super().__init__()
+        self.layer_idx, self.c = layer_idx, c
+        h, heads = c.hidden_size, c.arch.num_heads
+        self.num_heads = parallel.split(heads, "attention heads")
+        qk_head = c.qk_nope_head_dim + c.qk_rope_head_dim
+        if c.q_lora_rank:
+            self.q_a_proj = ReplicatedLinear(h, c.q_lora_rank, c.attention_bias, parallel)
+            self.q_a_layernorm = RMSNorm(c.q_lora_rank, LORA_NORM_EPS)
+            self.q_b_proj = ColumnParallelLinear(c.q_lora_rank, heads * qk_head, False, parallel)
+        else:
+            self.q_proj = ColumnParallelLinear(h, heads * qk_head, False, parallel)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(h, c.kv_lora_rank + c.qk_rope_head_dim, c.attention_bias, parallel)
+        self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, LORA_NORM_EPS)
+        self.kv_b_proj = ColumnParallelLinear(c.kv_lora_rank, heads * (c.qk_nope_head_dim + c.v_head_dim), False, parallel)
+        self.o_proj = RowParallelLinear(heads * c.v_head_dim, h, c.attention_bias, parallel)
+
+    def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_UK [H, nope, kv_lora], W_UV [H, v, kv_lora]): views of kv_b_proj's weight, per head."""
+        c = self.c
+        w = self.kv_b_proj.weight.view(self.num_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
+        return w[:, : c.qk_nope_head_dim], w[:, c.qk_nope_head_dim :]
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
+        c, t, heads = self.c, x.shape[0], self.num_heads
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if c.q_lora_rank else self.q_proj(x)
+        q_nope, q_pe = q.view(t, heads, -1).split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        c_kv = self.kv_a_layernorm(c_kv)
+        k_pe = k_pe.reshape(t, 1, c.qk_rope_head_dim)
+        if c.rope_interleave:
+            q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
+        q_pe, k_pe = rope(positions, q_pe, k_pe)
+        w_uk, w_uv = self.absorbed_weights()
+        q_absorbed = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, kv_lora]
+        out = q_absorbed.new_empty(t, heads, c.kv_lora_rank)
+        torch.ops.atomc.mla_attention(
+            q_absorbed, q_pe, c_kv, k_pe.view(t, c.qk_rope_head_dim), out, self.layer_idx, c.softmax_scale
+        )
+        o = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
+        return self.o_proj(o.reshape(t, heads * c.v_head_dim))
+
+
+class DeepseekRouter(ReplicatedLinear):
+    """The router GEMM (`gate.weight`), and V3's `e_score_correction_bias`, kept in fp32 as the
+    checkpoints store it (it separates experts whose bf16 scores would tie)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, correction_bias: bool, parallel: ParallelInfo = SINGLE):
+        super().__init__(hidden_size, num_experts, False, parallel)
+        if correction_bias:
+            bias = torch.empty(num_experts, dtype=torch.float32)
+            self.e_score_correction_bias = nn.Parameter(bias, requires_grad=False)
+        else:
+            self.register_parameter("e_score_correction_bias", None)
+
+
+class DeepseekMoE(nn.Module):
+    def __init__(self, c: DeepseekConfig, parallel: ParallelInfo = SINGLE):
+        super().__init__()
+        self.gate = DeepseekRouter(c.hidden_size, c.moe.num_experts, c.correction_bias, parallel)
+        self.experts = FusedMoE(c.hidden_size, c.moe, parallel)
+        if c.shared_intermediate_size:
+            self.shared_experts = GatedMLP(c.hidden_size, c.shared_intermediate_size, False, parallel)
+        else:
+            self.shared_experts = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        routed = self.experts(x, self.gate(x), self.gate.e_score_correction_bias)
+        return routed if self.shared_experts is None else routed + self.shared_experts(x)
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(self, c: DeepseekConfig, layer_idx: int, parallel: ParallelInfo = SINGLE):
+        super().__init__()
+        self.self_attn = MLAAttention(c, layer_idx, parallel)
+        if layer_idx in c.moe_layers:
+            self.mlp = DeepseekMoE(c, parallel)
+        else:
+            self.mlp = GatedMLP(c.hidden_size, c.intermediate_size, False, parallel)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), rope)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DeepseekModel(nn.Module):
+    def __init__(self, c: DeepseekConfig, parallel: ParallelInfo = SINGLE):
+        super().__init__()
+        a = c.arch
+        self.embed_tokens = VocabParallelEmbedding(a.vocab_size, c.hidden_size, parallel)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(c, i, parallel) for i in range(a.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(c.qk_rope_head_dim, a.max_position_embeddings, c.rope_theta, c.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x, self.rotary_emb)
+        return self.norm(x)
+
+
+class DeepseekV2ForCausalLM(nn.Module):
+    version = 2
+    # the dense MLPs' and the shared experts' gate/up -> one GEMM; q_proj stays itself (no k/v beside it)
+    packed_modules_mapping = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    expert_names = ExpertNames({"gate_proj": "gate", "up_proj": "up", "down_proj": "down"})
+
+    @classmethod
+    def parse_config(cls, arch: ModelArch) -> DeepseekConfig:
+        return parse_deepseek_config(arch, cls.version)
+
+    def __init__(self, arch: ModelArch, parallel: ParallelInfo = SINGLE):
+        super().__init__()
+        self.arch, self.parallel = arch, parallel
+        self.config = self.parse_config(arch)
+        self.model = DeepseekModel(self.config, parallel)
+        self.lm_head = ParallelLMHead(arch.vocab_size, self.config.hidden_size, parallel)
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)
+
+    def kv_cache_specs(self) -> list[MLAAttentionSpec]:
+        """Every layer caches the latent and the rope key: kv_lora_rank + qk_rope_head_dim a token."""
+        c = self.config
+        return [MLAAttentionSpec(c.kv_lora_rank, c.qk_rope_head_dim)] * self.arch.num_layers
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    version = 3
