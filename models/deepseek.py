@@ -87,36 +87,34 @@ def softmax_scale(qk_head_dim: int, scaling: dict | None) -> float:
     return scale
 
 
-def _refuse(cond: bool, message: str) -> None:
+def _refuse(cond: bool, setting: str, name: str, why: str) -> None:
     if cond:
-        raise ValueError(message)
+        raise ValueError(f"{setting} is not supported for {name} ({why})")
 
 
 def parse_deepseek_config(arch: ModelArch, version: int) -> DeepseekConfig:
     cfg, name = arch.raw, arch.architecture
     act = cfg.get("hidden_act", "silu")
-    _refuse(act != "silu", f"hidden_act={act!r} is not supported for {name} (atomc's MLPs are silu-gated)")
+    _refuse(act != "silu", f"hidden_act={act!r}", name, "atomc's MLPs are silu-gated")
     freq = cfg.get("moe_layer_freq", 1)
-    _refuse(freq != 1, f"moe_layer_freq={freq} is not supported for {name} (every layer from first_k_dense_replace is sparse)")
-    mtp = cfg.get("num_nextn_predict_layers") or 0
-    _refuse(bool(mtp) and version == 2, f"num_nextn_predict_layers={mtp} is not supported for {name}")
+    _refuse(freq != 1, f"moe_layer_freq={freq}", name, "every layer from first_k_dense_replace on is sparse")
     method = cfg.get("topk_method", "greedy" if version == 2 else "noaux_tc")
     experts = required(cfg, "n_routed_experts", "num_local_experts", "num_experts")
     groups, keep = cfg.get("n_group") or 0, cfg.get("topk_group") or 0
     if version == 2:
-        _refuse(method not in ("greedy", "group_limited_greedy"),
-                f"topk_method={method!r} is not supported for {name} (supported: greedy, group_limited_greedy)")  # fmt: skip
-        _refuse(bool(cfg.get("norm_topk_prob")),
-                f"norm_topk_prob=true is not supported for {name} (its router does not renormalise)")  # fmt: skip
+        methods = ("greedy", "group_limited_greedy")
+        _refuse(method not in methods, f"topk_method={method!r}", name, f"supported: {', '.join(methods)}")
+        _refuse(bool(cfg.get("norm_topk_prob")), "norm_topk_prob=true", name, "its router does not renormalise")
         scoring, renormalize = "softmax", False
         if method == "greedy":
             groups = keep = 0
     else:
-        _refuse(method != "noaux_tc", f"topk_method={method!r} is not supported for {name} (supported: noaux_tc)")
-        scoring_func = cfg.get("scoring_func", "sigmoid")
-        _refuse(scoring_func != "sigmoid", f"scoring_func={scoring_func!r} is not supported for {name} (supported: sigmoid)")
+        _refuse(method != "noaux_tc", f"topk_method={method!r}", name, "supported: noaux_tc")
+        func = cfg.get("scoring_func", "sigmoid")
+        _refuse(func != "sigmoid", f"scoring_func={func!r}", name, "supported: sigmoid")
         scoring, renormalize = "sigmoid", bool(cfg.get("norm_topk_prob", True))
-    _refuse(bool(groups) != bool(keep), f"{name} sets only one of n_group / topk_group")
+    if bool(groups) != bool(keep):
+        raise ValueError(f"{name} sets only one of n_group / topk_group (grouped routing needs both)")
     moe = MoESpec(
         num_experts=experts,
         top_k=required(cfg, "num_experts_per_tok"),
@@ -172,7 +170,8 @@ class MLAAttention(nn.Module):
             self.q_proj = ColumnParallelLinear(h, heads * qk_head, False, parallel)
         self.kv_a_proj_with_mqa = ReplicatedLinear(h, c.kv_lora_rank + c.qk_rope_head_dim, c.attention_bias, parallel)
         self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, LORA_NORM_EPS)
-        self.kv_b_proj = ColumnParallelLinear(c.kv_lora_rank, heads * (c.qk_nope_head_dim + c.v_head_dim), False, parallel)
+        kv_b_out = heads * (c.qk_nope_head_dim + c.v_head_dim)  # per head: W_UK's nope rows, then W_UV's v rows
+        self.kv_b_proj = ColumnParallelLinear(c.kv_lora_rank, kv_b_out, False, parallel)
         self.o_proj = RowParallelLinear(heads * c.v_head_dim, h, c.attention_bias, parallel)
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:

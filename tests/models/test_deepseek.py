@@ -1,0 +1,228 @@
+"""DeepSeek-V2/V3 (models/deepseek.py) and its latent attention (atomc::mla_attention), fp32 on the CPU.
+
+The shared family tests run both tiny checkpoints (tests/conftest.py: deepseek_v2, deepseek_v3)
+against transformers: prompt logits (tests/models/test_families.py), 32 eager greedy tokens, and
+the compiled engine against the eager one (tests/graphs/test_engine.py). Here: the op's absorbed
+form against the expanded per-head attention it replaces, with and without a paged cache; the
+latent cache's allocation and size; the routing and YaRN details that must take effect; prefix
+hits and chunked prefill over the latent cache; the configs atomc refuses.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from atomc import LLM, SamplingParams
+from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from atomc.kv_spec import MLAAttentionSpec, kv_cache_groups
+from atomc.ops.mla import write_latent_cache
+from atomc.ops.moe import select_experts
+from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block
+from models.arch import ModelArch
+from models.deepseek import DeepseekMoE, MLAAttention
+from models.layers.mlp import GatedMLP
+from models.loader import load_model
+from tests.conftest import FAMILIES
+
+H, NOPE, ROPE, LORA, V = 4, 16, 8, 32, 16
+
+
+def expanded_attention(q_nope, q_pe, c_kv, k_pe, w_uk, w_uv, scale, q_offset):
+    """The form transformers computes, in float64: per-head K = [c_kv W_UK^T | k_pe], V = c_kv W_UV^T,
+    queries at positions q_offset.. over keys 0.., causal. -> [Lq, H, v]."""
+    d = torch.float64
+    k_nope = torch.einsum("kl,hnl->khn", c_kv.to(d), w_uk.to(d))
+    values = torch.einsum("kl,hvl->khv", c_kv.to(d), w_uv.to(d))
+    scores = torch.einsum("qhn,khn->hqk", q_nope.to(d), k_nope) + torch.einsum("qhr,kr->hqk", q_pe.to(d), k_pe.to(d))
+    q_pos = torch.arange(q_offset, q_offset + q_nope.shape[0])[:, None]
+    scores = (scores * scale).masked_fill(torch.arange(c_kv.shape[0])[None, :] > q_pos, float("-inf"))
+    return torch.einsum("hqk,khv->qhv", scores.softmax(-1), values)
+
+
+def random_mla(tokens: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(tokens, H, NOPE, generator=g),
+        torch.randn(tokens, H, ROPE, generator=g),
+        torch.randn(tokens, LORA, generator=g),
+        torch.randn(tokens, ROPE, generator=g),
+    )
+
+
+def run_op(q_nope, q_pe, c_kv, k_pe, w_uk, w_uv, scale, layer=0):
+    q_absorbed = torch.einsum("thn,hnl->thl", q_nope, w_uk)
+    out = torch.empty(q_nope.shape[0], H, LORA)
+    torch.ops.atomc.mla_attention(q_absorbed, q_pe, c_kv, k_pe, out, layer, scale)
+    return torch.einsum("thl,hvl->thv", out, w_uv)
+
+
+@pytest.fixture
+def weights():
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(H, NOPE, LORA, generator=g) / 4, torch.randn(H, V, LORA, generator=g) / 4
+
+
+def test_absorbed_equals_expanded_without_a_cache(weights):
+    w_uk, w_uv = weights
+    q_nope, q_pe, c_kv, k_pe = random_mla(11, 0)
+    got = run_op(q_nope, q_pe, c_kv, k_pe, w_uk, w_uv, 0.2)
+    want = expanded_attention(q_nope, q_pe, c_kv, k_pe, w_uk, w_uv, 0.2, 0)
+    assert (got.double() - want).abs().max().item() < 1e-5
+
+
+def test_absorbed_equals_expanded_over_the_paged_latent_cache(weights):
+    """One batch: a chunk over a cached prefix, a decode row, a fresh prompt; pages of 4 tokens,
+    scattered over the pool; padding rows (slot -1) write nothing."""
+    w_uk, w_uv = weights
+    block, scale = 4, 0.3
+    spec = MLAAttentionSpec(LORA, ROPE)
+    ((latent, values),) = allocate_kv_cache([spec], 16, block, torch.float32, "cpu", lambda s: "NHD")
+    seqs = [(5, 3), (8, 1), (0, 6)]  # (cached prefix, new tokens)
+    tables = [[9, 2, 14], [3, 11, 7], [0, 5, 12]]
+    data = [random_mla(p + n, 10 + i) for i, (p, n) in enumerate(seqs)]
+
+    def slots(i, positions):
+        return [tables[i][p // block] * block + p % block for p in positions]
+
+    for i, (p, _) in enumerate(seqs):  # the prefixes, as earlier steps left them
+        if p:
+            _, _, c_kv, k_pe = data[i]
+            rows = torch.cat([c_kv[:p], k_pe[:p]], -1).unsqueeze(1)
+            write_latent_cache(rows, latent, torch.tensor(slots(i, range(p))))
+    new = [torch.cat([x[p:] for x, (p, _) in zip(parts, seqs, strict=True)]) for parts in zip(*data, strict=True)]
+    pad = 2  # trailing padding rows, as a CUDA-graph batch has
+    new = [torch.cat([t, torch.zeros(pad, *t.shape[1:])]) for t in new]
+    slot_mapping = sum((slots(i, range(p, p + n)) for i, (p, n) in enumerate(seqs)), []) + [-1] * pad
+    starts = [0, 3, 4, 10]
+    lens = [p + n for p, n in seqs]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slot_mapping),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        query_start_loc_host=starts,
+        seq_lens_host=lens,
+        max_query_len=6,
+        max_seq_len=9,
+        num_seqs=3,
+    )
+    before = latent.clone()
+    with set_forward_context(ForwardContext(meta, [(latent, values)])):
+        got = run_op(*new, w_uk, w_uv, scale)
+    for i, (p, _) in enumerate(seqs):
+        want = expanded_attention(*data[i][:2], *data[i][2:], w_uk, w_uv, scale, 0)[p:]
+        assert (got[starts[i] : starts[i + 1]].double() - want).abs().max().item() < 1e-5
+    written = (latent != before).any(-1).flatten().nonzero().flatten().tolist()
+    assert sorted(written) == sorted(s for s in slot_mapping if s >= 0)  # padding wrote nothing
+
+
+def test_the_latent_cache_holds_one_vector_a_token():
+    """V3's widths: 512 + 64 values a token and layer, not per-head K and V; V is a view of K's pages."""
+    spec = MLAAttentionSpec(kv_lora_rank=512, qk_rope_head_dim=64)
+    assert spec.bytes_per_token(torch.bfloat16) == 576 * 2
+    assert bytes_per_block([spec] * 3, 16, torch.bfloat16) == 3 * 16 * 576 * 2
+    assert kv_cache_groups([spec] * 3)[0].layers == (0, 1, 2)
+    caches = allocate_kv_cache([spec] * 2, 5, 16, torch.bfloat16, "cpu", lambda s: "NHD")
+    for k, v in caches:
+        assert k.shape == (5, 16, 1, 576) and v.shape == (5, 16, 1, 512)
+        assert v.data_ptr() == k.data_ptr() and v.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+    assert caches[0][0].untyped_storage().nbytes() == 2 * 5 * 16 * 576 * 2  # both layers, nothing more
+
+
+@pytest.fixture(scope="module")
+def hf_v3(checkpoints):
+    return transformers.AutoModelForCausalLM.from_pretrained(checkpoints["deepseek_v3"], dtype=torch.float32).eval()
+
+
+def test_v3_layers_routing_and_scale_follow_the_config(checkpoints, hf_v3):
+    model = load_model(checkpoints["deepseek_v3"], torch.float32, "cpu")
+    mlps = [layer.mlp for layer in model.model.layers]
+    assert isinstance(mlps[0], GatedMLP) and all(isinstance(m, DeepseekMoE) for m in mlps[1:])
+    spec = mlps[1].experts.spec
+    assert (spec.scoring, spec.num_expert_group, spec.topk_group, spec.renormalize) == ("sigmoid", 4, 2, True)
+    assert spec.routed_scaling_factor == 2.5
+    assert mlps[1].shared_experts.inter == 32  # moe_intermediate_size x 1 shared expert
+    attn = model.model.layers[0].self_attn
+    assert isinstance(attn, MLAAttention)
+    assert attn.c.softmax_scale == pytest.approx(hf_v3.model.layers[0].self_attn.scaling, rel=1e-12)
+    assert attn.c.softmax_scale != pytest.approx(24**-0.5)  # YaRN's mscale_all_dim changed it
+    assert model.kv_cache_specs() == [MLAAttentionSpec(32, 8)] * 3
+
+
+def test_v3_correction_bias_changes_the_chosen_experts(checkpoints):
+    """The checkpoint's random e_score_correction_bias is large enough to move choices: without it
+    the same router logits pick other experts for some tokens (so the logits tests cover it)."""
+    model = load_model(checkpoints["deepseek_v3"], torch.float32, "cpu")
+    moe = model.model.layers[1].mlp
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    logits = moe.gate(x)
+    s = moe.experts.spec
+    args = (s.top_k, s.scoring, s.renormalize)
+    _, with_bias = select_experts(logits, *args, moe.gate.e_score_correction_bias, 4, 2, 2.5)
+    _, without = select_experts(logits, *args, None, 4, 2, 2.5)
+    assert moe.gate.e_score_correction_bias.dtype == torch.float32
+    assert (with_bias.sort(-1).values != without.sort(-1).values).any(-1).sum() > 4
+
+
+def test_v2_has_no_q_lora_and_plain_softmax_routing(checkpoints):
+    model = load_model(checkpoints["deepseek_v2"], torch.float32, "cpu")
+    attn, moe = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert hasattr(attn, "q_proj") and not hasattr(attn, "q_a_proj")
+    s = moe.experts.spec
+    assert (s.scoring, s.renormalize, s.num_expert_group, s.routed_scaling_factor) == ("softmax", False, 0, 1.5)
+    assert moe.gate.e_score_correction_bias is None and moe.shared_experts.inter == 64
+
+
+LONG = "Once upon a time there was a small engine that compiled graphs. The capital of France is Paris."
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+def test_prefix_hit_and_chunked_prefill_give_the_same_tokens(family, checkpoints):
+    """A second prompt that extends a cached one reads its prefix from the latent cache; chunks of
+    8 tokens attend over the latent of the chunks before; both give the tokens of a cold run."""
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    kw = dict(model=str(checkpoints[family]), dtype="float32", device="cpu", enforce_eager=True, block_size=4)
+    llm = LLM(num_kv_blocks=256, **kw)
+    tok = llm.get_tokenizer()
+    first = tok(LONG).input_ids
+    second = first + tok(" Later, a second question came.").input_ids
+    llm.generate([{"prompt_token_ids": first}], params)
+    hit = llm.generate([{"prompt_token_ids": second}], params)[0]
+    assert hit.num_cached_tokens == len(first) // 4 * 4 > 8
+    cold = LLM(num_kv_blocks=256, enable_prefix_caching=False, **kw).generate([{"prompt_token_ids": second}], params)
+    chunked = LLM(num_kv_blocks=256, enable_prefix_caching=False, max_num_batched_tokens=8, **kw)
+    chunks = chunked.generate([{"prompt_token_ids": second}], params)
+    assert cold[0].num_cached_tokens == 0 and len(second) > 16
+    assert hit.outputs[0].token_ids == cold[0].outputs[0].token_ids == chunks[0].outputs[0].token_ids
+
+
+def config(family: str, **extra) -> dict:
+    cfg = transformers.AutoConfig.for_model(
+        FAMILIES[family]["cls"].removesuffix("Config").lower().replace("deepseekv", "deepseek_v"),
+    ).to_dict()
+    cfg.update(architectures=[f"DeepseekV{family[-1]}ForCausalLM"], num_hidden_layers=2, **extra)
+    cfg["num_experts_per_tok"] = cfg["num_experts_per_tok"] or 6  # V2's default config leaves it unset
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "family, extra, message",
+    [
+        ("deepseek_v3", dict(moe_layer_freq=2), "moe_layer_freq=2 is not supported"),
+        ("deepseek_v3", dict(scoring_func="softmax"), "scoring_func='softmax' is not supported"),
+        ("deepseek_v3", dict(topk_method="greedy"), "topk_method='greedy' is not supported"),
+        ("deepseek_v2", dict(topk_method="noaux_tc"), "topk_method='noaux_tc' is not supported"),
+        ("deepseek_v2", dict(norm_topk_prob=True), "norm_topk_prob=true is not supported"),
+        ("deepseek_v2", dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
+        ("deepseek_v3", dict(n_group=4, topk_group=None), "only one of n_group / topk_group"),
+    ],
+)
+def test_unsupported_settings_fail_at_parsing(family, extra, message):
+    from models.registry import parse_family_config
+
+    cfg = config(family)
+    assert parse_family_config(ModelArch.from_dict(cfg)).kv_lora_rank == 512  # the defaults parse
+    with pytest.raises(ValueError, match=message):
+        parse_family_config(ModelArch.from_dict({**cfg, **extra}))
