@@ -26,8 +26,9 @@ renormalised when `norm_topk_prob`. Both scale the weights by `routed_scaling_fa
 `n_shared_experts` shared experts (one gated MLP of moe_intermediate_size * n_shared_experts).
 
 Not here yet: Triton/AITER MLA kernels (the op's torch reference runs on every device), the MTP
-layers of V3/R1 checkpoints (`num_nextn_predict_layers`: their weights are not loaded and a
-checkpoint holding them is refused by name), FP8 checkpoints, tensor parallelism.
+layers of V3/R1 checkpoints (`num_nextn_predict_layers` layers after the last: the loader skips
+their tensors), FP8 checkpoints (any `quantization_config` is refused at parsing), tensor parallelism
+(the layers split heads, but the all-reduce is not there: sizes > 1 are refused).
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ def parse_deepseek_config(arch: ModelArch, version: int) -> DeepseekConfig:
     cfg, name = arch.raw, arch.architecture
     act = cfg.get("hidden_act", "silu")
     _refuse(act != "silu", f"hidden_act={act!r}", name, "atomc's MLPs are silu-gated")
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    _refuse(quant is not None, f"quantization_config.quant_method={quant!r}", name,
+            "atomc runs DeepSeek checkpoints in bf16/fp16/fp32 only; FP8 ones need a dequantized copy")  # fmt: skip
     freq = cfg.get("moe_layer_freq", 1)
     _refuse(freq != 1, f"moe_layer_freq={freq}", name, "every layer from first_k_dense_replace on is sparse")
     method = cfg.get("topk_method", "greedy" if version == 2 else "noaux_tc")
@@ -274,6 +278,7 @@ class DeepseekV2ForCausalLM(nn.Module):
         super().__init__()
         self.arch, self.parallel = arch, parallel
         self.config = self.parse_config(arch)
+        self.mtp_layers = (arch.raw.get("num_nextn_predict_layers") or 0) if self.version == 3 else 0
         self.model = DeepseekModel(self.config, parallel)
         self.lm_head = ParallelLMHead(arch.vocab_size, self.config.hidden_size, parallel)
         if arch.tie_word_embeddings:
@@ -284,6 +289,17 @@ class DeepseekV2ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
+
+    def skips_checkpoint_tensor(self, name: str) -> bool:
+        """V3/R1 checkpoints hold their MTP modules as layers num_hidden_layers.. (the loader skips
+        them: the speculative-decoding step that would use them is not built yet)."""
+        parts = name.split(".")
+        return (
+            len(parts) > 2
+            and parts[:2] == ["model", "layers"]
+            and parts[2].isdigit()
+            and (self.arch.num_layers <= int(parts[2]) < self.arch.num_layers + self.mtp_layers)
+        )
 
     def kv_cache_specs(self) -> list[MLAAttentionSpec]:
         """Every layer caches the latent and the rope key: kv_lora_rank + qk_rope_head_dim a token."""

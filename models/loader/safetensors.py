@@ -205,11 +205,13 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
     unexpected: list[str] = []
     bar = progress_bar(len(files), "weights", "file")
     fused_experts = False  # the checkpoint stacks experts (then missing names are given that way too)
+    # a family's tensors the model does not hold by design (DeepSeek-V3's MTP layers), by name
+    skips = getattr(model, "skips_checkpoint_tensor", None)
     for path in files:
         bar.update(1)
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
-                if name.endswith(_IGNORED_SUFFIXES):
+                if name.endswith(_IGNORED_SUFFIXES) or (skips is not None and skips(name)):
                     continue
                 param_name, shard_id = naming.to_param(name)
                 param = params.get(param_name)

@@ -198,6 +198,31 @@ def test_prefix_hit_and_chunked_prefill_give_the_same_tokens(family, checkpoints
     assert hit.outputs[0].token_ids == cold[0].outputs[0].token_ids == chunks[0].outputs[0].token_ids
 
 
+def test_mtp_layers_of_a_v3_checkpoint_are_skipped_and_other_extras_refused(checkpoints, tmp_path):
+    """A V3/R1 checkpoint stores its MTP module as the layer after the last: those tensors load as
+    nothing; a tensor of any other unknown layer is still named as unexpected."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    def copy_with(extra: str, mtp: int):
+        dst = tmp_path / f"{extra}-{mtp}"
+        shutil.copytree(checkpoints["deepseek_v3"], dst)
+        tensors = load_file(str(dst / "model.safetensors"))
+        tensors[extra] = torch.zeros(4, 4)
+        save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+        cfg = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": mtp}))
+        return dst
+
+    load_model(copy_with("model.layers.3.eh_proj.weight", 1), torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"unexpected: model\.layers\.4\.eh_proj\.weight"):
+        load_model(copy_with("model.layers.4.eh_proj.weight", 1), torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"unexpected: model\.layers\.3\.eh_proj\.weight"):
+        load_model(copy_with("model.layers.3.eh_proj.weight", 0), torch.float32, "cpu")
+
+
 def config(family: str, **extra) -> dict:
     cfg = transformers.AutoConfig.for_model(
         FAMILIES[family]["cls"].removesuffix("Config").lower().replace("deepseekv", "deepseek_v"),
@@ -217,6 +242,7 @@ def config(family: str, **extra) -> dict:
         ("deepseek_v2", dict(norm_topk_prob=True), "norm_topk_prob=true is not supported"),
         ("deepseek_v2", dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
         ("deepseek_v3", dict(n_group=4, topk_group=None), "only one of n_group / topk_group"),
+        ("deepseek_v3", dict(quantization_config={"quant_method": "fp8"}), "quant_method='fp8' is not supported"),
     ],
 )
 def test_unsupported_settings_fail_at_parsing(family, extra, message):
