@@ -266,6 +266,9 @@ class DeepseekModel(nn.Module):
 
 class DeepseekV2ForCausalLM(nn.Module):
     version = 2
+    # atomc::mla_attention has only its torch reference, which reads host-side batch lists: a
+    # captured CUDA graph would replay the capture's lengths (atomc/runtime/model_runner.py)
+    cuda_graphs = False
     # the dense MLPs' and the shared experts' gate/up -> one GEMM; q_proj stays itself (no k/v beside it)
     packed_modules_mapping = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
     expert_names = ExpertNames({"gate_proj": "gate", "up_proj": "up", "down_proj": "down"})

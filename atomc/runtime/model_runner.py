@@ -262,7 +262,7 @@ class ModelRunner:
         graphs), then pure-decode batches, all in one memory pool."""
         sched, comp = self.config.scheduler, self.config.compile
         max_blocks = (max_model_len + self.block_size - 1) // self.block_size
-        use_graphs = self.device.startswith("cuda")
+        use_graphs = captures_cuda_graphs(self.device, self.model)
         pool = None
         mixed = default_mixed_sizes(comp.cudagraph_mixed_max_tokens, sched.max_num_batched_tokens)
         if mixed:
@@ -284,6 +284,13 @@ class ModelRunner:
         if use_graphs:
             self.decode_graphs.capture(pool)
             self.timings["cudagraph_capture_s"] = self.decode_graphs.capture_seconds
+
+
+def captures_cuda_graphs(device: str, model) -> bool:
+    """CUDA graphs on CUDA, unless the model's forward cannot be captured (`cuda_graphs = False`:
+    DeepSeek, whose MLA runs a torch reference that reads the batch's host-side lists, which a
+    captured graph would freeze). Without them the same padded batches run eagerly."""
+    return device.startswith("cuda") and getattr(model, "cuda_graphs", True)
 
 
 class PendingStep:

@@ -175,6 +175,14 @@ def test_v2_has_no_q_lora_and_plain_softmax_routing(checkpoints):
     assert moe.gate.e_score_correction_bias is None and moe.shared_experts.inter == 64
 
 
+def test_no_cuda_graphs_over_the_reference_mla(checkpoints):
+    from atomc.runtime.model_runner import captures_cuda_graphs
+
+    assert not captures_cuda_graphs("cuda", load_model(checkpoints["deepseek_v3"], torch.float32, "cpu"))
+    assert captures_cuda_graphs("cuda", load_model(checkpoints["llama"], torch.float32, "cpu"))
+    assert not captures_cuda_graphs("cpu", load_model(checkpoints["llama"], torch.float32, "cpu"))
+
+
 LONG = "Once upon a time there was a small engine that compiled graphs. The capital of France is Paris."
 
 
