@@ -263,7 +263,9 @@ def test_unsupported_settings_fail_at_parsing(family, extra, message):
 
 
 VARIANTS = {  # the other supported routing/rope settings, as transformers computes them
-    "v2_group_limited": ("deepseek_v2", dict(topk_method="group_limited_greedy", n_group=4, topk_group=2)),
+    # one group of two experts kept for top-2: the choice differs from plain greedy whenever a
+    # token's two best experts sit in different groups
+    "v2_group_limited": ("deepseek_v2", dict(topk_method="group_limited_greedy", n_group=4, topk_group=1)),
     "v3_no_interleave_no_renorm": ("deepseek_v3", dict(rope_interleave=False, norm_topk_prob=False)),
 }
 
@@ -278,13 +280,20 @@ def test_config_variants_match_transformers(variant, tmp_path, monkeypatch):
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     model = load_model(path, torch.float32, "cpu")
     spec = model.model.layers[-1].mlp.experts.spec
-    assert spec.num_expert_group == 4 and not spec.renormalize
+    assert spec.num_expert_group == 4 and spec.topk_group == (1 if base == "deepseek_v2" else 2)
+    assert not spec.renormalize
     assert model.config.rope_interleave == (base == "deepseek_v2")
     ids = torch.arange(3, 40) * 7 % 384
+    router_logits = []
+    model.model.layers[-1].mlp.gate.register_forward_hook(lambda _m, _i, out: router_logits.append(out))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
         out = model.compute_logits(model(ids, torch.arange(ids.numel())))
     assert (out - ref).abs().max().item() < 1e-3
+    if base == "deepseek_v2":  # the groups changed some tokens' experts
+        args = (router_logits[0], spec.top_k, spec.scoring, spec.renormalize, None)
+        grouped, plain = select_experts(*args, 4, 1)[1], select_experts(*args)[1]
+        assert (grouped.sort(-1).values != plain.sort(-1).values).any(-1).sum() > 3
 
 
 @pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
