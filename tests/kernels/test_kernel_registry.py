@@ -112,3 +112,16 @@ def test_chosen_modules_follow_the_platform():
     assert registry.chosen_modules("cpu") == ["atomc.ops"]
     if registry.backend_available("triton"):
         assert "atomc.kernels.triton.ops" in registry.chosen_modules("cuda")
+
+
+def test_a_triton_binding_that_strays_from_the_atomc_schema_is_refused():
+    import atomc.kernels.triton.ops as triton_ops
+
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # eps missing
+        return x
+
+    with pytest.raises(TypeError, match="atomc::rms_norm is"):
+        triton_ops.custom("rms_norm")(rms_norm)
+    # a body taking *args gets the atomc op's schema as it is
+    triton_schema = str(torch.ops.atomc_triton.moe.default._schema)
+    assert triton_schema.replace("atomc_triton::", "atomc::", 1) == str(torch.ops.atomc.moe.default._schema)

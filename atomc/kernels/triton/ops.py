@@ -12,6 +12,8 @@ imports a kernel).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from atomc.forward_context import layer_cache
@@ -23,8 +25,17 @@ lib = torch.library.Library("atomc_triton", "DEF")  # must stay alive for the op
 
 
 def custom(name: str, mutates=()):
+    """Define `atomc_triton::<name>` with `fn` as its body. The schema is the atomc op's own (the
+    contract lowering relies on: only a node's target changes), checked against `fn`'s annotations
+    when it spells its arguments out; a body may instead take `*args` and pass them on."""
+
     def deco(fn):
-        lib.define(name + torch.library.infer_schema(fn, mutates_args=mutates))
+        schema = str(getattr(torch.ops.atomc, name).default._schema).split("::", 1)[1]
+        if not any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values()):
+            inferred = name + torch.library.infer_schema(fn, mutates_args=mutates)
+            if inferred != schema:
+                raise TypeError(f"atomc_triton::{name} is declared {inferred}, but atomc::{name} is {schema}")
+        lib.define(schema)
         lib.impl(name, fn, "CompositeExplicitAutograd")
         fake_as_atomc("atomc_triton", name)
         return fn
@@ -147,29 +158,8 @@ def attention(
 
 
 @custom("moe")
-def moe(
-    x: torch.Tensor,
-    router_logits: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    w13_bias: torch.Tensor | None,
-    w2_bias: torch.Tensor | None,
-    expert_map: torch.Tensor | None,
-    correction_bias: torch.Tensor | None,
-    top_k: int,
-    scoring: str = "softmax",
-    renormalize: bool = True,
-    num_expert_group: int = 0,
-    topk_group: int = 0,
-    routed_scaling_factor: float = 1.0,
-    activation: str = "silu",
-    swiglu_alpha: float = 1.702,
-    swiglu_limit: float = 7.0,
-) -> torch.Tensor:
-    return tk.fused_moe(
-        x, router_logits, w13, w2, w13_bias, w2_bias, expert_map, correction_bias, top_k, scoring, renormalize,
-        num_expert_group, topk_group, routed_scaling_factor, activation, swiglu_alpha, swiglu_limit,
-    )  # fmt: skip
+def moe(*args) -> torch.Tensor:
+    return tk.fused_moe(*args)  # atomc::moe's arguments as the dispatcher passes them (defaults left out)
 
 
 # eager atomc::attention on a GPU runs the Triton body (the reference stays the CPU kernel)
