@@ -6,7 +6,8 @@ atomc/kernels/triton/moe_config.py reads (configs/E=..,H=..,I=..,topk=..,dtype=.
 Per M bucket it tries every route that can take M tokens (the one-token GEMV, the few-pair route
 when M * top_k fits it, the sorted route) and keeps the fastest, so the file also records where
 each route takes over. The gate/up tile is searched
-with the down tile at its default, then the down tile with the best gate/up (the sorted route's two
+with the down tile at its default (the one-token down tile also chooses whether the combine is fused
+into it), then the down tile with the best gate/up (the sorted route's two
 GEMMs share block_m, searched outside). Each candidate is timed as in benchmarks/moe_kernel.py (a
 CUDA graph of calls with different routings, weights from HBM); candidates that fail to compile
 (too much shared memory) are skipped. A few minutes per shape on an H200.
@@ -32,6 +33,11 @@ SMALL_TILES = [dict(block_m=0, block_n=n, block_k=k, num_warps=w, num_stages=s)
                for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3,))]  # fmt: skip
 GEMV_TILES = [dict(block_m=0, block_n=n, block_k=k, num_warps=w, num_stages=4)
               for n, k, w in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8))]  # fmt: skip
+# the one-token down GEMV: with the combine fused in (fewer programs: wider tiles too), or not
+GEMV_DOWN_TILES = ([dict(t, fuse_combine=True) for t in GEMV_TILES]
+                   + [dict(block_m=0, block_n=16, block_k=k, num_warps=w, num_stages=4, fuse_combine=True)
+                      for k, w in itertools.product((256, 512, 1024), (4, 8))]
+                   + [dict(t, fuse_combine=False) for t in GEMV_TILES])  # fmt: skip
 SORTED_TILES = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s)
                 for n, k, w, s in ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
                                    (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 4), (256, 64, 8, 3))]  # fmt: skip
@@ -79,7 +85,8 @@ def tune_shape(name: str, tokens: list[int], quick: bool) -> dict:
         found = []
         if t == 1:
             tiles = GEMV_TILES[::3] if quick else GEMV_TILES
-            found.append(search(time_config, "gemv", tiles, tiles, default["gate_up"]))
+            down = GEMV_DOWN_TILES[::3] if quick else GEMV_DOWN_TILES
+            found.append(search(time_config, "gemv", tiles, down, default["gate_up"]))
         if t * k <= moe_config.SMALL_PATH_MAX_PAIRS:
             tiles = SMALL_TILES[::3] if quick else SMALL_TILES
             found.append(search(time_config, "small", tiles, tiles, moe_config.default_config(2, 1, e)["gate_up"]))

@@ -29,6 +29,8 @@ TILE = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
 SMALL = {"path": "small", "gate_up": dict(TILE), "down": dict(TILE)}
 SORTED = {"path": "sorted", "gate_up": dict(TILE), "down": dict(TILE)}
 GEMV = {"path": "gemv", "gate_up": dict(TILE, block_n=4, block_k=16), "down": dict(TILE, block_n=2, block_k=32)}
+# the one-token route with the combine as its own kernel (the default does it in the down GEMV)
+GEMV_UNFUSED = {**GEMV, "down": dict(GEMV["down"], fuse_combine=False)}
 
 
 def check(t, dtype, config, *, activation="silu", bias=False, expert_map=None, e=E, k=K, skewed=False, seed=0):
@@ -55,8 +57,16 @@ def test_small_route_matches_reference(t, dtype, activation, bias):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("activation,bias", [("silu", False), ("swiglu_oai", True), ("silu", True)])
 @pytest.mark.parametrize("k", [1, 2, 4])
-def test_gemv_route_matches_reference(k, dtype, activation, bias):
-    check(1, dtype, GEMV, activation=activation, bias=bias, k=k, seed=k)
+@pytest.mark.parametrize("config", [GEMV, GEMV_UNFUSED], ids=["fused-combine", "combine-kernel"])
+def test_gemv_route_matches_reference(k, dtype, activation, bias, config):
+    check(1, dtype, config, activation=activation, bias=bias, k=k, seed=k)
+
+
+def test_gemv_fused_combine_equals_the_combine_kernel():
+    # same rounding and the same slot order: the two one-token variants agree to fp32 rounding of one sum
+    x, logits, w13, w2, b13, b2 = make_moe(1, E, H, INTER, 4, torch.float32, "cpu", bias=True, seed=5)
+    args = (x, *select_experts(logits, 4), w13, w2, b13, b2)
+    torch.testing.assert_close(fused_experts(*args, config=GEMV), fused_experts(*args, config=GEMV_UNFUSED))
 
 
 def test_gemv_route_takes_one_token():
@@ -94,7 +104,8 @@ def test_expert_map_on_the_gemv_route():
     # one token choosing 3 of 6 experts; this rank holds experts 1 and 4 only
     expert_map = torch.tensor([-1, 0, -1, -1, 1, -1], dtype=torch.int32)
     for seed in range(4):
-        check(1, torch.float32, GEMV, bias=True, expert_map=expert_map, k=3, seed=seed)
+        for config in (GEMV, GEMV_UNFUSED):
+            check(1, torch.float32, config, bias=True, expert_map=expert_map, k=3, seed=seed)
 
 
 def test_more_experts_and_top_k():

@@ -12,7 +12,8 @@ data-dependent shape anywhere, so the op captures in a CUDA graph.
 
 The routing weights are applied in the combine, not the down GEMM's epilogue: the expert outputs
 are then rounded to x's dtype before the fp32 weighted sum exactly as the reference rounds them,
-and the combine is one deterministic pass (no atomics) over [T * k, H] rows in x's dtype.
+and the combine is one deterministic pass (no atomics) over [T * k, H] rows in x's dtype. On the
+one-token route the down GEMV does that combine itself (moe_gemv.py), in the same order.
 """
 
 from __future__ import annotations
@@ -85,15 +86,17 @@ def fused_experts(
     act = x.new_empty(p, inter)
     y = x.new_empty(p, h)
     code = ACTIVATION_CODES[activation]
+    weights = weights.float().contiguous()
     if config["path"] == "gemv":
         if t != 1:
             raise ValueError(f"fused_moe: the gemv route takes one token, got {t}")
-        moe_gemv.launch(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config)
+        if moe_gemv.launch(x, w13, w2, w13_bias, w2_bias, local, weights, act, y, out, code, alpha, limit, config):
+            return out  # the down GEMV did the combine
     else:
         _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config)
     block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
     moe_combine_kernel[(t, triton.cdiv(h, block_h))](
-        y, weights.float().contiguous(), local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h,
+        y, weights, local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h,
     )  # fmt: skip
     return out
 

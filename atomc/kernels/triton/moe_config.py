@@ -6,7 +6,8 @@ largest bucket <= M, else the smallest). A configuration:
 
     {"path": "gemv" | "small" | "sorted",   # optional; else gemv for one token, then by SMALL_PATH_MAX_PAIRS
      "gate_up": {"block_m", "block_n", "block_k", "num_warps", "num_stages"},
-     "down": {...the same keys...}}
+     "down": {...the same keys..., "fuse_combine": bool}}   # gemv only: combine in the down GEMV
+                                                           # (default true)
 
 The gemv and small routes ignore block_m (gemv has one row, small sizes it from the pair count).
 `benchmarks/tune_moe.py` writes the files.

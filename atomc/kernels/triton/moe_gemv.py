@@ -5,8 +5,14 @@ multiply-adds a [BLOCK_N, BLOCK_K] weight tile with the row on the CUDA cores in
 tile, summed once at the end (as the one-row `gemv` reduce kernel does, which beat cuBLAS at one row
 on the H200). BLOCK_N may be 2, so even Qwen3-MoE's 768-row experts give thousands of programs and
 the weight stream keeps enough loads in flight. Program (j, n) owns pair j = slot j of the token;
-pairs whose expert is on another rank exit at once. Same rounding and outputs as moe_gemm.py: act
-[k, I] in x's dtype, then y [k, H], combined by `moe_combine_kernel`.
+pairs whose expert is on another rank exit at once. Same rounding as moe_gemm.py: act [k, I] in
+x's dtype, each expert's output rounded to x's dtype before the fp32 weighted sum.
+
+The down GEMV by default also does the combine (`moe_down_combine_gemv_kernel`, "fuse_combine" in the
+down tile): program n owns output rows n*BLOCK_N.. and walks the token's k experts in slot order,
+so the [k, H] expert outputs never go to memory and the combine kernel's launch is gone (at one
+token every launch is a few microseconds of a ~50 us layer). The unfused pair (down GEMV into y,
+then `moe_combine_kernel`) stays as a tuning candidate: the fused kernel has k times fewer programs.
 """
 
 from __future__ import annotations
@@ -81,8 +87,42 @@ def moe_down_gemv_kernel(
     tl.store(y_ptr + j * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
-def launch(x, w13, w2, w13_bias, w2_bias, local, act, y, activation_code: int, alpha, limit, config: dict) -> None:
-    """Both GEMVs for one token's k pairs (x [1, H], act [k, I], y [k, H])."""
+@triton.jit
+def moe_down_combine_gemv_kernel(
+    act_ptr, w_ptr, b_ptr, weights_ptr, local_ids, out_ptr,
+    H, INTER, stride_am, stride_we, stride_wn, stride_be,
+    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """out[n] = sum over slots s (in order) of weight[s] * round(act[s] @ w2[e_s][n] (+ b)); slots whose
+    expert is on another rank add nothing."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for s in tl.static_range(TOPK):
+        e = tl.load(local_ids + s)
+        if e >= 0:
+            w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+            acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            for k0 in range(0, INTER, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                k_ok = offs_k < INTER
+                a = tl.load(act_ptr + s * stride_am + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+                wm = n_ok[:, None] & k_ok[None, :]
+                acc += tl.load(w_rows + offs_k[None, :], mask=wm, other=0.0).to(tl.float32) * a
+            y = tl.sum(acc, 1)
+            if HAS_BIAS:
+                y += tl.load(b_ptr + e.to(tl.int64) * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+            y = y.to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded as the reference's GEMM output
+            total += y * tl.load(weights_ptr + s)
+    tl.store(out_ptr + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+def launch(
+    x, w13, w2, w13_bias, w2_bias, local, weights, act, y, out, activation_code: int, alpha, limit, config: dict
+) -> bool:
+    """Both GEMVs for one token's k pairs (x [1, H], act [k, I], y [k, H], weights fp32 [k]); with
+    the down tile's "fuse_combine" (the default) the weighted sum is written to out [1, H] and True
+    is returned, else y is filled for `moe_combine_kernel` and False is returned."""
     k = local.numel()
     inter, h = w2.shape[2], w2.shape[1]
     gu, dn = config["gate_up"], config["down"]
@@ -93,9 +133,18 @@ def launch(x, w13, w2, w13_bias, w2_bias, local, act, y, activation_code: int, a
         ACT=activation_code, HAS_BIAS=w13_bias is not None, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"],
         num_warps=gu["num_warps"], num_stages=gu["num_stages"],
     )  # fmt: skip
+    if dn.get("fuse_combine", True):
+        moe_down_combine_gemv_kernel[(triton.cdiv(h, dn["block_n"]),)](
+            act, w2, w2_bias if w2_bias is not None else w2, weights, local, out,
+            h, inter, act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0),
+            TOPK=k, HAS_BIAS=w2_bias is not None, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
+            num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+        )  # fmt: skip
+        return True
     moe_down_gemv_kernel[(k, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2_bias if w2_bias is not None else w2, y, local,
         h, inter, act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
         HAS_BIAS=w2_bias is not None, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
         num_warps=dn["num_warps"], num_stages=dn["num_stages"],
     )  # fmt: skip
+    return False

@@ -1,0 +1,43 @@
+"""The tuned MoE tile files shipped in atomc/kernels/triton/configs/: each one parses, is named for
+the shape it holds, and every bucket is a configuration the kernels take (a route that exists, every
+tile key, powers of two where the kernels need them), so a bad file fails here and not on a GPU."""
+
+import json
+
+import pytest
+import torch
+
+from atomc.kernels.triton import moe_config
+
+TILE_KEYS = {"block_m", "block_n", "block_k", "num_warps", "num_stages"}
+FILES = sorted(moe_config.CONFIG_DIR.glob("*.json"))
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def test_there_are_tuned_files():
+    assert FILES, "benchmarks/tune_moe.py writes them; at least one H200 shape is shipped"
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_tuned_file_is_a_valid_configuration(path):
+    raw = json.loads(path.read_text())
+    fields = dict(kv.split("=", 1) for kv in path.stem.split(","))
+    dtype = getattr(torch, fields["dtype"])
+    assert path.name == moe_config.config_name(
+        int(fields["E"]), int(fields["H"]), int(fields["I"]), int(fields["topk"]), dtype, raw["meta"]["device"]
+    )
+    buckets = moe_config.load_configs(path.name)
+    assert buckets and all(m >= 1 for m in buckets)
+    for m, cfg in buckets.items():
+        assert cfg.get("path", "gemv") in moe_config.PATHS
+        assert moe_config.fits(cfg.get("path", "sorted"), m, int(fields["topk"])), (m, cfg)
+        for part in ("gate_up", "down"):
+            tile = cfg[part]
+            assert TILE_KEYS <= set(tile), (m, part, tile)
+            assert _pow2(tile["block_n"]) and _pow2(tile["block_k"]) and tile["num_warps"] in (1, 2, 4, 8, 16)
+            assert set(tile) - TILE_KEYS <= {"fuse_combine"}
+        if cfg.get("path") == "sorted":
+            assert cfg["gate_up"]["block_m"] == cfg["down"]["block_m"]  # one alignment for both GEMMs
