@@ -59,8 +59,8 @@ def main() -> None:
     device = "cpu" if args.tiny else "cuda"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     llm = LLM(
-        model=model_dir, dtype="float32" if args.tiny else "bfloat16", device=device, load_format="dummy", max_model_len=1024,
-        max_num_seqs=8, enforce_eager=args.eager or args.tiny,
+        model=model_dir, dtype="float32" if args.tiny else "bfloat16", device=device, load_format="dummy",
+        max_model_len=1024, max_num_seqs=8, enforce_eager=args.eager or args.tiny,
     )  # fmt: skip
     prompt = {"prompt_token_ids": decode_bs1.prompt_ids(16 if args.tiny else decode_bs1.PROMPT_LEN, vocab)}
     greedy = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
