@@ -25,10 +25,11 @@ scores, `e_score_correction_bias` added to choose (not to weigh), groups scored 
 renormalised when `norm_topk_prob`. Both scale the weights by `routed_scaling_factor`, and add
 `n_shared_experts` shared experts (one gated MLP of moe_intermediate_size * n_shared_experts).
 
-Not here yet: Triton/AITER MLA kernels (the op's torch reference runs on every device), the MTP
-layers of V3/R1 checkpoints (`num_nextn_predict_layers` layers after the last: the loader skips
-their tensors), FP8 checkpoints (any `quantization_config` is refused at parsing), tensor parallelism
-(the layers split heads, but the all-reduce is not there: sizes > 1 are refused).
+atomc::mla_attention runs its Triton kernel on GPUs (CUDA graphs then capture it) and its torch
+reference on the CPU. Not here yet: an AITER MLA kernel, the MTP layers of V3/R1 checkpoints
+(`num_nextn_predict_layers` layers after the last: the loader skips their tensors), FP8 checkpoints
+(any `quantization_config` is refused at parsing), tensor parallelism (the layers split heads, but
+the all-reduce is not there: sizes > 1 are refused).
 """
 
 from __future__ import annotations
@@ -266,9 +267,10 @@ class DeepseekModel(nn.Module):
 
 class DeepseekV2ForCausalLM(nn.Module):
     version = 2
-    # atomc::mla_attention has only its torch reference, which reads host-side batch lists: a
-    # captured CUDA graph would replay the capture's lengths (atomc/runtime/model_runner.py)
-    cuda_graphs = False
+    # atomc::mla_attention's torch reference reads host-side batch lists, which a captured CUDA graph
+    # would replay with the capture's lengths: graphs only where a kernel backend (Triton) runs it
+    # (atomc/runtime/model_runner.py: captures_cuda_graphs)
+    graphs_need_kernels = ("mla_attention",)
     # the dense MLPs' and the shared experts' gate/up -> one GEMM; q_proj stays itself (no k/v beside it)
     packed_modules_mapping = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
     expert_names = ExpertNames({"gate_proj": "gate", "up_proj": "up", "down_proj": "down"})

@@ -37,8 +37,8 @@ OPS = (
     "mla_attention",
 )
 # ops with a torch body only: every other backend falls back to it (silu_mul: Inductor fuses the
-# separate gate/up itself; mla_attention: its Triton and AITER kernels are not written yet)
-TORCH_ONLY = ("silu_mul", "mla_attention")
+# separate gate/up itself)
+TORCH_ONLY = ("silu_mul",)
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
 # an op reads the context and is missing here. rope_and_write_kv and qk_norm_rope_and_write_kv write

@@ -11,7 +11,8 @@ and the output o[h] = sum_j p_j c_kv_j is still in latent space; the model appli
 This "absorbed" form is exact (it reorders the same products), so it serves prefill, chunked
 prefill over a cached prefix and decode alike. It is multi-query attention with one shared head
 whose key is the whole latent [c_kv | k_pe] and whose value is its c_kv part: the torch reference
-below reuses atomc::attention's paged reference that way. Kernels (Triton, AITER) are future work.
+below reuses atomc::attention's paged reference that way. The Triton kernel (CUDA and ROCm) is
+atomc/kernels/triton/mla_attention.py.
 
 Like atomc::attention it writes into `out` and reads the cache and batch metadata from the forward
 context (a context op: the graph is cut here).
@@ -37,13 +38,11 @@ def mla_attention(
 ) -> None:
     """q_absorbed [T, H, kv_lora], q_pe [T, H, rope], c_kv [T, kv_lora], k_pe [T, rope] (rope'd);
     out [T, H, kv_lora]: the attention output in latent space."""
-    kv_lora = c_kv.shape[-1]
+    cache = layer_cache(layer_idx)
+    if cache is None:
+        return mla_without_cache(q_absorbed, q_pe, c_kv, k_pe, out, scale)
     q = torch.cat([q_absorbed, q_pe], dim=-1)  # [T, H, kv_lora + rope]
     latent = torch.cat([c_kv, k_pe], dim=-1).unsqueeze(1)  # [T, 1, kv_lora + rope]: one shared "head"
-    cache = layer_cache(layer_idx)
-    if cache is None:  # a plain forward (tracing, profiling without a cache): one causal sequence
-        out.copy_(causal_attention(q, latent, latent[..., :kv_lora], scale))
-        return
     meta, latent_cache, value_cache = cache  # value_cache: the c_kv part of latent_cache (a view)
     write_latent_cache(latent, latent_cache, meta.slot_mapping)
     paged_attention_reference(q, latent_cache, value_cache, out, meta, scale)
@@ -52,6 +51,15 @@ def mla_attention(
 @mla_attention.register_fake
 def _(q_absorbed, q_pe, c_kv, k_pe, out, layer_idx, scale) -> None:
     return None
+
+
+def mla_without_cache(
+    q_absorbed: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, out: torch.Tensor, scale: float
+) -> None:
+    """No cache in the forward context (tracing, profiling without a cache): one causal sequence."""
+    q = torch.cat([q_absorbed, q_pe], dim=-1)
+    latent = torch.cat([c_kv, k_pe], dim=-1).unsqueeze(1)
+    out.copy_(causal_attention(q, latent, latent[..., : c_kv.shape[-1]], scale))
 
 
 def write_latent_cache(latent: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from atomc.config import EngineConfig
 from atomc.forward_context import AttentionMetadata, ForwardContext, group_context, set_forward_context
-from atomc.kernels.registry import ensure_registered, kv_cache_layout
+from atomc.kernels.registry import choose_backend, ensure_registered, kv_cache_layout
 from atomc.kv_spec import blocks_per_sequence, kv_cache_groups
 from atomc.platforms import platform_of
 from atomc.runtime.batch import StepInput, StepResult, group_array_name, prefill_step_input, write_batch_arrays
@@ -287,10 +287,14 @@ class ModelRunner:
 
 
 def captures_cuda_graphs(device: str, model) -> bool:
-    """CUDA graphs on CUDA, unless the model's forward cannot be captured (`cuda_graphs = False`:
-    DeepSeek, whose MLA runs a torch reference that reads the batch's host-side lists, which a
-    captured graph would freeze). Without them the same padded batches run eagerly."""
-    return device.startswith("cuda") and getattr(model, "cuda_graphs", True)
+    """CUDA graphs on CUDA, unless the model's forward cannot be captured: `cuda_graphs = False`,
+    or an op in its `graphs_need_kernels` (DeepSeek: mla_attention) would run its torch reference
+    here, which reads the batch's host-side lists that a captured graph would freeze. Without
+    graphs the same padded batches run eagerly."""
+    if not device.startswith("cuda") or not getattr(model, "cuda_graphs", True):
+        return False
+    platform = platform_of(device)
+    return all(choose_backend(op, platform) != "torch" for op in getattr(model, "graphs_need_kernels", ()))
 
 
 class PendingStep:

@@ -10,6 +10,7 @@ else:
     from atomc.kernels.triton.activation import silu_and_mul
     from atomc.kernels.triton.gemv import linear
     from atomc.kernels.triton.kv_cache_write import write_kv_cache
+    from atomc.kernels.triton.mla_attention import mla_attention, write_latent_cache
     from atomc.kernels.triton.moe import fused_experts, fused_moe
     from atomc.kernels.triton.paged_attention import paged_attention
     from atomc.kernels.triton.rmsnorm import fused_add_rms_norm, rms_norm
@@ -20,10 +21,12 @@ else:
         "fused_experts",
         "fused_moe",
         "linear",
+        "mla_attention",
         "paged_attention",
         "rms_norm",
         "rope",
         "rope_and_write_kv",
         "silu_and_mul",
         "write_kv_cache",
+        "write_latent_cache",
     ]

@@ -20,6 +20,7 @@ from atomc.forward_context import layer_cache
 from atomc.kernels import triton as tk
 from atomc.kernels.binding import fake_as_atomc
 from atomc.ops.attention import attention_without_cache
+from atomc.ops.mla import mla_without_cache
 
 lib = torch.library.Library("atomc_triton", "DEF")  # must stay alive for the ops to stay defined
 
@@ -162,5 +163,33 @@ def moe(*args) -> torch.Tensor:
     return tk.fused_moe(*args)  # atomc::moe's arguments as the dispatcher passes them (defaults left out)
 
 
-# eager atomc::attention on a GPU runs the Triton body (the reference stays the CPU kernel)
+@custom("mla_attention", mutates=("out",))
+def mla_attention(
+    q_absorbed: torch.Tensor,
+    q_pe: torch.Tensor,
+    c_kv: torch.Tensor,
+    k_pe: torch.Tensor,
+    out: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+) -> None:
+    cache = layer_cache(layer_idx)
+    if cache is None:
+        return mla_without_cache(q_absorbed, q_pe, c_kv, k_pe, out, scale)
+    meta, latent_cache, _ = cache  # the second tensor is a view of the latent's c_kv part
+    tk.write_latent_cache(unit_stride(c_kv), unit_stride(k_pe), latent_cache, meta.slot_mapping)
+    # any token/head strides will do (the model's q_absorbed is a transposed bmm output)
+    tk.mla_attention(
+        unit_stride(q_absorbed), unit_stride(q_pe), latent_cache, out, meta.query_start_loc, meta.seq_lens,
+        meta.block_tables, scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs,
+    )  # fmt: skip
+
+
+def unit_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+# eager atomc::attention and atomc::mla_attention on a GPU run the Triton bodies (the references
+# stay the CPU kernels), so an eager forward can be captured in a CUDA graph too
 torch.library.register_kernel("atomc::attention", "cuda", attention)
+torch.library.register_kernel("atomc::mla_attention", "cuda", mla_attention)

@@ -1,0 +1,129 @@
+"""The Triton MLA kernel (atomc/kernels/triton/mla_attention.py) against atomc::mla_attention's
+torch reference on the CPU, through the Triton interpreter (fp32 and fp16: the interpreter
+mishandles bf16). Tiny widths that are not all powers of two (kv_lora 40, rope 8), pages of 8
+tokens so contexts span several pages, pages shuffled over the pool, padding rows after the batch:
+decode with and without split-KV, prefill over a cached prefix, mixed batches, several head blocks;
+then the op binding (atomc_triton::mla_attention) through the forward context, cache write included."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():  # the interpreter setting is process-wide; test_triton_mla_gpu.py covers CUDA
+    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+
+triton = pytest.importorskip("triton")
+from triton_kernel_cases import make_batch, rel_err  # noqa: E402
+
+from atomc.forward_context import ForwardContext, set_forward_context  # noqa: E402
+from atomc.kernels.triton import mla_attention, write_latent_cache  # noqa: E402
+from atomc.ops.attention import paged_attention_reference  # noqa: E402
+from atomc.ops.mla import write_latent_cache as write_latent_reference  # noqa: E402
+
+LORA, ROPE, PAGE = 40, 8, 8
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
+DTYPES = [torch.float32, torch.float16]
+CASES = {  # (query tokens, context lengths) per sequence
+    "decode": ([1, 1, 1, 1], [3, 41, 17, 64]),
+    "prefill_over_prefix": ([5, 13], [21, 13]),
+    "mixed": ([1, 9, 1, 4], [30, 9, 8, 23]),
+}
+
+
+def latent_batch(q_lens, seq_lens, heads, dtype, seed=0):
+    """q_absorbed, q_pe, the latent pages [blocks, PAGE, 1, LORA + ROPE] and the metadata."""
+    q, cache, _, meta = make_batch(q_lens, seq_lens, heads, 1, LORA + ROPE, dtype, "cpu", page=PAGE, seed=seed)
+    return q[..., :LORA], q[..., LORA:], cache, meta  # strided views, as the model's q_absorbed is
+
+
+def reference(q_absorbed, q_pe, cache, meta, scale):
+    """What atomc::mla_attention computes: MQA of [q_absorbed | q_pe] over the latent, values c_kv."""
+    out = torch.zeros(*q_absorbed.shape, dtype=q_absorbed.dtype)
+    paged_attention_reference(torch.cat([q_absorbed, q_pe], -1), cache, cache[..., :LORA], out, meta, scale)
+    return out
+
+
+def check(case, dtype, heads=4, **kw):
+    q_absorbed, q_pe, cache, meta = latent_batch(*CASES[case], heads, dtype)
+    scale = 0.15
+    out = torch.full(q_absorbed.shape, float("nan"), dtype=dtype)
+    mla_attention(
+        q_absorbed, q_pe, cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
+        meta.max_query_len, meta.max_seq_len, meta.num_seqs, **kw,
+    )  # fmt: skip
+    t = meta.query_start_loc_host[-1]
+    assert not out[:t].isnan().any()
+    assert out[t:].isnan().all()  # padding rows are left alone
+    assert rel_err(out[:t], reference(q_absorbed, q_pe, cache, meta, scale)[:t]) < TOL[dtype]
+
+
+@pytest.mark.parametrize("segments", [1, 4, None], ids=["one_segment", "split4", "auto"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_over_uneven_contexts(dtype, segments):
+    # split 4 ways with 16-key tiles: the 64-key context fills every segment, the 3-key one leaves
+    # three empty (their partials must weigh nothing in the merge)
+    check("decode", dtype, num_segments=segments, tile_n=16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_split_with_several_head_blocks(dtype):
+    check("decode", dtype, heads=6, num_segments=2, block_h=4, tile_n=16)  # heads 6, 7 of block 1 masked
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_over_a_cached_prefix(dtype):
+    check("prefill_over_prefix", dtype, tile_n=16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mixed_batch_with_head_blocks(dtype):
+    check("mixed", dtype, heads=6, block_h=2, tile_n=16)  # 32 rows: 16 tokens x 2 heads a tile
+
+
+def test_forced_split_over_a_mixed_batch_is_exact():
+    # a forced split over a prefill batch is still exact (the causal range is cut, then merged)
+    check("mixed", torch.float32, num_segments=2, tile_n=16)
+
+
+def test_latent_cache_write_matches_the_reference():
+    g = torch.Generator().manual_seed(3)
+    c_kv, k_pe = torch.randn(6, LORA, generator=g), torch.randn(6, ROPE, generator=g)
+    slots = torch.tensor([17, 3, -1, 40, 8, -1])
+    got = torch.zeros(7, PAGE, 1, LORA + ROPE)
+    want = got.clone()
+    write_latent_cache(c_kv, k_pe, got, slots)
+    write_latent_reference(torch.cat([c_kv, k_pe], -1).unsqueeze(1), want, slots)
+    assert torch.equal(got, want) and got.count_nonzero() == 4 * (LORA + ROPE)
+
+
+def test_op_binding_writes_the_cache_and_attends_like_the_reference():
+    """atomc_triton::mla_attention through the forward context against atomc::mla_attention: the
+    same step's latent rows land in the same slots and the outputs agree; without a cache both
+    attend causally over the batch."""
+    import atomc.kernels.triton.ops  # noqa: F401  (defines torch.ops.atomc_triton.*)
+
+    heads, scale = 4, 0.2
+    q_absorbed, q_pe, cache, meta = latent_batch(*CASES["mixed"], heads, torch.float32, seed=1)
+    g = torch.Generator().manual_seed(2)
+    rows = q_absorbed.shape[0]
+    c_kv, k_pe = torch.randn(rows, LORA, generator=g), torch.randn(rows, ROPE, generator=g)
+    outs, caches = [], []
+    for op in (torch.ops.atomc.mla_attention, torch.ops.atomc_triton.mla_attention):
+        latent = cache.clone()
+        out = torch.zeros(rows, heads, LORA)
+        with set_forward_context(ForwardContext(meta, [(latent, latent[..., :LORA])])):
+            op(q_absorbed, q_pe, c_kv, k_pe, out, 0, scale)
+        outs.append(out)
+        caches.append(latent)
+    assert torch.equal(caches[0], caches[1]) and not torch.equal(caches[0], cache)
+    t = meta.query_start_loc_host[-1]
+    assert rel_err(outs[1][:t], outs[0][:t]) < 1e-5
+    plain = [torch.zeros(rows, heads, LORA) for _ in range(2)]
+    torch.ops.atomc.mla_attention(q_absorbed, q_pe, c_kv, k_pe, plain[0], 0, scale)
+    torch.ops.atomc_triton.mla_attention(q_absorbed, q_pe, c_kv, k_pe, plain[1], 0, scale)
+    assert torch.equal(plain[0], plain[1])
