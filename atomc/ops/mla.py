@@ -54,7 +54,12 @@ def _(q_absorbed, q_pe, c_kv, k_pe, out, layer_idx, scale) -> None:
 
 
 def mla_without_cache(
-    q_absorbed: torch.Tensor, q_pe: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, out: torch.Tensor, scale: float
+    q_absorbed: torch.Tensor,
+    q_pe: torch.Tensor,
+    c_kv: torch.Tensor,
+    k_pe: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
 ) -> None:
     """No cache in the forward context (tracing, profiling without a cache): one causal sequence."""
     q = torch.cat([q_absorbed, q_pe], dim=-1)

@@ -175,12 +175,22 @@ def test_v2_has_no_q_lora_and_plain_softmax_routing(checkpoints):
     assert moe.gate.e_score_correction_bias is None and moe.shared_experts.inter == 64
 
 
-def test_no_cuda_graphs_over_the_reference_mla(checkpoints):
+def test_cuda_graphs_only_where_a_kernel_runs_the_mla(checkpoints, monkeypatch):
+    """CUDA graphs capture DeepSeek when atomc::mla_attention lowers to a kernel (Triton); where only
+    its torch reference (host-side lists) would run, the model runs without graphs."""
+    from atomc.kernels import registry
     from atomc.runtime.model_runner import captures_cuda_graphs
 
-    assert not captures_cuda_graphs("cuda", load_model(checkpoints["deepseek_v3"], torch.float32, "cpu"))
-    assert captures_cuda_graphs("cuda", load_model(checkpoints["llama"], torch.float32, "cpu"))
-    assert not captures_cuda_graphs("cpu", load_model(checkpoints["llama"], torch.float32, "cpu"))
+    deepseek = load_model(checkpoints["deepseek_v3"], torch.float32, "cpu")
+    llama = load_model(checkpoints["llama"], torch.float32, "cpu")
+    assert not captures_cuda_graphs("cpu", deepseek) and not captures_cuda_graphs("cpu", llama)
+    assert captures_cuda_graphs("cuda", llama)
+    if registry.backend_available("triton"):
+        assert registry.choose_backend("mla_attention", "cuda") == "triton"
+        assert captures_cuda_graphs("cuda", deepseek)
+    monkeypatch.setattr(registry, "backend_available", lambda backend: backend == "torch")
+    assert not captures_cuda_graphs("cuda", deepseek)
+    assert captures_cuda_graphs("cuda", llama)
 
 
 LONG = "Once upon a time there was a small engine that compiled graphs. The capital of France is Paris."

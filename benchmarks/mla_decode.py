@@ -1,0 +1,183 @@
+"""The Triton MLA decode kernel alone (atomc.kernels.triton.mla_attention) at DeepSeek-V3's widths
+(128 heads, kv_lora 512, rope 64, pages of 16), bf16, bs 1/8/32/64 x context 1k/4k/16k, next to
+atomc::mla_attention's torch reference.
+
+    python benchmarks/mla_decode.py --out results/mla_decode.json [--bs 1,8] [--ctx 4096] [--no-reference]
+    python benchmarks/mla_decode.py --tiny     # CPU smoke run through the Triton interpreter
+
+GB/s counts the latent bytes read once (bs x ctx x 576 x 2), the floor any MLA decode must read
+(queries and outputs are small beside it); the issue's target is >= 70% of HBM bandwidth at
+bs >= 8, ctx >= 4k. The bandwidth is measured here (a 1 GiB device-to-device copy, bytes read +
+written over the time) and given next to each row. The kernel is timed as CUDA-graph replays of
+calls over R different caches (R x the latent bytes >= 512 MiB), as a model's layers each read
+their own cache, so the latent comes from HBM and not from L2 (50 MiB on an H200 holds a whole
+bs 8 x 4k latent). The reference gathers the pages and runs SDPA; it gets do_bench once per row.
+Each row's kernel output is checked against the reference first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+TINY = "--tiny" in sys.argv
+if TINY:
+    os.environ["TRITON_INTERPRET"] = "1"  # before the first triton import
+
+import torch  # noqa: E402
+
+from atomc.forward_context import AttentionMetadata  # noqa: E402
+from atomc.kernels.triton.mla_attention import mla_attention  # noqa: E402
+from atomc.ops.attention import paged_attention_reference  # noqa: E402
+
+HEADS, LORA, ROPE, PAGE = 128, 512, 64, 16
+BS, CTX = (1, 8, 32, 64), (1024, 4096, 16384)
+
+
+def rel_err(out, ref) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def decode_batch(bs: int, ctx: int, heads: int, lora: int, rope: int, dtype, dev, caches: int = 1, seed: int = 0):
+    """Queries and metadata of bs decode rows at context ctx, and `caches` latent pools whose pages
+    the same (shuffled) block tables index."""
+    g = torch.Generator(dev).manual_seed(seed)
+    pages = -(-ctx // PAGE)
+    blocks = bs * pages
+    tables = torch.randperm(blocks, generator=g, device=dev).view(bs, pages).int()
+    pools = [torch.randn(blocks, PAGE, 1, lora + rope, generator=g, device=dev).to(dtype) for _ in range(caches)]
+    q_absorbed = torch.randn(bs, heads, lora, generator=g, device=dev).to(dtype)
+    q_pe = torch.randn(bs, heads, rope, generator=g, device=dev).to(dtype)
+    starts = list(range(bs + 1))
+    meta = AttentionMetadata(
+        slot_mapping=torch.full((bs,), -1, dtype=torch.long, device=dev),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
+        seq_lens=torch.full((bs,), ctx, dtype=torch.int32, device=dev),
+        block_tables=tables,
+        query_start_loc_host=starts,
+        seq_lens_host=[ctx] * bs,
+        max_query_len=1,
+        max_seq_len=ctx,
+        num_seqs=bs,
+    )
+    return q_absorbed, q_pe, pools, meta
+
+
+def kernel(q_absorbed, q_pe, cache, out, meta, scale, **kw):
+    mla_attention(
+        q_absorbed, q_pe, cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
+        meta.max_query_len, meta.max_seq_len, meta.num_seqs, **kw,
+    )  # fmt: skip
+    return out
+
+
+def reference(q_absorbed, q_pe, cache, meta, scale):
+    out = torch.empty_like(q_absorbed)
+    lora = q_absorbed.shape[-1]
+    paged_attention_reference(torch.cat([q_absorbed, q_pe], -1), cache, cache[..., :lora], out, meta, scale)
+    return out
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a 1 GiB device-to-device copy (read + written)."""
+    from triton.testing import do_bench
+
+    x = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=5, rep=50, return_mode="median")
+    return 2 * x.numel() * 2 / (ms * 1e-3)
+
+
+def graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw) -> float:
+    """Median µs of one kernel call, from replays of a graph of one call per cache in `pools`."""
+    from triton.testing import do_bench
+
+    for cache in pools:
+        kernel(q_absorbed, q_pe, cache, out, meta, scale, **kw)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for cache in pools:
+            kernel(q_absorbed, q_pe, cache, out, meta, scale, **kw)
+    return do_bench(graph.replay, warmup=5, rep=50, return_mode="median") * 1e3 / len(pools)
+
+
+def bench_row(bs: int, ctx: int, bw: float, kw: dict, with_reference: bool) -> dict:
+    from triton.testing import do_bench
+
+    scale = 192**-0.5
+    latent_bytes = bs * ctx * (LORA + ROPE) * 2
+    caches = max(2, min(32, -(-(512 << 20) // latent_bytes)))
+    q_absorbed, q_pe, pools, meta = decode_batch(bs, ctx, HEADS, LORA, ROPE, torch.bfloat16, "cuda", caches)
+    out = torch.empty_like(q_absorbed)
+    ref = reference(q_absorbed, q_pe, pools[0], meta, scale)
+    err = rel_err(kernel(q_absorbed, q_pe, pools[0], out, meta, scale, **kw), ref)
+    us = graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw)
+    row = dict(bs=bs, ctx=ctx, us=round(us, 2), gbps=round(latent_bytes / us / 1e3, 1), rel_err=err)
+    row["pct_bw"] = round(100 * latent_bytes / (us * 1e-6) / bw, 1)
+    if with_reference:
+        ref_ms = do_bench(lambda: reference(q_absorbed, q_pe, pools[0], meta, scale), warmup=2, rep=20)
+        row["reference_us"] = round(ref_ms * 1e3, 1)
+    return row
+
+
+def run_gpu(args) -> None:
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()})")
+    kw = {k: v for k, v in dict(num_segments=args.segments, tile_n=args.tile_n, block_h=args.block_h).items() if v}
+    rows = []
+    for ctx in args.ctx:
+        for bs in args.bs:
+            row = bench_row(bs, ctx, bw, kw, not args.no_reference)
+            rows.append(row)
+            ref = row.get("reference_us", float("nan"))
+            print(f"bs {bs:3d} ctx {ctx:6d}: {row['us']:8.1f} us {row['gbps']:7.1f} GB/s"
+                  f" ({row['pct_bw']:5.1f}% of copy bw) reference {ref:9.1f} us err {row['rel_err']:.1e}")  # fmt: skip
+            torch.cuda.empty_cache()  # the row's caches are gone with its frame
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version())
+    meta.update(copy_bandwidth_gbps=round(bw / 1e9, 1), knobs=kw)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"wrote {args.out}")
+
+
+def run_tiny() -> None:
+    """The same rows at tiny widths on the CPU, through the interpreter: the script's plumbing and
+    the kernel's agreement with the reference, not a speed (interpreted Triton is slow)."""
+    heads, lora, rope = 8, 32, 16
+    for bs, ctx in ((1, 100), (3, 70)):  # a context past a page edge, uneven pages
+        q_absorbed, q_pe, (cache,), meta = decode_batch(bs, ctx, heads, lora, rope, torch.float32, "cpu")
+        out = torch.empty_like(q_absorbed)
+        t0 = time.perf_counter()
+        kernel(q_absorbed, q_pe, cache, out, meta, 0.2, tile_n=16)
+        ms = (time.perf_counter() - t0) * 1e3
+        err = rel_err(out, reference(q_absorbed, q_pe, cache, meta, 0.2))
+        latent = bs * ctx * (lora + rope) * 4
+        print(f"tiny bs {bs} ctx {ctx}: {latent} latent bytes, {ms:.0f} ms interpreted, err {err:.1e}")
+        assert err < 1e-5, f"kernel and reference disagree: {err}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("results/mla_decode.json"))
+    ap.add_argument("--bs", type=lambda s: [int(x) for x in s.split(",")], default=list(BS))
+    ap.add_argument("--ctx", type=lambda s: [int(x) for x in s.split(",")], default=list(CTX))
+    ap.add_argument("--segments", type=int, default=None, help="force the split-KV segment count")
+    ap.add_argument("--tile-n", type=int, default=None, help="keys a step (default: the kernel's)")
+    ap.add_argument("--block-h", type=int, default=None, help="heads a tile (default: the kernel's)")
+    ap.add_argument("--no-reference", action="store_true", help="skip timing the torch reference")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke run through the Triton interpreter")
+    args = ap.parse_args()
+    if args.tiny:
+        run_tiny()
+    else:
+        run_gpu(args)
+
+
+if __name__ == "__main__":
+    main()
