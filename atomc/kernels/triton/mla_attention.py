@@ -47,13 +47,15 @@ def _mla_kernel(
     stride_ot, stride_oh,
     stride_bt,
     KV_LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
-    NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
-    TILE_N: tl.constexpr, PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
+    NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    q_block = tl.program_id(0)
-    head_block = tl.program_id(1)
-    seg = tl.program_id(2)
+    # head blocks fastest: a token's run side by side (see the module docstring); one axis for
+    # both, as a y axis would cap the q blocks at 65535
+    head_block = tl.program_id(0) % HEAD_BLOCKS
+    q_block = tl.program_id(0) // HEAD_BLOCKS
+    seg = tl.program_id(1)
 
     seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
@@ -150,11 +152,11 @@ def _mla_reduce_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_seqs,
     stride_ot, stride_oh,
     KV_LORA: tl.constexpr, BLOCK_C: tl.constexpr, NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
 ):  # fmt: skip
     # the attention kernel's q-block mapping, so only rows some sequence owns are written
-    q_block = tl.program_id(0)
-    head_block = tl.program_id(1)
+    head_block = tl.program_id(0) % HEAD_BLOCKS
+    q_block = tl.program_id(0) // HEAD_BLOCKS
     seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
@@ -238,7 +240,8 @@ def mla_attention(
     block_c = max(16, triton.next_power_of_2(kv_lora))
     block_r = max(16, triton.next_power_of_2(rope))
     if tile_n is None:
-        tile_n = 32  # a [32, 576] bf16 latent tile is 36 KiB of shared memory a stage
+        # a [32, 576] bf16 latent tile is 36 KiB of shared memory a stage; fp32 tiles twice that
+        tile_n = 32 if latent_cache.element_size() <= 2 else 16
     if num_warps is None:
         num_warps = 8 if block_m * block_c >= 16 * 512 else 4
     q_blocks = num_tokens // block_q + num_seqs  # upper bound (see _find_seq); spare programs exit
@@ -255,8 +258,11 @@ def mla_attention(
     else:
         part_acc = part_m = part_l = out  # unused
 
-    common = dict(KV_LORA=kv_lora, BLOCK_C=block_c, NUM_HEADS=num_heads, BLOCK_H=block_h, BLOCK_M=block_m)
-    _mla_kernel[(q_blocks, head_blocks, num_segments)](
+    common = dict(
+        KV_LORA=kv_lora, BLOCK_C=block_c, NUM_HEADS=num_heads, BLOCK_H=block_h, HEAD_BLOCKS=head_blocks,
+        BLOCK_M=block_m,
+    )  # fmt: skip
+    _mla_kernel[(head_blocks * q_blocks, num_segments)](
         q_absorbed, q_pe, latent_cache, out,
         part_acc, part_m, part_l,
         query_start_loc, seq_lens, block_tables,
@@ -271,7 +277,7 @@ def mla_attention(
         **common,
     )  # fmt: skip
     if split:
-        _mla_reduce_kernel[(q_blocks, head_blocks)](
+        _mla_reduce_kernel[(head_blocks * q_blocks,)](
             out, part_acc, part_m, part_l, query_start_loc, num_seqs,
             out.stride(0), out.stride(1),
             BLOCK_Q=block_q, NUM_SEGMENTS=num_segments, num_warps=4,
