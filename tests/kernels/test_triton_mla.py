@@ -127,3 +127,22 @@ def test_op_binding_writes_the_cache_and_attends_like_the_reference():
     torch.ops.atomc.mla_attention(q_absorbed, q_pe, c_kv, k_pe, plain[0], 0, scale)
     torch.ops.atomc_triton.mla_attention(q_absorbed, q_pe, c_kv, k_pe, plain[1], 0, scale)
     assert torch.equal(plain[0], plain[1])
+
+
+@pytest.mark.parametrize("segments", [1, 4])
+def test_graph_padding_sequences_write_zeros_and_leave_the_rest_alone(segments):
+    """A CUDA graph's batch pads with sequences of no context (one query, seq_len 0: zeros out)
+    and with empty ones (no query at all), and passes max_seq_len as an upper bound."""
+    q_lens, seq_lens = [1, 4, 1, 0, 1], [37, 20, 0, 0, 9]
+    q_absorbed, q_pe, cache, meta = latent_batch(q_lens, seq_lens, 4, torch.float32)
+    meta.max_seq_len = 512
+    out = torch.full(q_absorbed.shape, float("nan"))
+    mla_attention(
+        q_absorbed, q_pe, cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.2,
+        meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=segments, tile_n=16,
+    )  # fmt: skip
+    ref = reference(q_absorbed, q_pe, cache, meta, 0.2)
+    live = [0, 1, 2, 3, 4, 6]  # token 5 is the context-less sequence's query
+    assert torch.equal(out[5], torch.zeros_like(out[5]))
+    assert rel_err(out[live], ref[live]) < TOL[torch.float32]
+    assert out[7:].isnan().all()
