@@ -3,6 +3,7 @@
 atomc::mla_attention's torch reference.
 
     python benchmarks/mla_decode.py --out results/mla_decode.json [--bs 1,8] [--ctx 4096] [--no-reference]
+    python benchmarks/mla_decode.py --sweep --bs 8,64 --ctx 4096   # tile configs side by side
     python benchmarks/mla_decode.py --tiny     # CPU smoke run through the Triton interpreter
 
 GB/s counts the latent bytes read once (bs x ctx x 576 x 2), the floor any MLA decode must read
@@ -107,7 +108,14 @@ def graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw) -> float:
     return do_bench(graph.replay, warmup=5, rep=50, return_mode="median") * 1e3 / len(pools)
 
 
-def bench_row(bs: int, ctx: int, bw: float, kw: dict, with_reference: bool) -> dict:
+SWEEP = [  # --sweep: heads a tile x keys a step x warps (the defaults are 16, 32, 8)
+    dict(block_h=h, tile_n=n, num_warps=w) for h in (16, 32, 64) for n in (16, 32, 64) for w in (4, 8)
+]
+
+
+def bench_rows(bs: int, ctx: int, bw: float, configs: list[dict], with_reference: bool) -> list[dict]:
+    """One row per kernel config in `configs` (a failing one, e.g. out of shared memory, records
+    its error), over the same inputs; the reference's time on every row."""
     from triton.testing import do_bench
 
     scale = 192**-0.5
@@ -116,31 +124,45 @@ def bench_row(bs: int, ctx: int, bw: float, kw: dict, with_reference: bool) -> d
     q_absorbed, q_pe, pools, meta = decode_batch(bs, ctx, HEADS, LORA, ROPE, torch.bfloat16, "cuda", caches)
     out = torch.empty_like(q_absorbed)
     ref = reference(q_absorbed, q_pe, pools[0], meta, scale)
-    err = rel_err(kernel(q_absorbed, q_pe, pools[0], out, meta, scale, **kw), ref)
-    us = graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw)
-    row = dict(bs=bs, ctx=ctx, us=round(us, 2), gbps=round(latent_bytes / us / 1e3, 1), rel_err=err)
-    row["pct_bw"] = round(100 * latent_bytes / (us * 1e-6) / bw, 1)
+    ref_us = None
     if with_reference:
-        ref_ms = do_bench(lambda: reference(q_absorbed, q_pe, pools[0], meta, scale), warmup=2, rep=20)
-        row["reference_us"] = round(ref_ms * 1e3, 1)
-    return row
+        ref_us = round(do_bench(lambda: reference(q_absorbed, q_pe, pools[0], meta, scale), warmup=2, rep=20) * 1e3, 1)
+    rows = []
+    for kw in configs:
+        row = dict(bs=bs, ctx=ctx, config=kw, reference_us=ref_us)
+        try:
+            row["rel_err"] = rel_err(kernel(q_absorbed, q_pe, pools[0], out, meta, scale, **kw), ref)
+            us = graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw)
+        except Exception as exc:  # a config the GPU cannot hold
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            print(f"bs {bs:3d} ctx {ctx:6d} {kw}: failed: {row['error']}")
+            rows.append(row)
+            continue
+        row.update(us=round(us, 2), gbps=round(latent_bytes / us / 1e3, 1))
+        row["pct_bw"] = round(100 * latent_bytes / (us * 1e-6) / bw, 1)
+        rows.append(row)
+        print(f"bs {bs:3d} ctx {ctx:6d}: {us:8.1f} us {row['gbps']:7.1f} GB/s ({row['pct_bw']:5.1f}% of copy bw)"
+              f" reference {ref_us or float('nan'):9.1f} us err {row['rel_err']:.1e} {kw or ''}")  # fmt: skip
+    return rows
 
 
 def run_gpu(args) -> None:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()})")
-    kw = {k: v for k, v in dict(num_segments=args.segments, tile_n=args.tile_n, block_h=args.block_h).items() if v}
+    knobs = dict(num_segments=args.segments, tile_n=args.tile_n, block_h=args.block_h, num_warps=args.num_warps)
+    kw = {k: v for k, v in knobs.items() if v}
+    configs = [dict(c, **kw) for c in SWEEP] if args.sweep else [kw]
     rows = []
     for ctx in args.ctx:
         for bs in args.bs:
-            row = bench_row(bs, ctx, bw, kw, not args.no_reference)
-            rows.append(row)
-            ref = row.get("reference_us", float("nan"))
-            print(f"bs {bs:3d} ctx {ctx:6d}: {row['us']:8.1f} us {row['gbps']:7.1f} GB/s"
-                  f" ({row['pct_bw']:5.1f}% of copy bw) reference {ref:9.1f} us err {row['rel_err']:.1e}")  # fmt: skip
+            found = bench_rows(bs, ctx, bw, configs, not args.no_reference)
+            rows += found
+            if args.sweep and any("us" in r for r in found):
+                best = min((r for r in found if "us" in r), key=lambda r: r["us"])
+                print(f"  best at bs {bs} ctx {ctx}: {best['config']} {best['us']} us ({best['pct_bw']}%)")
             torch.cuda.empty_cache()  # the row's caches are gone with its frame
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version())
-    meta.update(copy_bandwidth_gbps=round(bw / 1e9, 1), knobs=kw)
+    meta.update(copy_bandwidth_gbps=round(bw / 1e9, 1), knobs=kw, sweep=args.sweep)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"wrote {args.out}")
@@ -170,6 +192,8 @@ def main() -> None:
     ap.add_argument("--segments", type=int, default=None, help="force the split-KV segment count")
     ap.add_argument("--tile-n", type=int, default=None, help="keys a step (default: the kernel's)")
     ap.add_argument("--block-h", type=int, default=None, help="heads a tile (default: the kernel's)")
+    ap.add_argument("--num-warps", type=int, default=None, help="warps a program (default: the kernel's)")
+    ap.add_argument("--sweep", action="store_true", help="time every config of SWEEP (block_h x tile_n x warps)")
     ap.add_argument("--no-reference", action="store_true", help="skip timing the torch reference")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run through the Triton interpreter")
     args = ap.parse_args()
