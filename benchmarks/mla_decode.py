@@ -108,8 +108,15 @@ def graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw) -> float:
     return do_bench(graph.replay, warmup=5, rep=50, return_mode="median") * 1e3 / len(pools)
 
 
-SWEEP = [  # --sweep: heads a tile x keys a step x warps (the defaults are 16, 32, 8)
-    dict(block_h=h, tile_n=n, num_warps=w) for h in (16, 32, 64) for n in (16, 32, 64) for w in (4, 8)
+# --sweep: heads a tile x keys a step x warps (the defaults are 16, 32, 8). Each latent tile is read
+# by H / block_h programs (from L2 after the first), so a larger block_h saves L2 traffic but needs
+# a [block_h, 512] fp32 accumulator: 64 heads want 16 warps to stay out of local memory
+SWEEP = [
+    dict(block_h=h, tile_n=n, num_warps=w)
+    for h in (16, 32, 64)
+    for n in (16, 32, 64)
+    for w in (4, 8, 16)
+    if w >= h // 8  # 64 heads on 4 warps: 256 accumulator registers a thread
 ]
 
 

@@ -75,6 +75,11 @@ def test_decode_split_with_several_head_blocks(dtype):
     check("decode", dtype, heads=6, num_segments=2, block_h=4, tile_n=16)  # heads 6, 7 of block 1 masked
 
 
+def test_decode_with_a_wide_head_tile():
+    # 20 heads in one 32-row tile (the benchmark's block_h 32 / 64 configs): rows 20..31 masked
+    check("decode", torch.float32, heads=20, num_segments=2, block_h=32, tile_n=16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_over_a_cached_prefix(dtype):
     check("prefill_over_prefix", dtype, tile_n=16)
