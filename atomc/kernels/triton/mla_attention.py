@@ -22,6 +22,12 @@ One kernel for decode, prefill, chunked prefill over a cached prefix and mixed b
   log-sum-exp, as the MHA decode does (paged_attention.py, whose sequence lookup and segment
   choice this file reuses).
 
+Prefill in this absorbed form costs (kv_lora + rope) + kv_lora = 1088 multiply-adds a head and key
+pair at V3's widths, against 192 + 128 for the expanded form (per-head K/V up-projected from the
+latent, then ordinary attention): long prompts would run faster expanded, at the price of
+materialising K/V per chunk. Absorbed is what this kernel does for every batch today, so one
+kernel, one cache read path and one set of tests cover decode, prefill and mixed steps.
+
 No host sync in the wrapper (grid sizes from host ints; `max_seq_len` may be an upper bound), so
 it is captured in CUDA graphs like the MHA kernel. `write_latent_cache` scatters this step's rows
 (c_kv and k_pe straight from their own tensors, no concatenation) into the pages.
