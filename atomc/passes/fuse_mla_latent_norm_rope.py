@@ -11,8 +11,9 @@ Replacement:  q_r, k_r, c = atomc.mla_latent_norm_rope(pos, q_pe, k_pe, c_kv, w,
 The anchor is the attention: the norm and the rope it fuses are the ones that produce that layer's
 latent and rope parts (the model emits mla_attention itself; only these small steps are matched).
 Declined: a norm read by anything but the attention (it would be computed twice), q/k not the
-rope's two outputs, shapes other than q_pe [T, H, R], k_pe [T, 1, R], c_kv [T, L] with one T. The
-gathers fold in only when both q_pe and k_pe have them; otherwise the op reads the gathered tensors.
+rope's two outputs, shapes other than q_pe [T, H, R], k_pe [T, 1, R], c_kv [T, L], weight [L] with
+one T, q_pe and k_pe of two dtypes. The gathers fold in only when both q_pe and k_pe have them;
+otherwise the op reads the gathered tensors (its one flag covers both).
 """
 
 from __future__ import annotations
@@ -110,12 +111,14 @@ class FuseMLALatentNormRope(FusionPass):
             return False
         if not (isinstance(c, Node) and c.op == "call_function" and c.target in RMS_NORM) or len(c.users) != 1:
             return False
+        if len(rope.args) != 4 or len(c.args) != 3 or rope.kwargs or c.kwargs:
+            return False  # the spellings canonicalize and the models use: all positional
         positions, q_in, k_in, cos_sin = rope.args
         c_kv, weight, eps = c.args
         gq, gk = _gathered(q_in), _gathered(k_in)
         interleaved = gq is not None and gk is not None
         q_pe, k_pe = (gq[0], gk[0]) if interleaved else (q_in, k_in)
-        if not _shapes_fit(q_pe, k_pe, c_kv, weight):
+        if not _shapes_fit(q_pe, k_pe, c_kv, weight) or match.dtype(q_pe) != match.dtype(k_pe):
             return False
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         at = max(rope, c, key=order.__getitem__)  # every input of both is defined before it

@@ -21,4 +21,5 @@ def layer_inputs(tokens, heads, lora, rope, dtype, device, interleaved, nope=16,
     c_kv, k_pe = kv.split([lora, rope], dim=-1)
     weight = (1 + 0.5 * torch.randn(lora, generator=g)).to(dtype).to(device)
     positions = torch.randint(0, 64, (tokens,), generator=g).to(device)
-    return positions, q[..., nope:], k_pe.reshape(tokens, 1, rope), c_kv, weight, 1e-6, cos_sin_cache(64, rope, device), interleaved
+    cos_sin = cos_sin_cache(64, rope, device)
+    return positions, q[..., nope:], k_pe.reshape(tokens, 1, rope), c_kv, weight, 1e-6, cos_sin, interleaved

@@ -50,8 +50,11 @@ def layer_graphs(interleave=True, q_lora=None):
     return gm, inputs, result, after
 
 
+FUSED = torch.ops.atomc.mla_latent_norm_rope.default
+
+
 def fused_calls(gm):
-    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch.ops.atomc.mla_latent_norm_rope.default]
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is FUSED]
 
 
 @pytest.mark.parametrize("q_lora", [None, 24])
