@@ -35,9 +35,11 @@ OPS = (
     "linear",
     "moe",
     "mla_attention",
+    "mla_latent_norm_rope",
 )
 # ops with a torch body only: every other backend falls back to it (silu_mul: Inductor fuses the
-# separate gate/up itself)
+# separate gate/up itself). mla_latent_norm_rope has a Triton kernel and no AITER one: on ROCm it
+# lowers to Triton.
 TORCH_ONLY = ("silu_mul",)
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when

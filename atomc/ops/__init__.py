@@ -10,5 +10,5 @@ from atomc.ops import attention  # noqa: F401
 from atomc.ops import activation, linear, moe, norm, paged_attention, rope, rope_kv  # noqa: F401
 
 # isort: split
-# DeepSeek's latent attention (torch reference only)
-from atomc.ops import mla  # noqa: F401
+# DeepSeek's latent attention (torch reference only), and the latent's norm + RoPE the passes fuse to
+from atomc.ops import mla, mla_latent  # noqa: F401

@@ -28,6 +28,7 @@ def default_passes(platform: str) -> list[AtomcPass]:
     from atomc.passes.canonicalize import Canonicalize
     from atomc.passes.decode_gemv import DecodeGemv
     from atomc.passes.fuse_add_rmsnorm import FuseAddRMSNorm
+    from atomc.passes.fuse_mla_latent_norm_rope import FuseMLALatentNormRope
     from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
     from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
     from atomc.passes.fuse_silu_mul import FuseSiluMul
@@ -41,6 +42,7 @@ def default_passes(platform: str) -> list[AtomcPass]:
         FuseSiluMul(),
         FuseRopeKVWrite(),
         FuseQKNormRope(),
+        FuseMLALatentNormRope(),
         DecodeGemv(platform),
         Lowering(platform),
     ]

@@ -70,3 +70,26 @@ def test_sparse_layers_only_are_moe_nodes(checkpoints, tmp_path):
         del FAMILIES["qwen3_moe_step2"]
     _, after = traced_flops(path)
     assert len(after["moe_nodes"]) == 2  # layers 1 and 3
+
+
+def test_deepseek_report_lists_the_fused_latent_op(checkpoints):
+    """The MLA layers' fused latent norm + RoPE shows in the report: the pass's row, and the op among
+    the atomc kernels (a pass's rewrite: not in the graph as traced)."""
+    model = load_model(checkpoints["deepseek_v3"], torch.float32, "cpu")
+    seen = {}
+
+    def backend(gm, example_inputs):
+        seen["before"] = graph_flops(gm)
+        seen["reports"] = PassManager.for_platform("cpu").run(gm)
+        seen["after"] = graph_flops(gm, baseline=seen["before"])
+        return gm
+
+    with torch.no_grad():
+        torch.compile(model.forward, backend=backend, fullgraph=True, dynamic=True)(torch.arange(9), torch.arange(9))
+    assert "atomc::mla_latent_norm_rope" in seen["after"]["atomc_ops"]
+    assert "atomc::mla_latent_norm_rope" not in seen["before"]["atomc_ops"]
+    assert seen["after"]["by_op"]["atomc::mla_latent_norm_rope"] > 0
+    passes = [{"name": r.name, "matched": r.matched, "rewritten": r.rewritten, "seconds": 0.0} for r in seen["reports"]]
+    text = format_report({**manifest(seen["after"]), "passes": passes})
+    layers = model.arch.num_layers
+    assert f"fuse_mla_latent_norm_rope {layers:>7}  {layers:>9}" in text

@@ -10,6 +10,7 @@ else:
     from atomc.kernels.triton.activation import silu_and_mul
     from atomc.kernels.triton.gemv import linear
     from atomc.kernels.triton.kv_cache_write import write_kv_cache
+    from atomc.kernels.triton.latent_norm_rope import mla_latent_norm_rope
     from atomc.kernels.triton.mla_attention import mla_attention, write_latent_cache
     from atomc.kernels.triton.moe import fused_experts, fused_moe
     from atomc.kernels.triton.paged_attention import paged_attention
@@ -22,6 +23,7 @@ else:
         "fused_moe",
         "linear",
         "mla_attention",
+        "mla_latent_norm_rope",
         "paged_attention",
         "rms_norm",
         "rope",
