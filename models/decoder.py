@@ -9,10 +9,16 @@ for the loader.
 Each layer's MLP is the dense GatedMLP or, for the layers in `moe_layers`, a SparseMoEBlock
 (router + FusedMoE) built from `moe`: the MoE families (models/qwen3_moe.py, mixtral.py) are the
 same decoder with that choice made per layer.
+
+The shell is family-neutral: `DecoderLayer` is the pre-norm residual layer around any attention
+and MLP, `DecoderModel` builds its layers through a factory (layer i -> module), and
+`DecoderForCausalLM.build_attention` / `build_mlp` / `rotary_embedding` are the family's hooks (the
+Llama-style ones by default; DeepSeek supplies its latent attention and its MoE, models/deepseek.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -89,43 +95,71 @@ def parse_decoder_config(arch: ModelArch, **flags) -> DecoderConfig:
     )
 
 
+def llama_attention(config: DecoderConfig, layer_idx: int, parallel: ParallelInfo = SINGLE) -> LlamaStyleAttention:
+    a = config.arch
+    return LlamaStyleAttention(
+        config.hidden_size,
+        a.num_heads,
+        a.num_kv_heads,
+        a.head_dim,
+        layer_idx,
+        qkv_bias=config.qkv_bias,
+        o_bias=config.o_bias,
+        qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
+        sliding_window=layer_sliding_window(a, layer_idx),
+        sinks=config.attn_sinks,
+        parallel=parallel,
+    )
+
+
+def llama_mlp(config: DecoderConfig, layer_idx: int, parallel: ParallelInfo = SINGLE) -> nn.Module:
+    if layer_idx in config.moe_layers:
+        return SparseMoEBlock(config.hidden_size, config.moe, parallel)
+    return GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, parallel)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: DecoderConfig, layer_idx: int, parallel: ParallelInfo = SINGLE):
+    """x + self_attn(input_layernorm(x)), then x + mlp(post_attention_layernorm(x)).
+
+    `self_attn` is called as (positions, x, rope) and `mlp` as (x): any attention and MLP with those
+    forwards (LlamaStyleAttention, MLAAttention; GatedMLP, a MoE block)."""
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden_size: int, rms_norm_eps: float):
         super().__init__()
-        a, h = config.arch, config.hidden_size
-        self.self_attn = LlamaStyleAttention(
-            h,
-            a.num_heads,
-            a.num_kv_heads,
-            a.head_dim,
-            layer_idx,
-            qkv_bias=config.qkv_bias,
-            o_bias=config.o_bias,
-            qk_norm_eps=config.rms_norm_eps if config.qk_norm else None,
-            sliding_window=layer_sliding_window(a, layer_idx),
-            sinks=config.attn_sinks,
-            parallel=parallel,
-        )
-        if layer_idx in config.moe_layers:
-            self.mlp = SparseMoEBlock(h, config.moe, parallel)
-        else:
-            self.mlp = GatedMLP(h, config.intermediate_size, config.mlp_bias, parallel)
-        self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hidden_size, rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(hidden_size, rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
         x = x + self.self_attn(positions, self.input_layernorm(x), rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def llama_style_layer(config: DecoderConfig, layer_idx: int, parallel: ParallelInfo = SINGLE) -> DecoderLayer:
+    """The Llama-style families' layer i (what DecoderForCausalLM builds by default)."""
+    attn, mlp = llama_attention(config, layer_idx, parallel), llama_mlp(config, layer_idx, parallel)
+    return DecoderLayer(attn, mlp, config.hidden_size, config.rms_norm_eps)
+
+
 class DecoderModel(nn.Module):
-    def __init__(self, config: DecoderConfig, parallel: ParallelInfo = SINGLE):
+    """embed_tokens -> layers (built by `make_layer(i)`) -> norm, with the RoPE table every layer uses."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        rms_norm_eps: float,
+        num_layers: int,
+        make_layer: Callable[[int], nn.Module],
+        rotary_emb: RotaryEmbedding,
+        parallel: ParallelInfo = SINGLE,
+    ):
         super().__init__()
-        a = config.arch
-        self.embed_tokens = VocabParallelEmbedding(a.vocab_size, config.hidden_size, parallel)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, parallel) for i in range(a.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(a.head_dim, a.max_position_embeddings, config.rope_theta, config.rope_scaling)
+        self.embed_tokens = VocabParallelEmbedding(vocab_size, hidden_size, parallel)
+        self.layers = nn.ModuleList(make_layer(i) for i in range(num_layers))
+        self.norm = RMSNorm(hidden_size, rms_norm_eps)
+        self.rotary_emb = rotary_emb
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
@@ -135,10 +169,12 @@ class DecoderModel(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    """Subclasses set `parse_config` (config.json -> DecoderConfig) and, if their checkpoints store
-    q/k/v or gate/up apart, `packed_modules_mapping`; MoE families also `expert_names` (how their
-    checkpoints spell expert tensors) and `checkpoint_renames` (checkpoint module name -> ours,
-    e.g. Mixtral's block_sparse_moe -> mlp)."""
+    """Subclasses set `parse_config` (config.json -> their config: a DecoderConfig for the
+    Llama-style families; any config with `hidden_size` and `rms_norm_eps` for the others) and, if
+    their checkpoints store q/k/v or gate/up apart, `packed_modules_mapping`; MoE families also
+    `expert_names` (how their checkpoints spell expert tensors) and `checkpoint_renames` (checkpoint
+    module name -> ours, e.g. Mixtral's block_sparse_moe -> mlp). A family whose layers are not
+    Llama-style overrides `build_attention` / `build_mlp` / `rotary_embedding` / `kv_cache_specs`."""
 
     packed_modules_mapping: dict[str, tuple[str, object]] = {}
     expert_names: ExpertNames | None = None
@@ -152,10 +188,28 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         self.arch, self.parallel = arch, parallel
         self.config = self.parse_config(arch)
-        self.model = DecoderModel(self.config, parallel)
-        self.lm_head = ParallelLMHead(arch.vocab_size, self.config.hidden_size, parallel)
+        c = self.config
+        rope = self.rotary_embedding()
+        self.model = DecoderModel(
+            arch.vocab_size, c.hidden_size, c.rms_norm_eps, arch.num_layers, self.build_layer, rope, parallel
+        )  # fmt: skip
+        self.lm_head = ParallelLMHead(arch.vocab_size, c.hidden_size, parallel)
         if arch.tie_word_embeddings:  # one Parameter: the loader's materialisation keeps it shared
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def build_attention(self, layer_idx: int) -> nn.Module:
+        return llama_attention(self.config, layer_idx, self.parallel)
+
+    def build_mlp(self, layer_idx: int) -> nn.Module:
+        return llama_mlp(self.config, layer_idx, self.parallel)
+
+    def build_layer(self, layer_idx: int) -> DecoderLayer:
+        attn, mlp = self.build_attention(layer_idx), self.build_mlp(layer_idx)
+        return DecoderLayer(attn, mlp, self.config.hidden_size, self.config.rms_norm_eps)
+
+    def rotary_embedding(self) -> RotaryEmbedding:
+        a, c = self.arch, self.config
+        return RotaryEmbedding(a.head_dim, a.max_position_embeddings, c.rope_theta, c.rope_scaling)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Hidden states [T, hidden] for a flat batch; logits are computed only where needed."""

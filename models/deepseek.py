@@ -25,11 +25,20 @@ scores, `e_score_correction_bias` added to choose (not to weigh), groups scored 
 renormalised when `norm_topk_prob`. Both scale the weights by `routed_scaling_factor`, and add
 `n_shared_experts` shared experts (one gated MLP of moe_intermediate_size * n_shared_experts).
 
+The layer, model and causal-LM shell are the shared decoder's (models/decoder.py): this family
+supplies its config, MLAAttention, DeepseekMoE or the dense GatedMLP per layer, and the RoPE table
+of the rope dims.
+
+MTP. V3/R1 checkpoints add `num_nextn_predict_layers` MTP layers after the last. By default the
+loader skips their tensors and nothing is allocated for them; built with `mtp=True`
+(models/loader: load_model(..., mtp=True)) the model holds them as `mtp` (models/deepseek_mtp.py),
+a draft head a speculative-decoding step calls through `mtp_forward` / `mtp_compute_logits`, each
+with a latent cache of its own (layer index num_hidden_layers + k in `kv_cache_specs`).
+
 atomc::mla_attention runs its Triton kernel on GPUs (CUDA graphs then capture it) and its torch
-reference on the CPU. Not here yet: an AITER MLA kernel, the MTP layers of V3/R1 checkpoints
-(`num_nextn_predict_layers` layers after the last: the loader skips their tensors), FP8 checkpoints
-(any `quantization_config` is refused at parsing), tensor parallelism (the layers split heads, but
-the all-reduce is not there: sizes > 1 are refused).
+reference on the CPU. Not here yet: an AITER MLA kernel, the speculative-decoding loop that would
+use the MTP module, FP8 checkpoints (any `quantization_config` is refused at parsing), tensor
+parallelism (the layers split heads, but the all-reduce is not there: sizes > 1 are refused).
 """
 
 from __future__ import annotations
@@ -43,8 +52,8 @@ from torch import nn
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.mla_attention, moe)
 from atomc.kv_spec import MLAAttentionSpec
 from models.arch import ModelArch
-from models.decoder import required
-from models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from models.decoder import DecoderForCausalLM, required
+from models.deepseek_mtp import MTPLayer, checkpoint_prefixes, share_absent_tables
 from models.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from models.layers.mlp import GatedMLP
 from models.layers.moe import ExpertNames, FusedMoE, MoESpec
@@ -72,9 +81,10 @@ class DeepseekConfig:
     rope_interleave: bool
     softmax_scale: float
     moe: MoESpec
-    moe_layers: frozenset[int]
+    moe_layers: frozenset[int]  # main and MTP layer indices whose MLP is sparse
     shared_intermediate_size: int  # 0: no shared experts
     correction_bias: bool  # V3's e_score_correction_bias
+    num_mtp_layers: int = 0  # V3's num_nextn_predict_layers: MTP layers after the last (0 for V2)
 
 
 def softmax_scale(qk_head_dim: int, scaling: dict | None) -> float:
@@ -133,6 +143,7 @@ def parse_deepseek_config(arch: ModelArch, version: int) -> DeepseekConfig:
     theta, scaling = rope_parameters(cfg)
     nope, rope = required(cfg, "qk_nope_head_dim"), required(cfg, "qk_rope_head_dim")
     first_sparse = cfg.get("first_k_dense_replace") or 0
+    num_mtp = (cfg.get("num_nextn_predict_layers") or 0) if version == 3 else 0
     return DeepseekConfig(
         arch=arch,
         hidden_size=cfg["hidden_size"],
@@ -149,9 +160,11 @@ def parse_deepseek_config(arch: ModelArch, version: int) -> DeepseekConfig:
         rope_interleave=True if version == 2 else bool(cfg.get("rope_interleave", True)),
         softmax_scale=softmax_scale(nope + rope, scaling),
         moe=moe,
-        moe_layers=frozenset(range(first_sparse, arch.num_layers)),
+        # the MTP layers' decoder layers are sparse like the main layers from first_sparse on
+        moe_layers=frozenset(range(first_sparse, arch.num_layers + num_mtp)),
         shared_intermediate_size=moe.intermediate_size * (cfg.get("n_shared_experts") or 0),
         correction_bias=version == 3,
+        num_mtp_layers=num_mtp,
     )
 
 
@@ -233,39 +246,7 @@ class DeepseekMoE(nn.Module):
         return routed if self.shared_experts is None else routed + self.shared_experts(x)
 
 
-class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, c: DeepseekConfig, layer_idx: int, parallel: ParallelInfo = SINGLE):
-        super().__init__()
-        self.self_attn = MLAAttention(c, layer_idx, parallel)
-        if layer_idx in c.moe_layers:
-            self.mlp = DeepseekMoE(c, parallel)
-        else:
-            self.mlp = GatedMLP(c.hidden_size, c.intermediate_size, False, parallel)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), rope)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class DeepseekModel(nn.Module):
-    def __init__(self, c: DeepseekConfig, parallel: ParallelInfo = SINGLE):
-        super().__init__()
-        a = c.arch
-        self.embed_tokens = VocabParallelEmbedding(a.vocab_size, c.hidden_size, parallel)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(c, i, parallel) for i in range(a.num_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(c.qk_rope_head_dim, a.max_position_embeddings, c.rope_theta, c.rope_scaling)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(positions, x, self.rotary_emb)
-        return self.norm(x)
-
-
-class DeepseekV2ForCausalLM(nn.Module):
+class DeepseekV2ForCausalLM(DecoderForCausalLM):
     version = 2
     # atomc::mla_attention's torch reference reads host-side batch lists, which a captured CUDA graph
     # would replay with the capture's lengths: graphs only where a kernel backend (Triton) runs it
@@ -279,38 +260,70 @@ class DeepseekV2ForCausalLM(nn.Module):
     def parse_config(cls, arch: ModelArch) -> DeepseekConfig:
         return parse_deepseek_config(arch, cls.version)
 
-    def __init__(self, arch: ModelArch, parallel: ParallelInfo = SINGLE):
-        super().__init__()
-        self.arch, self.parallel = arch, parallel
-        self.config = self.parse_config(arch)
-        self.mtp_layers = (arch.raw.get("num_nextn_predict_layers") or 0) if self.version == 3 else 0
-        self.model = DeepseekModel(self.config, parallel)
-        self.lm_head = ParallelLMHead(arch.vocab_size, self.config.hidden_size, parallel)
-        if arch.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+    def __init__(self, arch: ModelArch, parallel: ParallelInfo = SINGLE, mtp: bool = False):
+        super().__init__(arch, parallel)
+        c = self.config
+        if mtp and not c.num_mtp_layers:
+            raise ValueError(
+                f"{arch.architecture}: this config.json has no MTP layers (num_nextn_predict_layers "
+                f"{'is not read for V2' if self.version == 2 else 'is 0 or unset'}), so there is no MTP module to load"
+            )
+        n = arch.num_layers
+        layers = [self.build_layer(n + k) for k in range(c.num_mtp_layers)] if mtp else []
+        self.mtp = nn.ModuleList(MTPLayer(b, arch.vocab_size, c.hidden_size, c.rms_norm_eps, parallel) for b in layers)
+        # MTP tensors -> the `mtp` modules; without the module the loader skips them instead
+        self.checkpoint_prefixes = checkpoint_prefixes(n, c.num_mtp_layers) if mtp else ()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
+    def build_attention(self, layer_idx: int) -> nn.Module:
+        return MLAAttention(self.config, layer_idx, self.parallel)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.compute_logits(hidden)
+    def build_mlp(self, layer_idx: int) -> nn.Module:
+        c = self.config
+        if layer_idx in c.moe_layers:
+            return DeepseekMoE(c, self.parallel)
+        return GatedMLP(c.hidden_size, c.intermediate_size, False, self.parallel)
+
+    def rotary_embedding(self) -> RotaryEmbedding:
+        c = self.config
+        return RotaryEmbedding(c.qk_rope_head_dim, self.arch.max_position_embeddings, c.rope_theta, c.rope_scaling)
 
     def skips_checkpoint_tensor(self, name: str) -> bool:
-        """V3/R1 checkpoints hold their MTP modules as layers num_hidden_layers.. (the loader skips
-        them: the speculative-decoding step that would use them is not built yet)."""
+        """V3/R1 checkpoints hold their MTP modules as layers num_hidden_layers..; a model built
+        without `mtp` skips their tensors (one with it loads them through checkpoint_prefixes)."""
         parts = name.split(".")
+        n = self.arch.num_layers
         return (
-            len(parts) > 2
+            not len(self.mtp)
+            and len(parts) > 2
             and parts[:2] == ["model", "layers"]
             and parts[2].isdigit()
-            and (self.arch.num_layers <= int(parts[2]) < self.arch.num_layers + self.mtp_layers)
+            and n <= int(parts[2]) < n + self.config.num_mtp_layers
         )
 
+    def adapt_to_checkpoint(self, names: set[str] | None) -> None:
+        """Before materialising (the loader calls it with the checkpoint's tensor names): MTP
+        layers without their own embedding or head share the main model's."""
+        if len(self.mtp):
+            share_absent_tables(self, names)
+
+    def mtp_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, depth: int = 0
+    ) -> torch.Tensor:
+        """MTP layer `depth` at rows (position t, token t+1, h_t): `hidden` is this model's forward
+        output at those rows (after the final norm), or the previous depth's result. -> [T, H],
+        the input of mtp_compute_logits and of depth + 1 (models/deepseek_mtp.py)."""
+        return self.mtp[depth](input_ids, positions, hidden, self.model.rotary_emb)
+
+    def mtp_compute_logits(self, hidden: torch.Tensor, depth: int = 0) -> torch.Tensor:
+        return self.mtp[depth].compute_logits(hidden)
+
     def kv_cache_specs(self) -> list[MLAAttentionSpec]:
-        """Every layer caches the latent and the rope key: kv_lora_rank + qk_rope_head_dim a token."""
+        """Every layer caches the latent and the rope key: kv_lora_rank + qk_rope_head_dim a token;
+        MTP layers (when built) after the main ones, at their attention's layer index."""
         c = self.config
-        return [MLAAttentionSpec(c.kv_lora_rank, c.qk_rope_head_dim)] * self.arch.num_layers
+        return [MLAAttentionSpec(c.kv_lora_rank, c.qk_rope_head_dim)] * (self.arch.num_layers + len(self.mtp))
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     version = 3
+    has_mtp = True  # build_model(..., mtp=True) may ask for its MTP layers

@@ -47,8 +47,14 @@ def parse_family_config(arch):
     return model_class(arch.architecture).parse_config(arch)
 
 
-def build_model(arch, parallel=None):
-    """The model on the current default device and dtype (the loader builds it on meta)."""
+def build_model(arch, parallel=None, mtp: bool = False):
+    """The model on the current default device and dtype (the loader builds it on meta). `mtp`:
+    with the checkpoint's multi-token-prediction layers (families whose class sets `has_mtp`)."""
     from models.layers.parallel import SINGLE
 
-    return model_class(arch.architecture)(arch, parallel or SINGLE)
+    cls = model_class(arch.architecture)
+    if not mtp:
+        return cls(arch, parallel or SINGLE)
+    if not getattr(cls, "has_mtp", False):
+        raise ValueError(f"{arch.architecture} has no multi-token-prediction (MTP) layers to load")
+    return cls(arch, parallel or SINGLE, mtp=True)

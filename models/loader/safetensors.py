@@ -3,8 +3,8 @@
 1. Build the model on the meta device in the target dtype (no random init, no memory).
 2. Materialise every parameter once on the target device, keeping each parameter's attributes (its
    weight_loader, layout tags) and shared parameters (tied embeddings) shared.
-3. For each checkpoint tensor: map its name through the family's naming (CheckpointNaming: module
-   renames, expert names, packed_modules_mapping) to (parameter, shard id) (`...q_proj.weight` ->
+3. For each checkpoint tensor: map its name through the family's naming (CheckpointNaming: layer
+   prefixes, module renames, expert names, packed_modules_mapping) to (parameter, shard id) (`...q_proj.weight` ->
    `...qkv_proj.weight`, "q"; `...experts.3.up_proj.weight` -> `...experts.w13_weight`, (3, "up"))
    and hand it to the parameter's weight_loader, which writes this rank's slice into the right place.
 4. Call every linear method's process_weights_after_loading.
@@ -58,17 +58,24 @@ def load_model(
     device: str | torch.device,
     load_format: str = "safetensors",
     parallel: ParallelInfo = SINGLE,
+    mtp: bool = False,
 ) -> nn.Module:
-    """load_format "dummy" fills random weights on the device instead of reading files (benchmarks)."""
+    """load_format "dummy" fills random weights on the device instead of reading files (benchmarks).
+    `mtp`: also build and load the checkpoint's multi-token-prediction layers (DeepSeek-V3/R1), for
+    a speculative-decoding step; off, they are skipped and nothing is allocated for them."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load format {load_format!r} is not one of: {', '.join(LOAD_FORMATS)}")
     arch = ModelArch.from_dir(model_dir)
-    model = build_on_meta(arch, dtype, parallel)
+    model = build_on_meta(arch, dtype, parallel, mtp=mtp)
+    files = [] if load_format == "dummy" else checkpoint_files(model_dir)
+    adapt = getattr(model, "adapt_to_checkpoint", None)  # a family whose modules depend on the tensors present
+    if adapt is not None:
+        adapt(tensor_names(files) if files else None)
     materialize(model, device)
     if load_format == "dummy":
         fill_dummy_weights(model)
     else:
-        load_weights(model, checkpoint_files(model_dir))
+        load_weights(model, files)
     process_weights_after_loading(model)
     return model.eval()
 
@@ -83,10 +90,19 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def build_on_meta(arch: ModelArch, dtype: torch.dtype, parallel: ParallelInfo = SINGLE) -> nn.Module:
+def build_on_meta(arch: ModelArch, dtype: torch.dtype, parallel: ParallelInfo = SINGLE, mtp: bool = False) -> nn.Module:
     """The model with meta parameters in `dtype` (layers create their weights in the default dtype)."""
     with _default_dtype(dtype), torch.device("meta"):
-        return build_model(arch, parallel)
+        return build_model(arch, parallel, mtp=mtp)
+
+
+def tensor_names(files: list[Path]) -> set[str]:
+    """Every tensor name the checkpoint holds (reads the safetensors headers only)."""
+    names: set[str] = set()
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            names.update(f.keys())
+    return names
 
 
 def materialize(model: nn.Module, device: str | torch.device) -> None:
@@ -134,15 +150,18 @@ def process_weights_after_loading(model: nn.Module) -> None:
 class CheckpointNaming:
     """How a family's checkpoint names map to the model's parameters, and back.
 
-    In order: `renames` (checkpoint module -> ours, whole components: Mixtral's block_sparse_moe ->
-    mlp), then `experts` (per-expert or fused expert tensors -> FusedMoE parameters and shard ids),
-    then `packed` (q/k/v, gate/up -> merged layers). The way back names the hub's layout (renamed,
-    per-expert), or with `hub=False` the model's own names with fused experts (what transformers
-    holds in memory and writes with save_original_format=False)."""
+    In order: `prefixes` ((checkpoint prefix, parameter prefix) pairs, the longest match wins:
+    DeepSeek-V3's MTP layers `model.layers.{N}.` -> `mtp.0.block.`), then `renames` (checkpoint
+    module -> ours, whole components: Mixtral's block_sparse_moe -> mlp), then `experts`
+    (per-expert or fused expert tensors -> FusedMoE parameters and shard ids), then `packed`
+    (q/k/v, gate/up -> merged layers). The way back names the hub's layout (renamed, per-expert),
+    or with `hub=False` the model's own names with fused experts (what transformers holds in
+    memory and writes with save_original_format=False)."""
 
     packed: dict[str, tuple[str, object]] = field(default_factory=dict)
     experts: ExpertNames | None = None
     renames: dict[str, str] = field(default_factory=dict)
+    prefixes: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, model: nn.Module) -> CheckpointNaming:
@@ -150,14 +169,23 @@ class CheckpointNaming:
             getattr(model, "packed_modules_mapping", {}),
             getattr(model, "expert_names", None),
             getattr(model, "checkpoint_renames", {}),
+            tuple(getattr(model, "checkpoint_prefixes", ())),
         )
+
+    def _swap_prefix(self, name: str, to_param: bool) -> str:
+        pairs = [(a, b) if to_param else (b, a) for a, b in self.prefixes]
+        hits = [(src, dst) for src, dst in pairs if name.startswith(src)]
+        if not hits:
+            return name
+        src, dst = max(hits, key=lambda hit: len(hit[0]))
+        return dst + name[len(src) :]
 
     def to_param(self, name: str) -> tuple[str, object]:
         """`model.layers.0.self_attn.k_proj.weight` -> (`model.layers.0.self_attn.qkv_proj.weight`, "k");
         `...mlp.experts.3.up_proj.weight` -> (`...mlp.experts.w13_weight`, (3, "up")).
 
         Matches whole dotted components, so `k_proj` never matches inside another name."""
-        parts = [self.renames.get(p, p) for p in name.split(".")]
+        parts = [self.renames.get(p, p) for p in self._swap_prefix(name, to_param=True).split(".")]
         if self.experts is not None:
             hit = self.experts.to_param(parts)
             if hit is not None:
@@ -181,7 +209,7 @@ class CheckpointNaming:
         if hub and self.renames:
             back = {ours: theirs for theirs, ours in self.renames.items()}
             name = ".".join(back.get(p, p) for p in name.split("."))
-        return name
+        return self._swap_prefix(name, to_param=False)
 
 
 def map_checkpoint_name(name: str, mapping: dict[str, tuple[str, object]], experts=None, renames=None):

@@ -106,14 +106,14 @@ def attention(a, layer_idx: int = 0):
 
 
 def decoder_layer(a, layer_idx: int = 0):
-    from models.decoder import DecoderConfig, DecoderLayer
+    from models.decoder import DecoderConfig, llama_style_layer
 
     cfg = DecoderConfig(
         arch=a, hidden_size=a.hidden_size, intermediate_size=a.intermediate_size, rms_norm_eps=a.rms_norm_eps,
         rope_theta=10000.0, rope_scaling=None, qkv_bias=a.qkv_bias, o_bias=a.o_bias, mlp_bias=a.mlp_bias,
         qk_norm=a.qk_norm,
     )  # fmt: skip
-    return randomize(DecoderLayer(cfg, layer_idx))
+    return randomize(llama_style_layer(cfg, layer_idx))
 
 
 def decoder_graph(tokens: int = 6):
