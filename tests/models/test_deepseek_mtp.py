@@ -218,3 +218,19 @@ def test_mtp_requests_that_cannot_be_met_are_refused(checkpoints, tmp_path):
         load_model(checkpoints["deepseek_v2"], torch.float32, "cpu", mtp=True)
     with pytest.raises(ValueError, match="LlamaForCausalLM has no multi-token-prediction"):
         load_model(checkpoints["llama"], torch.float32, "cpu", mtp=True)
+
+
+def test_checkpoint_shapes_name_the_mtp_tensors_as_checkpoints_do(mtp_dir):
+    """The way back (benchmarks write random checkpoints from it): the MTP parameters' checkpoint
+    names and shapes are the file's, plus the two tables a checkpoint may leave to the main model."""
+    from safetensors import safe_open
+
+    from models.arch import ModelArch
+    from models.loader.safetensors import build_on_meta, checkpoint_shapes
+
+    shapes = checkpoint_shapes(build_on_meta(ModelArch.from_dir(mtp_dir), torch.float32, mtp=True))
+    with safe_open(str(mtp_dir / "model.safetensors"), framework="pt") as f:
+        stored = {n: tuple(f.get_slice(n).get_shape()) for n in f.keys() if n.startswith(MTP)}
+    tables = {MTP + "embed_tokens.weight": (VOCAB, HIDDEN), MTP + "shared_head.head.weight": (VOCAB, HIDDEN)}
+    assert {n: s for n, s in shapes.items() if n.startswith(MTP)} == {**stored, **tables}
+    assert not any(n.startswith("mtp.") for n in shapes)
