@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from atomc.forward_context import AttentionMetadata, layer_cache
 from atomc.kernels.aiter.ops import rope_rows
-from atomc.kernels.binding import fake_as_atomc
+from atomc.kernels.binding import bind_as_atomc
 from atomc.ops.attention import attention_without_cache
 
 PARTITION = 256  # paged_attention_v1's partition size (tokens)
@@ -155,7 +155,7 @@ def attend(q, k, v, out, layer_idx, scale, sliding_window, sinks=None) -> None:
         varlen(q, k_cache, v_cache, out, meta, scale, sliding_window)
 
 
-@torch.library.custom_op("atomc_aiter::paged_attention", mutates_args=("out",))
+@bind_as_atomc("atomc_aiter", "paged_attention")
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -169,7 +169,7 @@ def paged_attention(
     attend(q, k, v, out, layer_idx, scale, sliding_window, sinks)
 
 
-@torch.library.custom_op("atomc_aiter::attention", mutates_args=("out",))
+@bind_as_atomc("atomc_aiter", "attention")
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -196,7 +196,7 @@ def rope_then_write(positions, q, k, v, cos_sin_cache, layer_idx):
     return q_rot, k_rot
 
 
-@torch.library.custom_op("atomc_aiter::rope_and_write_kv", mutates_args=())
+@bind_as_atomc("atomc_aiter", "rope_and_write_kv")
 def rope_and_write_kv(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -214,7 +214,7 @@ def _head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     return _aiter().rmsnorm2d_fwd(input=rows, weight=weight, epsilon=eps).view(x.shape)
 
 
-@torch.library.custom_op("atomc_aiter::qk_norm_rope_and_write_kv", mutates_args=())
+@bind_as_atomc("atomc_aiter", "qk_norm_rope_and_write_kv")
 def qk_norm_rope_and_write_kv(
     positions: torch.Tensor,
     q: torch.Tensor,
@@ -229,7 +229,3 @@ def qk_norm_rope_and_write_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     q, k = _head_norm(q, q_weight, q_eps), _head_norm(k, k_weight, k_eps)
     return rope_then_write(positions, q, k, v, cos_sin_cache, layer_idx)
-
-
-for _name in ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rope_and_write_kv"):
-    fake_as_atomc("atomc_aiter", _name)

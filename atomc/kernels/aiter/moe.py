@@ -1,5 +1,6 @@
 """`torch.ops.atomc_aiter::moe`: the `atomc::moe` block on AITER (ROCm). UNTESTED ON AMD HARDWARE:
-checked only against the stand-in `aiter` of tests/kernels/fake_aiter.py, on CPU.
+checked only against the stand-in `aiter` of tests/kernels/fake_aiter.py, on CPU. The op takes
+atomc::moe's own schema (atomc/kernels/binding.py): its body takes `*args` and reads them by name.
 
     routing: softmax, no groups, no correction bias -> `topk_softmax`
              sigmoid + correction bias + groups, renormalised (DeepSeek-V3) -> `biased_grouped_topk`
@@ -30,7 +31,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from atomc.kernels.binding import fake_as_atomc
+from atomc.kernels.binding import bind_as_atomc, named_args
 from atomc.ops.moe import select_experts
 
 FUSED_MOE_DTYPES = (torch.float16, torch.bfloat16)
@@ -157,37 +158,15 @@ def next_backend(*args) -> torch.Tensor:
     return _next_backend(*args)
 
 
-@torch.library.custom_op("atomc_aiter::moe", mutates_args=())
-def moe(
-    x: torch.Tensor,
-    router_logits: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    w13_bias: torch.Tensor | None,
-    w2_bias: torch.Tensor | None,
-    expert_map: torch.Tensor | None,
-    correction_bias: torch.Tensor | None,
-    top_k: int,
-    scoring: str = "softmax",
-    renormalize: bool = True,
-    num_expert_group: int = 0,
-    topk_group: int = 0,
-    routed_scaling_factor: float = 1.0,
-    activation: str = "silu",
-    swiglu_alpha: float = 1.702,
-    swiglu_limit: float = 7.0,
-) -> torch.Tensor:
-    args = (x, router_logits, w13, w2, w13_bias, w2_bias, expert_map, correction_bias, top_k, scoring, renormalize,
-            num_expert_group, topk_group, routed_scaling_factor, activation, swiglu_alpha, swiglu_limit)  # fmt: skip
-    if aiter_declines(x, w13, w13_bias, w2_bias, activation) is not None:
+@bind_as_atomc("atomc_aiter", "moe")
+def moe(*args) -> torch.Tensor:
+    a = named_args("moe", args)  # atomc::moe's arguments, its defaults filled in
+    if aiter_declines(a.x, a.w13, a.w13_bias, a.w2_bias, a.activation) is not None:
         return next_backend(*args)
-    if x.shape[0] == 0:
-        return torch.empty_like(x)
+    if a.x.shape[0] == 0:
+        return torch.empty_like(a.x)
     weights, ids = route(
-        router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
-        routed_scaling_factor,
+        a.router_logits, a.top_k, a.scoring, a.renormalize, a.correction_bias, a.num_expert_group, a.topk_group,
+        a.routed_scaling_factor,
     )  # fmt: skip
-    return experts(x, weights, ids, w13, w2, expert_map)
-
-
-fake_as_atomc("atomc_aiter", "moe")
+    return experts(a.x, weights, ids, a.w13, a.w2, a.expert_map)

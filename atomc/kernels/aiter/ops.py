@@ -1,6 +1,7 @@
 """`torch.ops.atomc_aiter.*` for norms, activation and RoPE: atomc ops implemented with AITER (ROCm).
-Same schemas as the atomc ops, so lowering swaps targets only. Untested on AMD hardware (see
-atomc/kernels/aiter/__init__.py). Attention and the ops that write the KV cache are in attention.py.
+Each takes its atomc op's own schema (atomc/kernels/binding.py), so lowering swaps targets only.
+Untested on AMD hardware (see atomc/kernels/aiter/__init__.py). Attention and the ops that write
+the KV cache are in attention.py.
 
 Layouts: AITER RMSNorm takes 2-D rows; its RoPE takes [s, b, h, d] with cos/sin [max_pos, 1, 1, d/2]
 and positions [s, b].
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from atomc.kernels.binding import fake_as_atomc
+from atomc.kernels.binding import bind_as_atomc
 
 
 def _aiter():
@@ -19,13 +20,13 @@ def _aiter():
     return aiter
 
 
-@torch.library.custom_op("atomc_aiter::rms_norm", mutates_args=())
+@bind_as_atomc("atomc_aiter", "rms_norm")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     return _aiter().rmsnorm2d_fwd(input=rows, weight=weight, epsilon=eps).view(x.shape)
 
 
-@torch.library.custom_op("atomc_aiter::fused_add_rms_norm", mutates_args=())
+@bind_as_atomc("atomc_aiter", "fused_add_rms_norm")
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +39,7 @@ def fused_add_rms_norm(
     return out.view(x.shape), res_out.view(x.shape)
 
 
-@torch.library.custom_op("atomc_aiter::silu_and_mul", mutates_args=())
+@bind_as_atomc("atomc_aiter", "silu_and_mul")
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
     _aiter().silu_and_mul(out=out, input=x.contiguous())
@@ -65,12 +66,8 @@ def rope_rows(positions, q, k, cos_sin_cache):
     return q_out.squeeze(1), k_out.squeeze(1)
 
 
-@torch.library.custom_op("atomc_aiter::rope", mutates_args=())
+@bind_as_atomc("atomc_aiter", "rope")
 def rope(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return rope_rows(positions, q, k, cos_sin_cache)
-
-
-for _name in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope"):
-    fake_as_atomc("atomc_aiter", _name)

@@ -1,9 +1,8 @@
 """`torch.ops.atomc_triton.*`: atomc ops implemented with atomc's Triton kernels (CUDA and ROCm).
 
 Same schemas as the atomc ops, so lowering only swaps a node's target. Imported (and so defined)
-on first use by the kernel registry. Defined with torch.library.Library rather than @custom_op:
-a call then costs about 2 us of dispatch instead of about 9 (measured on the CPU), which adds up
-over ~350 calls in every step that runs without a CUDA graph.
+on first use by the kernel registry, through atomc/kernels/binding.py (the atomc op's schema, and
+torch.library.Library rather than @custom_op for its cheaper dispatch).
 
 The eager model's `atomc::attention` gets the Triton body as its CUDA kernel here too, so an
 eager forward on a GPU runs the same attention as a lowered graph (the op contract itself never
@@ -12,36 +11,19 @@ imports a kernel).
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from atomc.forward_context import layer_cache
 from atomc.kernels import triton as tk
-from atomc.kernels.binding import fake_as_atomc
+from atomc.kernels.binding import bind_as_atomc
 from atomc.ops.attention import attention_without_cache
 from atomc.ops.mla import mla_without_cache
 
-lib = torch.library.Library("atomc_triton", "DEF")  # must stay alive for the ops to stay defined
-
 
 def custom(name: str, mutates=()):
-    """Define `atomc_triton::<name>` with `fn` as its body. The schema is the atomc op's own (the
-    contract lowering relies on: only a node's target changes), checked against `fn`'s annotations
-    when it spells its arguments out; a body may instead take `*args` and pass them on."""
-
-    def deco(fn):
-        schema = str(getattr(torch.ops.atomc, name).default._schema).split("::", 1)[1]
-        if not any(p.kind is p.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values()):
-            inferred = name + torch.library.infer_schema(fn, mutates_args=mutates)
-            if inferred != schema:
-                raise TypeError(f"atomc_triton::{name} is declared {inferred}, but atomc::{name} is {schema}")
-        lib.define(schema)
-        lib.impl(name, fn, "CompositeExplicitAutograd")
-        fake_as_atomc("atomc_triton", name)
-        return fn
-
-    return deco
+    """Define `atomc_triton::<name>` with the decorated body and atomc::<name>'s own schema
+    (atomc/kernels/binding.py), `mutates` checked against the op's."""
+    return bind_as_atomc("atomc_triton", name, mutates)
 
 
 def attend(q, out, meta, k_cache, v_cache, scale, sliding_window, sinks):
