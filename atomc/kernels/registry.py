@@ -51,7 +51,12 @@ NAMESPACES = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"
 MODULES = {
     "torch": ("atomc.ops",),
     "triton": ("atomc.kernels.triton.ops",),
-    "aiter": ("atomc.kernels.aiter.ops", "atomc.kernels.aiter.attention", "atomc.kernels.aiter.moe"),
+    "aiter": (
+        "atomc.kernels.aiter.ops",
+        "atomc.kernels.aiter.attention",
+        "atomc.kernels.aiter.moe",
+        "atomc.kernels.aiter.mla",
+    ),
 }
 
 # (op, backend) -> loader returning the op's overload in that backend's namespace
@@ -161,10 +166,11 @@ for _op in OPS:
 # ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----
 @functools.cache
 def _aiter_ops():
-    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write; MoE
+    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write; MoE; MLA
         importlib.import_module(module)
     importlib.import_module("atomc.kernels.aiter.attention").set_next_backend(_rocm_after_aiter)
     importlib.import_module("atomc.kernels.aiter.moe").set_next_backend(_rocm_moe_after_aiter)
+    importlib.import_module("atomc.kernels.aiter.mla").set_next_backend(_rocm_mla_after_aiter)
     return torch.ops.atomc_aiter
 
 
@@ -187,6 +193,12 @@ def _rocm_moe_after_aiter(*args) -> torch.Tensor:
     return _after_aiter("moe")(*args)
 
 
+def _rocm_mla_after_aiter(*args) -> None:
+    """atomc::mla_attention on ROCm's first available backend after AITER: what AITER's MLA kernels
+    do not take (fp16/fp32, head counts or widths they are not built for, no cache)."""
+    return _after_aiter("mla_attention")(*args)
+
+
 AITER_OPS = (
     "rms_norm",
     "fused_add_rms_norm",
@@ -197,6 +209,7 @@ AITER_OPS = (
     "attention",
     "paged_attention",
     "moe",
+    "mla_attention",
 )
 for _op in AITER_OPS:
     register(_op, "aiter")(functools.partial(lambda name: getattr(_aiter_ops(), name).default, _op))

@@ -1,9 +1,9 @@
 """A stand-in `aiter` module for CPU tests. Its functions take keyword arguments only, with the
-names of AITER's real signatures (aiter/ops/{attention,mha,cache,rmsnorm,moe_op,topk}.py and
-aiter/fused_moe.py), so a wrapper that passes an argument positionally or misnames one fails here;
+names of AITER's real signatures (aiter/ops/{attention,mha,cache,rmsnorm,moe_op,topk}.py,
+aiter/fused_moe.py and aiter/mla.py), so a wrapper that passes an argument positionally or misnames one fails here;
 each asserts the layouts AITER expects and computes the reference in plain torch, written out here
-rather than calling atomc's. `install(monkeypatch)` puts it in sys.modules as `aiter` and
-`aiter.fused_moe`."""
+rather than calling atomc's. `install(monkeypatch)` puts it in sys.modules as `aiter`,
+`aiter.fused_moe` and `aiter.mla`."""
 
 from __future__ import annotations
 
@@ -305,23 +305,115 @@ def fused_moe(
     return out.to(hidden_states.dtype)
 
 
+# ---- MLA: the latent cache write (ops/cache.py), decode and prefill (mla.py) ----
+
+
+def concat_and_cache_mla(*, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """[kv_c | k_pe] of the first slot_mapping.numel() tokens into kv_cache [blocks, page, r + pe]."""
+    CALLS.append("concat_and_cache_mla")
+    assert kv_cache.dim() == 3 and kv_cache.shape[2] == kv_c.shape[1] + k_pe.shape[1], "[blocks, page, r + pe]"
+    assert kv_c.dim() == k_pe.dim() == 2 and kv_c.stride(1) == k_pe.stride(1) == 1, "rows may stride, values not"
+    assert slot_mapping.dtype == torch.int64 and kv_cache_dtype == "auto"
+    assert scale.dtype == torch.float32 and scale.numel() == 1
+    t = slot_mapping.numel()
+    keep = slot_mapping >= 0
+    rows = torch.cat([kv_c[:t], k_pe[:t]], dim=-1)[keep].to(kv_cache.dtype)
+    kv_cache.view(-1, kv_cache.shape[2])[slot_mapping[keep]] = rows
+
+
+def _check_mla(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q, page_size):
+    assert q.dim() == 3 and q.is_contiguous(), "Q [tokens, heads, kv_lora + rope], contiguous"
+    assert kv_buffer.dim() == 4 and kv_buffer.shape[1] == page_size and kv_buffer.shape[2] == 1, (
+        "kv_buffer [pages, page_size, nhead_kv == 1, D]"
+    )
+    assert kv_buffer.shape[3] == q.shape[2], "head_size == KV.size(3)"
+    assert o.dim() == 3 and o.shape[:2] == q.shape[:2] and o.shape[2] < q.shape[2], "o [tokens, heads, v_head_dim]"
+    assert q.dtype == kv_buffer.dtype == o.dtype == torch.bfloat16, "bf16 (the stand-in runs no fp8)"
+    for t in (qo_indptr, kv_indptr, kv_indices, kv_last_page_lens):
+        assert t.dtype == torch.int32 and t.dim() == 1
+    bs = qo_indptr.numel() - 1
+    assert kv_indptr.shape == (bs + 1,) and kv_last_page_lens.shape == (bs,)
+    assert kv_indices.numel() >= int(kv_indptr[-1]) and q.shape[0] >= int(qo_indptr[-1])
+    assert isinstance(max_seqlen_q, int) and max_seqlen_q >= int(qo_indptr.diff().max())
+    assert page_size & (page_size - 1) == 0, "log2 of the page size"
+
+
+def _mla_reference(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, page_size, sm_scale):
+    """Causal (bottom-right aligned) attention of each sequence's queries over its KV: kv_indptr
+    counts pages (tokens when page_size is 1), the last page holding kv_last_page_lens tokens; the
+    value is the first v_head_dim values of each key."""
+    v_dim = o.shape[2]
+    rows = kv_buffer.flatten(0, 1)[:, 0]  # [pages * page_size, D]
+    for b in range(qo_indptr.numel() - 1):
+        qs, qe = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        pages = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
+        if qe == qs:
+            continue
+        length = (pages.numel() - 1) * page_size + int(kv_last_page_lens[b]) if page_size > 1 else pages.numel()
+        token = (pages[:, None] * page_size + torch.arange(page_size)).flatten()[:length]
+        k = rows[token].float()  # [L, D]
+        s = torch.einsum("qhd,kd->hqk", q[qs:qe].float(), k) * sm_scale
+        sq = qe - qs
+        keep = torch.arange(length)[None, :] <= torch.arange(sq)[:, None] + length - sq
+        p = s.masked_fill(~keep, float("-inf")).softmax(-1)
+        o[qs:qe] = torch.einsum("hqk,kd->qhd", p, k[:, :v_dim]).to(o.dtype)
+
+
+def mla_decode_fwd(
+    *, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q, page_size=1, nhead_kv=1,
+    sm_scale=None, logit_cap=0.0, num_kv_splits=None, num_kv_splits_indptr=None, work_meta_data=None,
+    work_indptr=None, work_info_set=None, reduce_indptr=None, reduce_final_map=None, reduce_partial_map=None,
+    q_scale=None, kv_scale=None, intra_batch_mode=False, return_logits=False, return_lse=False, g_kv_indptr=None,
+    cp_world_size=1, cp_rank=0, causal=True,
+):  # fmt: skip
+    """Writes o; returns (o, lse or None) as aiter.mla does."""
+    CALLS.append("mla_decode_fwd")
+    assert logit_cap <= 0, f"{logit_cap=} is not support yet"
+    assert nhead_kv == 1, "only support num_kv_heads==1 for now"
+    assert q.shape[1] in (8, 16, 32, 64, 128), "the gqa ratios with bf16 decode kernels"
+    assert work_meta_data is None and q_scale is None and kv_scale is None and cp_world_size == 1 and causal
+    assert not return_logits and not return_lse and not intra_batch_mode
+    _check_mla(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q, page_size)
+    scale = sm_scale if sm_scale is not None else q.shape[2] ** -0.5
+    _mla_reference(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, page_size, scale)
+    return o, None
+
+
+def mla_prefill_fwd(
+    *, q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q, sm_scale=None,
+    logit_cap=0.0, num_kv_splits=None,
+):  # fmt: skip
+    """The absorbed causal prefill (asm, one KV split): writes o; returns (o, lse)."""
+    CALLS.append("mla_prefill_fwd")
+    assert logit_cap <= 0, f"{logit_cap=} is not support yet"
+    assert q.shape[1] in (16, 128), "only support num_q_heads/num_kv_heads==16 or 128 for now"
+    _check_mla(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q, kv_buffer.shape[1])
+    scale = sm_scale if sm_scale is not None else q.shape[2] ** -0.5
+    _mla_reference(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, kv_buffer.shape[1], scale)
+    return o, torch.zeros(o.shape[0], 1, o.shape[1], 1)
+
+
 def module() -> types.ModuleType:
     mod = types.ModuleType("aiter")
     for fn in (rmsnorm2d_fwd, rmsnorm2d_fwd_with_add, silu_and_mul, rope_cached_positions_2c_fwd,
                reshape_and_cache_flash, paged_attention_v1, flash_attn_varlen_func, topk_softmax, grouped_topk,
-               biased_grouped_topk):  # fmt: skip
+               biased_grouped_topk, concat_and_cache_mla):  # fmt: skip
         setattr(mod, fn.__name__, fn)
     mod.ActivationType, mod.QuantType = ActivationType, QuantType
     sub = types.ModuleType("aiter.fused_moe")  # fused_moe lives in a submodule `import aiter` does not load
     sub.fused_moe = fused_moe
     mod.fused_moe = sub
+    mla = types.ModuleType("aiter.mla")  # MLA decode and prefill live in aiter/mla.py
+    mla.mla_decode_fwd, mla.mla_prefill_fwd = mla_decode_fwd, mla_prefill_fwd
+    mod.mla = mla
     return mod
 
 
 def install(monkeypatch) -> types.ModuleType:
-    """The stand-in as `aiter` (and `aiter.fused_moe`) for one test; CALLS cleared."""
+    """The stand-in as `aiter` (and `aiter.fused_moe`, `aiter.mla`) for one test; CALLS cleared."""
     mod = module()
     monkeypatch.setitem(sys.modules, "aiter", mod)
     monkeypatch.setitem(sys.modules, "aiter.fused_moe", mod.fused_moe)
+    monkeypatch.setitem(sys.modules, "aiter.mla", mod.mla)
     CALLS.clear()
     return mod

@@ -1,9 +1,9 @@
 """A whole generation through the ROCm lowering on CPU: the stand-in `aiter` installed as `aiter`,
 the "rocm" pass pipeline forced, Triton marked unavailable (so every op AITER covers runs on the
-stand-in and the rest on the torch reference), and a tiny Llama, Mistral (sliding window) or
-Qwen3-MoE compiled. Its greedy tokens must equal the eager torch-reference engine's. This checks
-the wiring (lowering, argument names, layouts, metadata), not AMD hardware: none of the AITER path
-has run there."""
+stand-in and the rest on the torch reference), and a tiny Llama, Mistral (sliding window),
+Qwen3-MoE or DeepSeek-V2/V3 (MLA at the widths AITER's MLA kernels take) compiled. Its greedy
+tokens must equal the eager torch-reference engine's. This checks the wiring (lowering, argument
+names, layouts, metadata), not AMD hardware: none of the AITER path has run there."""
 
 from __future__ import annotations
 
@@ -41,10 +41,16 @@ def mistral_window_dir(tmp_path_factory):
 ATTENTION_CALLS = {"flash_attn_varlen_func", "paged_attention_v1", "reshape_and_cache_flash", "rmsnorm2d_fwd_with_add",
                    "rope_cached_positions_2c_fwd"}  # fmt: skip
 # the MoE block on AITER: its router through topk_softmax, its experts through fused_moe
-MODELS = {
-    "llama": ("llama_dir", ATTENTION_CALLS | {"silu_and_mul"}),
-    "mistral_window": ("mistral_window_dir", ATTENTION_CALLS | {"silu_and_mul"}),
-    "qwen3_moe": ("qwen3_moe_dir", ATTENTION_CALLS | {"topk_softmax", "fused_moe"}),
+MLA_CALLS = {"concat_and_cache_mla", "mla_prefill_fwd", "mla_decode_fwd", "rmsnorm2d_fwd", "fused_moe"}
+MODELS = {  # model -> (checkpoint fixture, AITER calls it must make, dtype, page size)
+    # fp16: AITER's attention takes fp16/bf16 only; 128-token pages: CK's paged prefill needs them
+    "llama": ("llama_dir", ATTENTION_CALLS | {"silu_and_mul"}, "float16", 128),
+    "mistral_window": ("mistral_window_dir", ATTENTION_CALLS | {"silu_and_mul"}, "float16", 128),
+    "qwen3_moe": ("qwen3_moe_dir", ATTENTION_CALLS | {"topk_softmax", "fused_moe"}, "float16", 128),
+    # bf16: AITER's MLA kernels take bf16 only; any page size (they read the latent as 1-token pages).
+    # V3 routes through biased_grouped_topk, V2 with group-limited routing through grouped_topk
+    "deepseek_v3": ("deepseek_v3_mla_dir", MLA_CALLS | {"biased_grouped_topk", "silu_and_mul"}, "bfloat16", 16),
+    "deepseek_v2": ("deepseek_v2_mla_dir", MLA_CALLS | {"grouped_topk"}, "bfloat16", 16),
 }
 
 
@@ -56,12 +62,36 @@ def qwen3_moe_dir(tmp_path_factory):
     return build_checkpoint("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"))
 
 
+# what AITER's MLA kernels are built for: 16 (or 128) heads, kv_lora 512, rope 64
+AITER_MLA = dict(num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64)
+
+
+def deepseek_dir(tmp_path_factory, family: str, **extra):
+    from tests.conftest import FAMILIES, build_checkpoint
+
+    name = f"{family}_aiter_mla"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(FAMILIES, name, dict(FAMILIES[family], **AITER_MLA, **extra))
+        return build_checkpoint(name, tmp_path_factory.mktemp(name))
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3_mla_dir(tmp_path_factory):
+    """V3: q LoRA, sigmoid + correction bias + 4 groups of which 2 kept, a dense first layer, YaRN."""
+    return deepseek_dir(tmp_path_factory, "deepseek_v3")
+
+
+@pytest.fixture(scope="module")
+def deepseek_v2_mla_dir(tmp_path_factory):
+    """V2: no q LoRA, softmax scores, group-limited routing (one group of four kept)."""
+    return deepseek_dir(tmp_path_factory, "deepseek_v2", topk_method="group_limited_greedy", n_group=4, topk_group=1)
+
+
 @pytest.mark.parametrize("model", list(MODELS))
 def test_generation_through_the_aiter_lowering(rocm_pipeline, model, request, tmp_path):
-    fixture, expected_calls = MODELS[model]
+    fixture, expected_calls, dtype, page = MODELS[model]
     model_dir = request.getfixturevalue(fixture)
-    # fp16: AITER's attention takes fp16/bf16 only; 128-token pages: CK's paged prefill needs them
-    kw = dict(model=str(model_dir), dtype="float16", device="cpu", block_size=128, cache_dir=str(tmp_path))
+    kw = dict(model=str(model_dir), dtype=dtype, device="cpu", block_size=page, cache_dir=str(tmp_path))
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm = LLM(**kw)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
