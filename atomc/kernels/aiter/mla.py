@@ -11,8 +11,11 @@ tokens in `kv_indices`, `kv_indices` the cache row of each token, `kv_last_page_
 size 1 is what AITER's MLA tests run by default and what every decode variant takes (some take only
 1 or 64); it costs one int32 index per token against 1152 bytes of bf16 latent read. The indices are
 built on the device from the block table, sized by its capacity (no host sync, no data-dependent
-shape); AITER also reads `kv_indices.numel()` as the batch's KV total for its split heuristic, so
-the bound may choose more KV splits than the real lengths would (speed, not results).
+shape), sized `num_seqs x max_seq_len` (a host bound, fixed under CUDA graphs); AITER also reads
+`kv_indices.numel()` as the batch's KV total for its split heuristic, so the bound may choose more
+KV splits than the real lengths would (speed, not results). They are rebuilt in every layer (a few
+small kernels over num_seqs x max_seq_len int32s); building them once a step belongs in the
+metadata builder.
 
 - cache write: `concat_and_cache_mla` ([c_kv | k_pe] into `[blocks, page, D]` at slot_mapping).
 - decode batches (max_query_len == 1): `mla_decode_fwd` (split-KV, then its reduce).
@@ -30,8 +33,9 @@ both its prefill and decode kernels, on gfx942 and gfx950; 128 heads is V3 on on
 or V3 over 8), widths other than kv_lora 512 + rope 64 (the kernels are built for DeepSeek's), and
 a forward without a cache.
 
-Host values: only `max_query_len` (a fixed bound under CUDA graphs, as for the MHA wrappers); the
-workspaces come from torch's allocator inside AITER's wrappers. Graph capture has not been run.
+Host values: only `max_query_len` and `max_seq_len` (fixed bounds under CUDA graphs, as for the
+MHA wrappers); the workspaces come from torch's allocator inside AITER's wrappers. Graph capture
+has not been run.
 """
 
 from __future__ import annotations
@@ -85,10 +89,11 @@ def write_latent(c_kv: torch.Tensor, k_pe: torch.Tensor, latent_cache: torch.Ten
 
 def token_indices(meta: AttentionMetadata, page: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(kv_indptr [n+1], kv_indices): each sequence's cache rows (block * page + offset) in order,
-    packed; kv_indices is sized by the block table's capacity (the tail past kv_indptr[n] unused)."""
+    packed; kv_indices is sized n x max_seq_len rounded up to pages (the tail past kv_indptr[n]
+    unused), from the host bound max_seq_len, not the batch's device lengths."""
     n = meta.num_seqs
     seq_lens = meta.seq_lens[:n]
-    tables = meta.block_tables[:n]
+    tables = meta.block_tables[:n, : -(-meta.max_seq_len // page)]
     kv_indptr = F.pad(torch.cumsum(seq_lens, 0, dtype=torch.int32), (1, 0))
     cap = tables.shape[1] * page
     j = torch.arange(cap, dtype=torch.int32, device=tables.device)
