@@ -162,5 +162,7 @@ def test_rocm_lowers_mla_attention_to_aiter(monkeypatch):
     result = Lowering("rocm")(gm)
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert targets == [torch.ops.atomc_aiter.mla_attention.default] and result.rewritten == 1
+    monkeypatch.setattr(registry, "backend_available", lambda backend: True)
+    assert registry.choose_backend("mla_attention", "rocm") == "aiter"  # before Triton's MLA kernel
     monkeypatch.setattr(registry, "backend_available", lambda backend: backend == "torch")
     assert registry.choose("mla_attention", "rocm")[0] == "torch"
