@@ -35,8 +35,9 @@ loader skips their tensors and nothing is allocated for them; built with `mtp=Tr
 a draft head a speculative-decoding step calls through `mtp_forward` / `mtp_compute_logits`, each
 with a latent cache of its own (layer index num_hidden_layers + k in `kv_cache_specs`).
 
-atomc::mla_attention runs its Triton kernel on GPUs (CUDA graphs then capture it) and its torch
-reference on the CPU. Not here yet: an AITER MLA kernel, the speculative-decoding loop that would
+atomc::mla_attention runs its Triton kernel on NVIDIA GPUs (CUDA graphs then capture it), AITER's
+MLA kernels on ROCm (never run on AMD hardware) and its torch reference on the CPU. Not here yet:
+the speculative-decoding loop that would
 use the MTP module, FP8 checkpoints (any `quantization_config` is refused at parsing), tensor
 parallelism (the layers split heads, but the all-reduce is not there: sizes > 1 are refused).
 """
