@@ -65,12 +65,12 @@ def runner_phases(runner) -> str:
         parts.append("model (eager) 0.0s")
     elif info.get("hit"):
         load = info.get("timings", {}).get("load_s", model)
-        parts.append(f"model (artifact loaded) {model:.1f}s (cache key and checks {model - load:.1f}s, load {load:.1f}s)")
+        split = f"cache key and checks {model - load:.1f}s, load {load:.1f}s"
+        parts.append(f"model (artifact loaded) {model:.1f}s ({split})")
     else:
         parts.append(f"model (compiled) {model:.1f}s")
-    parts.append(
-        f"KV sizing {times.get('kv_sizing_s', 0.0):.1f}s (on a GPU the first forward, with the kernels' first-use compiles)"
-    )
+    kv = times.get("kv_sizing_s", 0.0)
+    parts.append(f"KV sizing {kv:.1f}s (on a GPU the first forward, with the kernels' first-use compiles)")
     return ", ".join(parts)
 
 
@@ -126,7 +126,8 @@ class LLMEngine(EngineClient):
         )
         self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
         t2 = time.perf_counter()
-        log.info("start-up: %s, KV cache (%d blocks): %.1fs in all", runner_phases(self.runner), self.runner.num_blocks, t2 - t1)
+        phases = runner_phases(self.runner)
+        log.info("start-up: %s, KV cache (%d blocks): %.1fs in all", phases, self.runner.num_blocks, t2 - t1)
         self.block_pools = self._block_pools()
         self.blocks = self.block_pools[0]
         self.scheduler = Scheduler(config.scheduler, self.block_pools)
