@@ -132,6 +132,30 @@ def traced_files(gm: torch.fx.GraphModule) -> set[str]:
     return files
 
 
+# What loading an artifact imports (torch.compiler.load_compiled_function, then the generated code's
+# own imports): about 4 s on the CPU box, most of a warm artifact load. Importing them first, apart,
+# lets the start-up log tell them from the load and lets the CUDA context be made meanwhile.
+COMPILER_MODULES = (
+    "torch._inductor.codecache",
+    "torch._dynamo.aot_compile",
+    "torch._inductor.output_code",
+    "torch._inductor.async_compile",
+    "torch._inductor.codegen.memory_planning",
+    "torch._inductor.select_algorithm",
+)
+GPU_COMPILER_MODULES = ("torch._inductor.runtime.triton_heuristics",)  # what CUDA kernels' code adds
+
+
+def import_compiler(gpu: bool) -> None:
+    """Import the modules an artifact load (or a compile) needs; a name missing in this torch is
+    skipped (the load imports what it really needs itself)."""
+    import importlib
+
+    for name in COMPILER_MODULES + (GPU_COMPILER_MODULES if gpu else ()):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
 def torch_key() -> str:
     """Digest of torch's own sources; torch itself refuses artifacts built under another one."""
     try:

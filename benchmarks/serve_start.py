@@ -1,14 +1,20 @@
 """Seconds from `atomc serve` to a 200 on /health: a cold start (empty compile cache) and warm starts
 (the entry the cold start built), each server in its own process, with the start-up phase lines of
-each server's log. Llama-3.1-8B shape, random bf16 weights (`--load-format dummy`).
+each server's log and a breakdown of them into phases (`phase_breakdown`). Llama-3.1-8B shape,
+random bf16 weights (`--load-format dummy`).
 
     python benchmarks/serve_start.py --warm 2 --out serve_start.json
+    python benchmarks/serve_start.py --device cpu --tiny --dtype float32   # the same path on a CPU
+
+Each run prints its phases in start-up order; `at` is the common clock (seconds since the launch)
+when the phase's line arrived, so gaps between phases show too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -54,9 +60,61 @@ class LogStamper:
         return self.lines
 
 
-def start_once(model_dir: str, cache_dir: str, log_path: Path) -> dict:
+# (phase, pattern of its start-up line with the seconds as groups): the phases a warm start is made
+# of, in start-up order; a phase whose line is absent (CUDA graphs on a CPU) is left out
+PHASES = [
+    ("listening", r"start-up: listening on"),
+    ("http side imports (server)", r"HTTP side imported in (?P<s>[\d.]+)s"),
+    ("engine spawn", r"engine process spawned in (?P<s>[\d.]+)s"),
+    ("engine imports", r"engine imports (?P<s>[\d.]+)s"),
+    ("model folder", r"model folder (?P<s>[\d.]+)s"),
+    ("tokenizer (engine)", r"model folder [\d.]+s, tokenizer (?P<s>[\d.]+)s"),
+    ("imports: backend ops, compiler", r"imports (?P<s>[\d.]+)s \(backend ops, compiler\)"),
+    ("CUDA context (thread)", r"CUDA context (?P<s>[\d.]+)s on a thread"),
+    ("CUDA context waited", r"on a thread, overlapped with the imports; (?P<s>[\d.]+)s waited"),
+    ("weights", r"weights (?P<s>[\d.]+)s"),
+    ("model", r"model \([\w ]+\) (?P<s>[\d.]+)s"),
+    ("cache key and checks", r"cache key and checks (?P<s>[\d.]+)s"),
+    ("artifact load", r"cache key and checks [\d.]+s, load (?P<s>[\d.]+)s"),
+    ("KV sizing", r"KV sizing (?P<s>[\d.]+)s"),
+    ("CUDA graphs", r"CUDA graphs captured in (?P<s>[\d.]+)s"),
+    ("engine ready", r"engine ready in (?P<s>[\d.]+)s"),
+    ("server-side tokenizer", r"server-side tokenizer (?P<s>[\d.]+)s"),
+    ("serving", r"serving .* loaded in (?P<s>[\d.]+)s"),
+]
+# phases that run beside the engine's chain (their time is not on the path to /health) or that
+# are parts of another phase (the wait for the CUDA context inside weights, key and load inside model)
+OVERLAPPED = {"http side imports (server)", "CUDA context (thread)", "server-side tokenizer"}
+PARTS = {"cache key and checks", "artifact load", "CUDA context waited"}
+
+
+def phase_breakdown(stamped: list[tuple[float, str]]) -> list[dict]:
+    """[{phase, seconds, at}] from a server's stamped log lines, in PHASES order. `seconds` is the
+    phase's own figure from its line (None for a marker such as listening), `at` the common clock."""
+    out = []
+    for name, pattern in PHASES:
+        for at, line in stamped:
+            m = re.search(pattern, line)
+            if m and ("start-up" in line or "serving " in line):
+                seconds = float(m.group("s")) if "s" in m.groupdict() else None
+                out.append({"phase": name, "seconds": seconds, "at": at})
+                break
+    return out
+
+
+def format_breakdown(phases: list[dict]) -> list[str]:
+    rows = []
+    for p in phases:
+        secs = "" if p["seconds"] is None else f"{p['seconds']:5.1f} s"
+        note = " (overlapped)" if p["phase"] in OVERLAPPED else " (part of the above)" if p["phase"] in PARTS else ""
+        rows.append(f"at {p['at']:6.2f}s  {p['phase']:<32} {secs}{note}")
+    return rows
+
+
+def start_once(model_dir: str, cache_dir: str, log_path: Path, device: str = "auto", dtype: str = "bfloat16") -> dict:
     port = free_port()
-    args = ["--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "4096", "--cache-dir", cache_dir]
+    args = ["--load-format", "dummy", "--dtype", dtype, "--max-model-len", "4096", "--cache-dir", cache_dir]
+    args += ["--device", device, "--engine-process", "on"]  # the engine in its own process, as on a GPU
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
@@ -71,7 +129,7 @@ def start_once(model_dir: str, cache_dir: str, log_path: Path) -> dict:
             stamped = stamper.stop()
             stop_process_group(proc)
     phases = [f"{t:6.2f}s  {ln}" for t, ln in stamped if "start-up" in ln or "serving " in ln]
-    return {"seconds_to_health": seconds, "phases": phases}
+    return {"seconds_to_health": seconds, "phases": phases, "breakdown": phase_breakdown(stamped)}
 
 
 def main() -> None:
@@ -81,18 +139,22 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=2, help="warm starts after the cold one")
     ap.add_argument("--out", default="serve_start.json")
     ap.add_argument("--cache-dir", default=None, help="keep the compile cache here (default: a temporary folder)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="bfloat16", help="float32 on a CPU")
+    ap.add_argument("--tiny", action="store_true", help="the model's config at toy size (a CPU run of the same path)")
     args = ap.parse_args()
-    model_dir = str(make_checkpoint(args.model, Path(args.root)))
+    model_dir = str(make_checkpoint(args.model, Path(args.root), tiny=args.tiny))
     out = Path(args.out)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         cache_dir = args.cache_dir or tmp
         for i in range(1 + args.warm):
             kind = "cold" if i == 0 else "warm"
-            res = {"kind": kind, **start_once(model_dir, cache_dir, out.parent / f"serve_start_{i}.log")}
+            log_path = out.parent / f"serve_start_{i}.log"
+            res = {"kind": kind, **start_once(model_dir, cache_dir, log_path, args.device, args.dtype)}
             runs.append(res)
             print(f"{kind}: {res['seconds_to_health']:.1f} s to /health", flush=True)
-            for line in res["phases"]:
+            for line in format_breakdown(res["breakdown"]):
                 print("   ", line, flush=True)
     out.write_text(json.dumps({"model": args.model, "runs": runs}, indent=2))
 

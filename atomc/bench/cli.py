@@ -1,4 +1,8 @@
-"""`atomc bench serve` and `atomc bench sweep` (mounted by the main CLI as `atomc bench`)."""
+"""`atomc bench serve` and `atomc bench sweep` (mounted by the main CLI as `atomc bench`).
+
+The benchmark client (httpx, numpy) is imported inside the commands: the main CLI mounts this app
+for every command, and `atomc serve` should not pay for it before it spawns its engine.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,6 @@ from collections import Counter
 from pathlib import Path
 
 import typer
-
-from atomc.bench.metrics import format_metrics_table, format_value, parse_percentiles
-from atomc.bench.serve import BenchConfig, run_benchmark
-from atomc.bench.sweep import SweepConfigError, load_sweep_config, run_sweep
-from atomc.bench.thresholds import format_gate_table, render_table
 
 bench_app = typer.Typer(
     help="Benchmark an OpenAI-compatible server: one run (serve) or a gated CVS-style sweep.",
@@ -49,6 +48,9 @@ def serve(
     disable_tqdm: bool = typer.Option(False, "--disable-tqdm", help="No progress bar."),
 ) -> None:
     """Run one benchmark against a running server and print vLLM-named metrics."""
+    from atomc.bench.metrics import format_metrics_table, parse_percentiles
+    from atomc.bench.serve import BenchConfig, run_benchmark
+
     if dataset != "random":
         raise typer.BadParameter("only the 'random' dataset is supported", param_hint="--dataset")
     cfg = BenchConfig(
@@ -78,6 +80,9 @@ def serve(
 
 
 def cell_summary_table(cells: dict[str, dict]) -> str:
+    from atomc.bench.metrics import format_value
+    from atomc.bench.thresholds import render_table
+
     headers = ["cell", "ok/total", "out tok/s", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms"]
     rows = [
         [
@@ -105,6 +110,9 @@ def sweep(
     disable_tqdm: bool = typer.Option(False, "--disable-tqdm", help="No progress bars."),
 ) -> None:
     """Run every sweep cell, gate each against the thresholds, exit 1 on a failed enforced gate."""
+    from atomc.bench.sweep import SweepConfigError, load_sweep_config, run_sweep
+    from atomc.bench.thresholds import format_gate_table
+
     try:
         cfg = load_sweep_config(config)
         outcome = run_sweep(

@@ -49,6 +49,31 @@ def served_model_name(config: EngineConfig) -> str:
     return Path(config.model.model).expanduser().name or DEFAULT_MODEL_NAME
 
 
+def runner_phases(runner) -> str:
+    """The model runner's start-up phases for the log (benchmarks/serve_start.py reads them)."""
+    info, times = runner.compile_info, getattr(runner, "timings", {})
+    parts = [f"imports {times.get('imports_s', 0.0):.1f}s (backend ops, compiler)"]
+    weights = f"weights {times.get('load_weights_s', 0.0):.1f}s"
+    if times.get("device_init_s"):
+        weights += (
+            f" (CUDA context {times['device_init_s']:.1f}s on a thread, overlapped with the imports; "
+            f"{times.get('device_init_wait_s', 0.0):.1f}s waited)"
+        )
+    parts.append(weights)
+    model = times.get("compile_or_load_s", 0.0)
+    if not info:
+        parts.append("model (eager) 0.0s")
+    elif info.get("hit"):
+        load = info.get("timings", {}).get("load_s", model)
+        split = f"cache key and checks {model - load:.1f}s, load {load:.1f}s"
+        parts.append(f"model (artifact loaded) {model:.1f}s ({split})")
+    else:
+        parts.append(f"model (compiled) {model:.1f}s")
+    kv = times.get("kv_sizing_s", 0.0)
+    parts.append(f"KV sizing {kv:.1f}s (on a GPU the first forward, with the kernels' first-use compiles)")
+    return ", ".join(parts)
+
+
 class _Request:
     def __init__(self, request_id: str, prompt: str | None, seqs: list[Sequence], arrival: float, tokenizer):
         self.request_id, self.prompt, self.seqs = request_id, prompt, seqs
@@ -101,18 +126,8 @@ class LLMEngine(EngineClient):
         )
         self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
         t2 = time.perf_counter()
-        info, times = self.runner.compile_info, getattr(self.runner, "timings", {})
-        what = "eager" if not info else ("artifact loaded" if info.get("hit") else "compiled")
-        log.info(
-            "start-up: weights %.1fs, model (%s) %.1fs, KV sizing %.1fs (on a GPU the first forward, with "
-            "the kernels' first-use compiles), KV cache (%d blocks): %.1fs in all",
-            times.get("load_weights_s", 0.0),
-            what,
-            times.get("compile_or_load_s", 0.0),
-            times.get("kv_sizing_s", 0.0),
-            self.runner.num_blocks,
-            t2 - t1,
-        )
+        phases = runner_phases(self.runner)
+        log.info("start-up: %s, KV cache (%d blocks): %.1fs in all", phases, self.runner.num_blocks, t2 - t1)
         self.block_pools = self._block_pools()
         self.blocks = self.block_pools[0]
         self.scheduler = Scheduler(config.scheduler, self.block_pools)

@@ -63,3 +63,26 @@ def test_a_failed_early_load_is_retried_where_its_error_is_raised(tmp_path, monk
     early = EarlyTokenizer(tmp_path)
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
         early.result(tmp_path)
+
+
+class _Runner:
+    def __init__(self, compile_info, timings):
+        self.compile_info, self.timings = compile_info, timings
+
+
+def test_runner_phases_split_a_warm_load_and_show_the_overlapped_cuda_context():
+    from atomc.engine.llm_engine import runner_phases
+
+    times = {
+        "imports_s": 3.04, "device_init_s": 0.81, "device_init_wait_s": 0.0, "load_weights_s": 1.2,
+        "compile_or_load_s": 4.7, "kv_sizing_s": 0.4,
+    }  # fmt: skip
+    line = runner_phases(_Runner({"hit": True, "timings": {"load_s": 4.1}}, times))
+    assert line.startswith("imports 3.0s (backend ops, compiler), weights 1.2s (CUDA context 0.8s on a thread")
+    assert "0.0s waited)" in line
+    assert "model (artifact loaded) 4.7s (cache key and checks 0.6s, load 4.1s)" in line
+    assert line.endswith("the kernels' first-use compiles)") and "KV sizing 0.4s" in line
+    # a CPU start (no thread) and a cold one: no context figure, no split
+    cold = runner_phases(_Runner({"hit": False, "timings": {}}, {**times, "device_init_s": 0.0}))
+    assert "CUDA context" not in cold and "model (compiled) 4.7s," in cold
+    assert "model (eager) 0.0s" in runner_phases(_Runner({}, {}))

@@ -699,7 +699,8 @@ STARTUP_PHASES = [
     r"start-up: HTTP side imported in \d+\.\ds",
     r"start-up: engine process spawned in \d+\.\ds, engine imports \d+\.\ds",
     r"start-up: model folder \d+\.\ds, tokenizer \d+\.\ds \(llama\)",
-    r"start-up: weights \d+\.\ds, model \(eager\) \d+\.\ds, KV sizing \d+\.\ds .*"
+    r"start-up: imports \d+\.\ds \(backend ops, compiler\), weights \d+\.\ds, model \(eager\) \d+\.\ds, "
+    r"KV sizing \d+\.\ds .*"
     r"KV cache \(64 blocks\): \d+\.\ds in all",
     r"start-up: engine ready in \d+\.\ds",
     r"start-up: server-side tokenizer \d+\.\ds, overlapped with the engine's start",
