@@ -21,6 +21,9 @@ class ModelConfig:
     seed: int = 0
     served_model_name: str | None = None
     load_format: str = "safetensors"  # safetensors | dummy (random weights; for benchmarks)
+    # fp8: quantise an unquantised checkpoint at load (per-channel weights, dynamic per-token
+    # activations); None: as the checkpoint is (its quantization_config, if any). A graph factor.
+    quantization: str | None = None
     # auto: the checkpoint's generation_config.json supplies default sampling values (as vLLM does);
     # none: atomc's own defaults (temperature 1, top_p 1, ...)
     generation_config: str = "auto"

@@ -34,6 +34,7 @@ class LLM:
         gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization,
         cache_dir: str | None = None,
         load_format: str = ModelConfig.load_format,
+        quantization: str | None = ModelConfig.quantization,
         generation_config: str = ModelConfig.generation_config,
         cudagraph_mixed_max_tokens: int = CompileConfig.cudagraph_mixed_max_tokens,
         async_scheduling: bool = SchedulerConfig.async_scheduling,

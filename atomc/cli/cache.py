@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from atomc import env
-from atomc.cli.flags import CacheDir, Device, DisablePass, Dtype, Model, config_from
+from atomc.cli.flags import CacheDir, Device, DisablePass, Dtype, Model, Quantization, config_from
 from atomc.config import EngineConfig, ModelConfig
 
 if TYPE_CHECKING:
@@ -184,6 +184,7 @@ def explain(
     model: Model = None,
     device: Device = EngineConfig.device,
     dtype: Dtype = ModelConfig.dtype,
+    quantization: Quantization = None,
     disable_pass: DisablePass = None,
     cache_dir: CacheDir = None,
 ) -> None:

@@ -54,6 +54,12 @@ GenerationConfig = Annotated[
     str, typer.Option("--generation-config", help="auto: sampling defaults from generation_config.json; none")
 ]
 LoadFormat = Annotated[str, typer.Option("--load-format", help="safetensors | dummy (random weights)")]
+Quantization = Annotated[
+    str | None,
+    typer.Option(
+        "--quantization", "-q", help="fp8: quantise a bf16/fp32 checkpoint at load (default: as the checkpoint is)"
+    ),
+]
 DisablePass = Annotated[list[str] | None, typer.Option("--disable-pass", help="skip a compiler pass by name")]
 
 
@@ -61,7 +67,7 @@ DisablePass = Annotated[list[str] | None, typer.Option("--disable-pass", help="s
 # (disable_pass -> compile.disabled_passes); a flag a command does not declare keeps the config default
 _CONFIG_FLAGS = frozenset(
     {
-        "model", "device", "dtype", "max_model_len", "seed", "load_format", "generation_config",
+        "model", "device", "dtype", "max_model_len", "seed", "load_format", "generation_config", "quantization",
         "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
         "block_size", "enable_prefix_caching", "gpu_memory_utilization", "num_kv_blocks",
         "enforce_eager", "cache_dir", "require_artifacts", "cudagraph_capture_sizes",

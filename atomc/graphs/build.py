@@ -50,6 +50,8 @@ def model_modules(model: torch.nn.Module) -> list[str]:
     """The modules defining the model: every submodule's class, and its parsed config (`model.arch`,
     which turns config.json into the switches the forward reads). Non-project modules drop out later."""
     names = {type(m).__module__ for m in model.modules()}
+    # a linear's method (models/quant/) is no module but its apply is traced: FP8 ops, or F.linear
+    names.update(type(m.linear_method).__module__ for m in model.modules() if hasattr(m, "linear_method"))
     arch = getattr(model, "arch", None)
     if arch is not None:
         names.add(type(arch).__module__)
@@ -313,7 +315,7 @@ def compile_model(config: EngineConfig, progress: bool = True) -> CompileResult:
 
     model_dir, device, dtype = resolve_target(config)
     t0 = time.perf_counter()
-    model = load_model(model_dir, dtype, device)
+    model = load_model(model_dir, dtype, device, quantization=config.model.quantization)
     load_s = time.perf_counter() - t0
     res = compile_or_load(model, model_dir, config, device, dtype, progress=progress)
     res.timings = {"load_weights_s": load_s, **res.timings}
@@ -324,10 +326,9 @@ def plan_from_config(config: EngineConfig) -> tuple[Plan, Path]:
     """The key this config would use, without loading weights (for `atomc cache explain`): the model
     is built on the meta device, only to name its modules."""
     from models.arch import ModelArch
-    from models.registry import build_model
+    from models.loader.safetensors import build_on_meta
 
     model_dir, device, dtype = resolve_target(config)
-    with torch.device("meta"):
-        model = build_model(ModelArch.from_dir(model_dir))
+    model = build_on_meta(ModelArch.from_dir(model_dir), dtype, quantization=config.model.quantization)
     pm = _pass_manager(config, device)
     return plan_for(model_dir, config, device, dtype, pm, model_modules(model)), model_dir

@@ -131,6 +131,9 @@ def collect_factors(
         "model_config": model_config(model_dir),
         "dtype": dtype_name,
         "kv_cache_dtype": dtype_name if kv == "auto" else kv,
+        # --quantization (online FP8 changes every linear's ops); a checkpoint's own scheme is in
+        # model_config.quantization_config
+        "quantization": config.model.quantization,
         "passes": [[name, uuid] for name, uuid in pass_uuids],
         "splitting_ops": sorted(splitting_ops),
         "tp_size": config.parallel.tensor_parallel_size,

@@ -36,11 +36,16 @@ OPS = (
     "moe",
     "mla_attention",
     "mla_latent_norm_rope",
+    "fp8_quant_static",
+    "fp8_quant_dynamic",
+    "fp8_gemm",
+    "fp8_block_gemm",
 )
 # ops with a torch body only: every other backend falls back to it (silu_mul: Inductor fuses the
-# separate gate/up itself). mla_latent_norm_rope has a Triton kernel and no AITER one: on ROCm it
-# lowers to Triton.
-TORCH_ONLY = ("silu_mul",)
+# separate gate/up itself; fp8_quant_* and fp8_block_gemm: their Triton kernels are not written yet,
+# fp8_gemm's CUDA backend is torch._scaled_mm, atomc/kernels/triton/fp8.py). mla_latent_norm_rope has
+# a Triton kernel and no AITER one: on ROCm it lowers to Triton.
+TORCH_ONLY = ("silu_mul", "fp8_quant_static", "fp8_quant_dynamic", "fp8_block_gemm")
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
 # an op reads the context and is missing here. rope_and_write_kv and qk_norm_rope_and_write_kv write
@@ -50,7 +55,7 @@ CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rop
 NAMESPACES = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"}
 MODULES = {
     "torch": ("atomc.ops",),
-    "triton": ("atomc.kernels.triton.ops",),
+    "triton": ("atomc.kernels.triton.ops", "atomc.kernels.triton.fp8"),
     "aiter": (
         "atomc.kernels.aiter.ops",
         "atomc.kernels.aiter.attention",

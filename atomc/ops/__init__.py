@@ -12,3 +12,7 @@ from atomc.ops import activation, linear, moe, norm, paged_attention, rope, rope
 # isort: split
 # DeepSeek's latent attention (torch reference only), and the latent's norm + RoPE the passes fuse to
 from atomc.ops import mla, mla_latent  # noqa: F401
+
+# isort: split
+# FP8 linears (quantised checkpoints, --quantization fp8)
+from atomc.ops import fp8  # noqa: F401

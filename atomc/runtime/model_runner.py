@@ -60,7 +60,9 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.timings["device_init_wait_s"] = device_init.wait()
         self.timings["device_init_s"] = device_init.seconds
-        self.model = load_model(model_dir, dtype, device, config.model.load_format)
+        self.model = load_model(
+            model_dir, dtype, device, config.model.load_format, quantization=config.model.quantization
+        )
         self.timings["load_weights_s"] = time.perf_counter() - t0
         self.forward = self.model.forward
         self.compile_info: dict = {}  # the artifact's key and format (read by the compile tests)

@@ -54,17 +54,26 @@ class LinearBase(nn.Module):
         self.input_size, self.input_size_per_partition = input_size, input_size_per_partition
         self.output_sizes, self.local_output_sizes = list(output_sizes), list(local_output_sizes)
         self.shard_ranks, self.shard_ids = list(shard_ranks), tuple(shard_ids)
-        self.linear_method = linear_method or UnquantizedLinearMethod()
-        dtype = torch.get_default_dtype()
-        self.linear_method.create_weights(
-            self, input_size_per_partition, self.local_output_sizes, dtype, self.weight_loader
-        )
+        self.params_dtype = dtype = torch.get_default_dtype()
+        self.set_linear_method(linear_method or UnquantizedLinearMethod())
         if bias:
             b = nn.Parameter(torch.empty(sum(self.local_output_sizes), dtype=dtype), requires_grad=False)
             set_weight_attrs(b, {"output_dim": 0, "weight_loader": self.weight_loader})
             self.register_parameter("bias", b)
         else:
             self.register_parameter("bias", None)
+
+    def set_linear_method(self, method: LinearMethod) -> None:
+        """Use `method`: drop the parameters the previous method made and let `method` make its own
+        (the loader picks a quantised method per layer after the model is built, on meta)."""
+        for name in getattr(self, "_method_params", ()):
+            del self._parameters[name]
+        before = set(self._parameters)
+        self.linear_method = method
+        method.create_weights(
+            self, self.input_size_per_partition, self.local_output_sizes, self.params_dtype, self.weight_loader
+        )
+        self._method_params = [n for n in self._parameters if n not in before]
 
     @property
     def input_sharded(self) -> bool:
@@ -82,26 +91,30 @@ class LinearBase(nn.Module):
                 return _copy(param.data, loaded, "")
             dst = param.data[self._index(shard_id)]
             return _copy(dst, loaded.reshape(dst.shape) if loaded.numel() == dst.numel() else loaded, _what(shard_id))
+        # a block-scale parameter (block FP8) holds one value per (rows, cols) block: count in blocks
+        bn, bk = getattr(param, "block", (1, 1))
+        full_sizes = [_blocks(n, bn) for n in self.output_sizes]
+        local_sizes = [_blocks(n, bn) for n in self.local_output_sizes]
         if fused and out_dim is not None:  # a checkpoint tensor holding every section: cut it here
-            if loaded.dim() <= out_dim or loaded.shape[out_dim] != sum(self.output_sizes):
+            if loaded.dim() <= out_dim or loaded.shape[out_dim] != sum(full_sizes):
                 raise ValueError(
                     f"has shape {tuple(loaded.shape)}, but its dim {out_dim} should hold the sections "
-                    f"{dict(zip(self.shard_ids, self.output_sizes, strict=True))} (total {sum(self.output_sizes)})"
+                    f"{dict(zip(self.shard_ids, full_sizes, strict=True))} (total {sum(full_sizes)})"
                 )
-            for sid, section in zip(self.shard_ids, loaded.split(self.output_sizes, dim=out_dim), strict=True):
+            for sid, section in zip(self.shard_ids, loaded.split(full_sizes, dim=out_dim), strict=True):
                 self.weight_loader(param, section, sid)
             return
         dst, src = param.data, loaded
         if out_dim is not None:
             i = self._index(shard_id)
-            size, offset = self.local_output_sizes[i], sum(self.local_output_sizes[:i])
-            _check_dim(src, out_dim, self.output_sizes[i], shard_id)
+            size, offset = local_sizes[i], sum(local_sizes[:i])
+            _check_dim(src, out_dim, full_sizes[i], shard_id)
             dst = dst.narrow(out_dim, offset, size)
             src = src.narrow(out_dim, self.shard_ranks[i] * size, size)
         in_dim = getattr(param, "input_dim", None)
         if in_dim is not None and self.input_sharded:
-            n = self.input_size_per_partition
-            _check_dim(src, in_dim, self.input_size, shard_id)
+            n = _blocks(self.input_size_per_partition, bk)
+            _check_dim(src, in_dim, _blocks(self.input_size, bk), shard_id)
             src = src.narrow(in_dim, self.parallel.rank * n, n)
         _copy(dst, src, _what(shard_id))
 
@@ -110,6 +123,10 @@ class LinearBase(nn.Module):
             return self.shard_ids.index(shard_id)
         except ValueError:
             raise ValueError(f"shard id {shard_id!r} is not one of {self.shard_ids}") from None
+
+
+def _blocks(n: int, block: int) -> int:
+    return -(-n // block)
 
 
 def _what(shard_id) -> str:

@@ -9,6 +9,9 @@
    and hand it to the parameter's weight_loader, which writes this rank's slice into the right place.
 4. Call every linear method's process_weights_after_loading.
 
+A quantised checkpoint (its config.json's quantization_config) or `--quantization fp8` picks each
+linear's FP8 method on the meta model, before step 2 (models/loader/quantize.py).
+
 Safetensors only: atomc never unpickles a checkpoint. Errors name the tensor and its file.
 """
 
@@ -27,6 +30,8 @@ from atomc.progress import progress_bar
 from models.arch import ModelArch
 from models.layers.moe import ExpertNames, FusedMoE
 from models.layers.parallel import SINGLE, ParallelInfo
+from models.loader.quantize import apply_quantization
+from models.quant.spec import resolve as resolve_quantization
 from models.registry import build_model
 
 # checkpoint keys that carry no weights atomc needs (recomputed buffers)
@@ -59,14 +64,16 @@ def load_model(
     load_format: str = "safetensors",
     parallel: ParallelInfo = SINGLE,
     mtp: bool = False,
+    quantization: str | None = None,
 ) -> nn.Module:
     """load_format "dummy" fills random weights on the device instead of reading files (benchmarks).
     `mtp`: also build and load the checkpoint's multi-token-prediction layers (DeepSeek-V3/R1), for
-    a speculative-decoding step; off, they are skipped and nothing is allocated for them."""
+    a speculative-decoding step; off, they are skipped and nothing is allocated for them.
+    `quantization` is `--quantization` (None: as the checkpoint says)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load format {load_format!r} is not one of: {', '.join(LOAD_FORMATS)}")
     arch = ModelArch.from_dir(model_dir)
-    model = build_on_meta(arch, dtype, parallel, mtp=mtp)
+    model = build_on_meta(arch, dtype, parallel, mtp=mtp, quantization=quantization)
     files = [] if load_format == "dummy" else checkpoint_files(model_dir)
     adapt = getattr(model, "adapt_to_checkpoint", None)  # a family whose modules depend on the tensors present
     if adapt is not None:
@@ -90,10 +97,19 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def build_on_meta(arch: ModelArch, dtype: torch.dtype, parallel: ParallelInfo = SINGLE, mtp: bool = False) -> nn.Module:
-    """The model with meta parameters in `dtype` (layers create their weights in the default dtype)."""
+def build_on_meta(
+    arch: ModelArch,
+    dtype: torch.dtype,
+    parallel: ParallelInfo = SINGLE,
+    mtp: bool = False,
+    quantization: str | None = None,
+) -> nn.Module:
+    """The model with meta parameters in `dtype` (layers create their weights in the default dtype),
+    each linear with the method its quantisation asks for (the checkpoint's, or `quantization`)."""
     with _default_dtype(dtype), torch.device("meta"):
-        return build_model(arch, parallel, mtp=mtp)
+        model = build_model(arch, parallel, mtp=mtp)
+        apply_quantization(model, resolve_quantization(arch.raw, quantization), CheckpointNaming.of(model))
+        return model
 
 
 def tensor_names(files: list[Path]) -> set[str]:
@@ -135,6 +151,10 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.fill_(1.0)
+        elif name.endswith(("_scale", "_scale_inv")):  # FP8 scales: fp8 values of about +-1 mean 0.02
+            p.fill_(0.02)
+        elif p.dtype == torch.float8_e4m3fn:
+            p.copy_(torch.empty(p.shape, device=p.device).normal_(0.0, 1.0, generator=gen).to(p.dtype))
         elif p.is_floating_point():
             p.normal_(0.0, 0.02, generator=gen)
 
@@ -235,6 +255,7 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
     fused_experts = False  # the checkpoint stacks experts (then missing names are given that way too)
     # a family's tensors the model does not hold by design (DeepSeek-V3's MTP layers), by name
     skips = getattr(model, "skips_checkpoint_tensor", None)
+    aliases = getattr(model, "quant_tensor_aliases", {})
     for path in files:
         bar.update(1)
         with safe_open(str(path), framework="pt", device="cpu") as f:
@@ -243,6 +264,9 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
                     continue
                 param_name, shard_id = naming.to_param(name)
                 param = params.get(param_name)
+                if param is None and aliases:  # a quantised checkpoint's other spelling of a scale
+                    head, _, leaf = param_name.rpartition(".")
+                    param = params.get(f"{head}.{aliases.get(leaf, leaf)}")
                 if param is None:
                     unexpected.append(name)
                     continue

@@ -1,0 +1,186 @@
+"""FP8 (e4m3) linear methods: per-tensor, per-channel, block-scaled, and online quantisation at load.
+
+Each creates float8_e4m3fn weights plus float32 scales tagged for the layer's weight_loader, so
+merged layers (q/k/v -> qkv_proj, gate/up -> gate_up_proj) and tensor-parallel shards load scales
+the way they load weights:
+
+- per-tensor scales are `per_shard` ([one per section]): each checkpoint tensor's scale lands at its
+  section's index. After loading, a merged layer's scales become one per output row ([N]), so the
+  GEMM applies each section's own scale: exact (the weights stay the checkpoint's bytes) and free on
+  the GPU (_scaled_mm's rowwise epilogue), where requantising every section to the largest scale
+  would round the weights a second time. A single-section layer keeps its one scale (tensorwise GEMM).
+  Static input scales quantise the one input all sections share, so they are reduced to their max
+  (equal when calibrated on the same input, as llmcompressor and Quark do).
+- per-channel scales ([N]) are split with the rows (`output_dim` 0); [N, 1] checkpoint tensors
+  (compressed-tensors) load as [N].
+- block scales ([ceil(N/bn), ceil(K/bk)]) carry `block` = (bn, bk): the layer counts their dims in
+  blocks, so a section or a rank's slice must be a whole number of blocks.
+
+apply emits `atomc::fp8_quant_*` then `atomc::fp8_gemm` / `fp8_block_gemm` (atomc/ops/fp8.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import atomc.ops  # noqa: F401  (registers torch.ops.atomc.fp8_*)
+from models.quant.base import LinearMethod, set_weight_attrs
+from models.quant.spec import FP8_MAX, FP8Scheme, QuantConfigError
+
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+def _param(shape, dtype, attrs: dict) -> nn.Parameter:
+    p = nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+    set_weight_attrs(p, attrs)
+    return p
+
+
+def _flat_rows(weight_loader):
+    """A loader that takes a per-row scale as [N] or [N, 1]."""
+
+    def load(param, loaded, shard_id=None):
+        if loaded.dim() == 2 and loaded.shape[1] == 1:
+            loaded = loaded.reshape(-1)
+        return weight_loader(param, loaded, shard_id)
+
+    return load
+
+
+def _replace(layer: nn.Module, name: str, value: torch.Tensor) -> None:
+    setattr(layer, name, nn.Parameter(value, requires_grad=False))
+
+
+class FP8LinearMethod(LinearMethod):
+    """Per-tensor or per-channel weights; static per-tensor, dynamic per-tensor or per-token inputs."""
+
+    def __init__(self, scheme: FP8Scheme):
+        if scheme.weight not in ("tensor", "channel") or scheme.online:
+            raise QuantConfigError(f"FP8LinearMethod cannot run {scheme.describe()}")
+        self.scheme = scheme
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader):
+        n = sum(output_partition_sizes)
+        layer.register_parameter(
+            "weight",
+            _param(
+                (n, input_size_per_partition),
+                FP8_DTYPE,
+                {"output_dim": 0, "input_dim": 1, "weight_loader": weight_loader},
+            ),
+        )
+        if self.scheme.weight == "tensor":
+            scale = _param(
+                (len(output_partition_sizes),), torch.float32, {"per_shard": True, "weight_loader": weight_loader}
+            )
+        else:
+            scale = _param((n,), torch.float32, {"output_dim": 0, "weight_loader": _flat_rows(weight_loader)})
+        layer.register_parameter("weight_scale", scale)
+        if self.scheme.activation == "static":
+            shards = len(output_partition_sizes)
+            layer.register_parameter(
+                "input_scale", _param((shards,), torch.float32, {"per_shard": True, "weight_loader": weight_loader})
+            )
+
+    def process_weights_after_loading(self, layer):
+        sizes = layer.local_output_sizes
+        if self.scheme.weight == "tensor" and len(sizes) > 1:  # one scale per section -> one per row
+            rows = torch.tensor(sizes, device=layer.weight_scale.device)
+            _replace(layer, "weight_scale", layer.weight_scale.data.repeat_interleave(rows))
+        if self.scheme.activation == "static":
+            _replace(layer, "input_scale", layer.input_scale.data.amax().reshape(1))
+
+    def apply(self, layer, x, bias):
+        if self.scheme.activation == "static":
+            xq, x_scale = torch.ops.atomc.fp8_quant_static(x, layer.input_scale), layer.input_scale
+        else:
+            group = 0 if self.scheme.activation == "tensor" else layer.input_size_per_partition
+            xq, x_scale = torch.ops.atomc.fp8_quant_dynamic(x, group)
+        return torch.ops.atomc.fp8_gemm(xq, x_scale, layer.weight, layer.weight_scale, bias, x.dtype)
+
+
+class FP8BlockLinearMethod(LinearMethod):
+    """Block-scaled weights (`weight_scale_inv` per bn x bk block), activations per token group of bk."""
+
+    def __init__(self, scheme: FP8Scheme):
+        if scheme.weight != "block":
+            raise QuantConfigError(f"FP8BlockLinearMethod cannot run {scheme.describe()}")
+        self.scheme = scheme
+        self.block_n, self.block_k = scheme.block
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader):
+        bn, bk = self.block_n, self.block_k
+        split_rows = len(output_partition_sizes) > 1 or layer.local_output_sizes != layer.output_sizes
+        for sid, size in zip(layer.shard_ids, output_partition_sizes, strict=True):
+            if split_rows and size % bn:
+                what = f"section {sid!r} of " if sid is not None else ""
+                raise QuantConfigError(
+                    f"block FP8: {what}{type(layer).__name__} holds {size} rows on this rank, not a multiple "
+                    f"of the weight block's {bn} rows (weight_block_size)"
+                )
+        if input_size_per_partition % bk:
+            raise QuantConfigError(
+                f"block FP8: {type(layer).__name__} has {input_size_per_partition} input features on this rank, "
+                f"not a multiple of the weight block's {bk} columns (activations are quantised in groups of {bk})"
+            )
+        n = sum(output_partition_sizes)
+        layer.register_parameter(
+            "weight",
+            _param(
+                (n, input_size_per_partition),
+                FP8_DTYPE,
+                {"output_dim": 0, "input_dim": 1, "weight_loader": weight_loader},
+            ),
+        )
+        blocks_n = sum(-(-s // bn) for s in output_partition_sizes)
+        attrs = {"output_dim": 0, "input_dim": 1, "block": (bn, bk), "weight_loader": weight_loader}
+        layer.register_parameter(
+            "weight_scale_inv", _param((blocks_n, input_size_per_partition // bk), torch.float32, attrs)
+        )
+
+    def apply(self, layer, x, bias):
+        xq, x_scale = torch.ops.atomc.fp8_quant_dynamic(x, self.block_k)
+        return torch.ops.atomc.fp8_block_gemm(
+            xq, x_scale, layer.weight, layer.weight_scale_inv, self.block_n, self.block_k, bias, x.dtype
+        )
+
+
+def quantize_per_row(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 weight, scale [N]) with one scale per output row: amax / 448."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=1e-12)
+    return (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+
+class OnlineFP8LinearMethod(FP8LinearMethod):
+    """`--quantization fp8`: the checkpoint's bf16/fp32 weights load as they are, then each is
+    quantised per output row; activations are quantised per token at run time."""
+
+    def __init__(self, scheme: FP8Scheme):
+        if not scheme.online or scheme.weight != "channel" or scheme.activation != "token":
+            raise QuantConfigError(f"OnlineFP8LinearMethod cannot run {scheme.describe()}")
+        self.scheme = scheme
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader):
+        layer.register_parameter(
+            "weight",
+            _param(
+                (sum(output_partition_sizes), input_size_per_partition),
+                params_dtype,
+                {"output_dim": 0, "input_dim": 1, "weight_loader": weight_loader},
+            ),
+        )
+
+    def process_weights_after_loading(self, layer):
+        weight, scale = quantize_per_row(layer.weight.data)
+        _replace(layer, "weight", weight)
+        layer.register_parameter("weight_scale", nn.Parameter(scale, requires_grad=False))
+
+
+def method_for(scheme: FP8Scheme) -> LinearMethod:
+    if scheme.online:
+        return OnlineFP8LinearMethod(scheme)
+    if scheme.weight == "block":
+        return FP8BlockLinearMethod(scheme)
+    return FP8LinearMethod(scheme)
