@@ -113,7 +113,7 @@ def per_block(w: torch.Tensor, bn: int, bk: int):
     return q, s
 
 
-def write_hf_fp8(base: Path, out: Path, scheme: str, transformers_names: bool = False) -> Path:
+def write_hf_fp8(base: Path, out: Path, scheme: str, transformers_names: bool = False, block: int = 128) -> Path:
     """HF/vLLM `quant_method: fp8`. scheme: "block" (weight_block_size [128, 128], weight_scale_inv),
     "static" or "dynamic" (per-tensor; vLLM's weight_scale / input_scale, or with
     `transformers_names` transformers' weight_scale_inv / activation_scale)."""
@@ -127,7 +127,7 @@ def write_hf_fp8(base: Path, out: Path, scheme: str, transformers_names: bool = 
     for name in quant_linears(state):
         w = state[f"{name}.weight"].float()
         if scheme == "block":
-            q, s = per_block(w, 128, 128)
+            q, s = per_block(w, block, block)
             tensors[f"{name}.weight_scale_inv"] = s
         else:
             q, s = per_tensor(w)
@@ -137,7 +137,7 @@ def write_hf_fp8(base: Path, out: Path, scheme: str, transformers_names: bool = 
         tensors[f"{name}.weight"] = q
     qc = {"quant_method": "fp8", "activation_scheme": "static" if scheme == "static" else "dynamic", "fmt": "e4m3"}
     if scheme == "block":
-        qc["weight_block_size"] = [128, 128]
+        qc["weight_block_size"] = [block, block]
     qc["modules_to_not_convert"] = ["lm_head"]
     return _write(out, tensors, qc)
 
@@ -196,7 +196,7 @@ def write_quark(base: Path, out: Path, scheme: str) -> Path:
     return _write(out, tensors, qc)
 
 
-def write_compressed_tensors(base: Path, out: Path, preset: str) -> Path:
+def write_compressed_tensors(base: Path, out: Path, preset: str, ignore=("lm_head",)) -> Path:
     """llmcompressor's layout, written by the compressed-tensors library: preset FP8 (static
     per-tensor, calibrated input scales), FP8_DYNAMIC or FP8_BLOCK; lm_head ignored."""
     from compressed_tensors.compressors import ModelCompressor
@@ -209,7 +209,7 @@ def write_compressed_tensors(base: Path, out: Path, preset: str) -> Path:
 
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     config = QuantizationConfig(
-        config_groups={"group_0": preset_name_to_scheme(preset, ["Linear"])}, ignore=["lm_head"]
+        config_groups={"group_0": preset_name_to_scheme(preset, ["Linear"])}, ignore=list(ignore)
     )
     apply_quantization_config(model, config, show_progress=False)
     amax = calibrate(base) if preset == "FP8" else {}
@@ -248,7 +248,7 @@ def write_compressed_tensors(base: Path, out: Path, preset: str) -> Path:
 # ---- references ----
 
 
-def dequantized_weights(qdir: Path) -> dict[str, torch.Tensor]:
+def dequantized_weights(qdir: Path, block: int = 128) -> dict[str, torch.Tensor]:
     """{linear name: fp32 weight} of every quantised linear in a checkpoint, dequantised."""
     state = load_file(str(qdir / "model.safetensors"))
     out = {}
@@ -259,8 +259,8 @@ def dequantized_weights(qdir: Path) -> dict[str, torch.Tensor]:
         scale = next(state[f"{name}.{s}"] for s in ("weight_scale_inv", "weight_scale") if f"{name}.{s}" in state)
         w = w.float()
         s = scale.float()
-        if s.dim() == 2 and s.shape[0] != w.shape[0]:  # 128x128 blocks
-            out[name] = w * s.repeat_interleave(128, 0)[: w.shape[0]].repeat_interleave(128, 1)[:, : w.shape[1]]
+        if s.dim() == 2 and s.shape[0] != w.shape[0]:  # blocks of block x block
+            out[name] = w * s.repeat_interleave(block, 0)[: w.shape[0]].repeat_interleave(block, 1)[:, : w.shape[1]]
         else:
             out[name] = w * s.reshape(-1, 1) if s.numel() > 1 else w * s.reshape(())
     return out

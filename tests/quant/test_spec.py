@@ -19,8 +19,8 @@ CT_FP8_DYNAMIC = {
     "config_groups": {
         "group_0": {
             "targets": ["Linear"],
-            "weights": {"type": "float", "num_bits": 8, "strategy": "channel", "symmetric": True, "dynamic": False},
-            "input_activations": {"type": "float", "num_bits": 8, "strategy": "token", "symmetric": True, "dynamic": True},
+            "weights": {"type": "float", "num_bits": 8, "strategy": "channel", "dynamic": False},
+            "input_activations": {"type": "float", "num_bits": 8, "strategy": "token", "dynamic": True},
         }
     },
 }  # fmt: skip
