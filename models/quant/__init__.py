@@ -1,2 +1,3 @@
-"""Linear methods: how a linear layer stores its weights and runs its GEMM (unquantized today; FP8 and
-MXFP4 plug in as further methods without touching the layers or the loader)."""
+"""Linear methods: how a linear layer stores its weights and runs its GEMM: unquantized.py (F.linear)
+and fp8.py (FP8 per-tensor, per-channel, block, online), chosen from spec.py's reading of a
+checkpoint's quantization_config (docs/quantization.md). MXFP4 plugs in the same way, later."""
