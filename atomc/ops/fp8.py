@@ -79,6 +79,11 @@ def fp8_gemm(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """(xq * x_scale) @ (weight * weight_scale[:, None]).T + bias: [..., K] x [N, K] -> [..., N]."""
+    return fp8_gemm_reference(xq, x_scale, weight, weight_scale, bias, out_dtype)
+
+
+def fp8_gemm_reference(xq, x_scale, weight, weight_scale, bias, out_dtype):
+    """fp8_gemm's body as a plain function (a backend's fallback calls it without dispatching)."""
     x = xq.float() * x_scale.float()
     w = weight.float() * weight_scale.float().reshape(-1, 1)
     out = x @ w.t()
@@ -88,7 +93,7 @@ def fp8_gemm(
 
 
 @fp8_gemm.register_fake
-def _(xq, x_scale, weight, weight_scale, bias, out_dtype):
+def _fake_gemm(xq, x_scale, weight, weight_scale, bias, out_dtype):
     return xq.new_empty(*xq.shape[:-1], weight.shape[0], dtype=out_dtype)
 
 

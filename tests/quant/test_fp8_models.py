@@ -286,3 +286,23 @@ def test_quantisation_enters_the_compile_cache_key(bases, quantized):
     # the FP8 method's module is hashed into a quantised model's sources, not into a bf16 one's
     assert "models.quant.fp8" in build.model_modules(build_on_meta(ModelArch.from_dir(qdir), torch.float32))
     assert "models.quant.fp8" not in build.model_modules(load_model(base, torch.float32, "cpu"))
+
+
+def test_quantization_flag_maps_onto_the_config():
+    from typer.testing import CliRunner
+
+    from atomc.cli.flags import build_config
+    from atomc.cli.main import app
+
+    assert build_config(quantization="fp8").model.quantization == "fp8"
+    assert build_config().model.quantization is None
+    for command in ("serve", "generate", "compile"):
+        assert "--quantization" in CliRunner().invoke(app, [command, "--help"]).output
+
+
+def test_dummy_weights_fill_fp8_layers(quantized):
+    _, qdir = quantized("hf-fp8-block-128")
+    model = load_model(qdir, torch.float32, "cpu", load_format="dummy")
+    layer = model.model.layers[0].self_attn.qkv_proj
+    assert layer.weight.dtype == torch.float8_e4m3fn and bool((layer.weight_scale_inv == 0.02).all())
+    assert torch.isfinite(_logits(model, torch.tensor(PROMPT))).all()

@@ -2,10 +2,11 @@
 
 Registered in the GPU backend's namespace beside the Triton bindings (as `atomc_triton::linear`
 also calls the vendor GEMM for more than one row), so lowering picks it on CUDA like any other
-backend op. Per-tensor scales on both sides run the tensorwise GEMM; any row scale (per-token
-activations, per-channel weights, the per-shard scales of a merged layer) runs the rowwise one with
-both scales expanded to rows. Where _scaled_mm cannot run (a GPU before sm_89, ROCm's e4m3fnuz, a
-dimension not a multiple of 16, an fp32 output with row scales) the reference body runs instead.
+backend op; and as atomc::fp8_gemm's CUDA kernel, so an eager model runs it too. Per-tensor scales
+on both sides run the tensorwise GEMM; any row scale (per-token activations, per-channel weights,
+the per-shard scales of a merged layer) runs the rowwise one with both scales expanded to rows.
+Where _scaled_mm cannot run (a GPU before sm_89, ROCm's e4m3fnuz, a dimension not a multiple of
+16, an fp32 output with row scales) the reference runs instead.
 Later: a Triton FP8 GEMV for one-row decode (issue 16).
 """
 
@@ -56,5 +57,9 @@ def fp8_gemm(
 ) -> torch.Tensor:
     out = scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype)
     if out is None:
-        out = ref.fp8_gemm(xq, x_scale, weight, weight_scale, bias, out_dtype)
+        out = ref.fp8_gemm_reference(xq, x_scale, weight, weight_scale, bias, out_dtype)
     return out
+
+
+# the eager model's atomc::fp8_gemm on CUDA runs the same GEMM as a lowered graph
+torch.library.register_kernel("atomc::fp8_gemm", "cuda", fp8_gemm)
