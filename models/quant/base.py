@@ -13,7 +13,12 @@ Parameter tags (set with `set_weight_attrs`):
   holds the q/k/v or gate/up sections one after another (None: not split);
 - `per_shard`: dim 0 has one entry per logical shard (a per-tensor FP8 scale for each of q, k, v),
   written at that shard's index instead of a slice, so scales load through the same shard ids as
-  the weights they scale.
+  the weights they scale;
+- `block` = (rows, cols): one value per weight block (block-FP8 scales), so the layer counts the
+  `output_dim` / `input_dim` sizes in blocks.
+
+A layer gets a method at build (unquantized) and may be given another before loading
+(`LinearBase.set_linear_method`: the loader does so for quantised checkpoints, models/loader/quantize.py).
 """
 
 from __future__ import annotations
