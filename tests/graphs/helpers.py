@@ -8,6 +8,12 @@ from pathlib import Path
 import torch
 
 from atomc.config import EngineConfig
+from atomc.graphs import signing
+
+
+def signing_key() -> signing.SigningKey:
+    """The test session's signing key (tests/conftest.py points ATOMC_CACHE_SIGNING_KEY_FILE at it)."""
+    return signing.load_key()
 
 
 def make_config(cache_dir: Path, **compile_kw) -> EngineConfig:

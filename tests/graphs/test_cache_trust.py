@@ -15,7 +15,7 @@ from atomc.graphs import build
 from atomc.graphs.artifact import ArtifactError
 from atomc.graphs.cache_store import CacheStore, make_private_dir, manifest_problems
 from models.loader import load_model
-from tests.graphs.helpers import copy_entry, make_config
+from tests.graphs.helpers import copy_entry, make_config, signing_key
 
 
 def _load(llama_dir, cfg, **kw):
@@ -106,13 +106,13 @@ def test_wrong_manifest_is_rebuilt_not_a_traceback(tmp_path, shared_root, compil
     edit(m)
     assert manifest_problems(m)
     # resealed with a matching checksum: only the schema check can tell
-    CacheStore.write_manifest(CacheStore(root).entry(res.key), m)
-    assert CacheStore(root).entry(res.key).verify()
+    CacheStore.write_manifest(CacheStore(root).entry(res.key), m, signing_key())
+    assert CacheStore(root).entry(res.key).verify(signing_key())
     got = _load(llama_dir, make_config(root))
-    assert not got.hit and CacheStore(root).entry(res.key).verify() == []
+    assert not got.hit and CacheStore(root).entry(res.key).verify(signing_key()) == []
 
 
-def test_edited_manifest_fails_its_checksum(tmp_path, shared_root, compiled):
+def test_edited_manifest_fails_its_signature(tmp_path, shared_root, compiled):
     _, res = compiled
     root = tmp_path / "c"
     root.mkdir()
@@ -120,4 +120,4 @@ def test_edited_manifest_fails_its_checksum(tmp_path, shared_root, compiled):
     m = json.loads((entry_dir / "manifest.json").read_text())
     m["factors"]["dtype"] = "float16"  # still a valid manifest, but not the one that was sealed
     (entry_dir / "manifest.json").write_text(json.dumps(m))
-    assert any("checksum" in p for p in CacheStore(root).entry(res.key).verify())
+    assert any("signature" in p for p in CacheStore(root).entry(res.key).verify(signing_key()))
