@@ -258,3 +258,18 @@ def test_where_the_key_lives_is_no_key_factor(monkeypatch, tmp_path):
     assert "ATOMC_CACHE_SIGNING_KEY_FILE" not in snap and "XDG_CONFIG_HOME" not in snap
     assert signing.key_path(None) == tmp_path / "k"
     assert signing.key_path("~/x") == Path("~/x").expanduser()  # the config field / flag wins
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_artifact_passes_the_scan_and_loads_warm(tmp_path, llama_dir):
+    """The allow-list's CUDA part (Triton bundles, launch state) was read from torch's source: a
+    real CUDA artifact must pass it, and the next load must be a hit."""
+    cfg = make_config(tmp_path / "cache")
+    cfg.device = "cuda"
+    model = load_model(llama_dir, torch.bfloat16, "cuda")
+    first = build.compile_or_load(model, llama_dir, cfg, "cuda", torch.bfloat16)
+    names = pickle_scan.artifact_globals((first.entry_dir / "model.aot").read_bytes())
+    assert "torch._inductor.output_code:CompiledFxGraph" in names
+    again = build.compile_or_load(model, llama_dir, cfg, "cuda", torch.bfloat16)
+    assert again.hit
