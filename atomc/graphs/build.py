@@ -160,9 +160,7 @@ def compile_or_load(
     return res
 
 
-def _try_load(
-    entry: Entry, model, pm, t0: float, key: SigningKey, raise_errors: bool = False
-) -> CompileResult | None:
+def _try_load(entry: Entry, model, pm, t0: float, key: SigningKey, raise_errors: bool = False) -> CompileResult | None:
     """The entry's compiled forward, or None to build it. Nothing is read from the cache in place:
     the entry's files are copied into a private folder as they are checked against the signed
     manifest, and the artifact and its kernels load from there (Inductor's cache dir included), so
