@@ -60,6 +60,9 @@ class CompileConfig:
     cudagraph_mixed_max_tokens: int = 0
     disabled_passes: list[str] = field(default_factory=list)
     require_artifacts: bool = False  # fail instead of compiling on a cache miss
+    # the key that signs and verifies cache entries (graphs/signing.py); None: the environment's
+    # ATOMC_CACHE_SIGNING_KEY_FILE, else a per-user key in atomc's config folder. Not a key factor
+    cache_signing_key_file: str | None = None
 
 
 @dataclass

@@ -6,14 +6,29 @@ import os
 from pathlib import Path
 
 # Every variable atomc reads.
-READ_VARS = ("ATOMC_CACHE_DIR",)
+READ_VARS = ("ATOMC_CACHE_DIR", "ATOMC_CACHE_SIGNING_KEY_FILE", "XDG_CONFIG_HOME")
 # The ones that only say where things live: not a graph factor, so `--cache-dir X` and
-# `ATOMC_CACHE_DIR=X` find the same entries, and a cache copied elsewhere still hits.
-LOCATION_VARS = ("ATOMC_CACHE_DIR",)
+# `ATOMC_CACHE_DIR=X` find the same entries, and a cache copied elsewhere still hits. Where the
+# signing key lives is no graph factor either: one entry verifies under any path to the same key.
+LOCATION_VARS = ("ATOMC_CACHE_DIR", "ATOMC_CACHE_SIGNING_KEY_FILE", "XDG_CONFIG_HOME")
+
+SIGNING_KEY_NAME = "cache-signing.key"
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("ATOMC_CACHE_DIR", "~/.cache/atomc")).expanduser()
+
+
+def config_dir() -> Path:
+    """atomc's per-user config folder: $XDG_CONFIG_HOME/atomc, else ~/.config/atomc."""
+    base = os.environ.get("XDG_CONFIG_HOME") or "~/.config"
+    return Path(base).expanduser() / "atomc"
+
+
+def signing_key_file() -> Path:
+    """The compile cache's signing key: $ATOMC_CACHE_SIGNING_KEY_FILE, else the per-user one."""
+    configured = os.environ.get("ATOMC_CACHE_SIGNING_KEY_FILE")
+    return Path(configured).expanduser() if configured else config_dir() / SIGNING_KEY_NAME
 
 
 def snapshot() -> dict[str, str | None]:

@@ -14,6 +14,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# the compile cache's signing key: one per test session, never the user's own (servers the tests
+# start inherit it, so they verify what the tests built)
+if "ATOMC_CACHE_SIGNING_KEY_FILE" not in os.environ:
+    import tempfile
+
+    os.environ["ATOMC_CACHE_SIGNING_KEY_FILE"] = str(Path(tempfile.mkdtemp(prefix="atomc-test-key-")) / "key")
 if not torch.cuda.is_available():
     # Triton runs only interpreted here, and the mode is fixed when triton is first imported:
     # set it before any test module (or atomc code it imports) brings triton in

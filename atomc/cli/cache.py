@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from atomc import env
-from atomc.cli.flags import CacheDir, Device, DisablePass, Dtype, Model, Quantization, config_from
+from atomc.cli.flags import CacheDir, Device, DisablePass, Dtype, Model, Quantization, SigningKeyFile, config_from
 from atomc.config import EngineConfig, ModelConfig
 
 if TYPE_CHECKING:
     from atomc.graphs.cache_store import CacheStore, Entry
+    from atomc.graphs.signing import SigningKey
 
 cache_app = typer.Typer(
     no_args_is_help=True,
@@ -49,6 +50,17 @@ def _store(cache_dir: str | None) -> CacheStore:
     from atomc.graphs.cache_store import CacheStore
 
     return CacheStore(cache_dir or env.cache_dir())
+
+
+def _signing_key(path: str | None) -> tuple[SigningKey | None, str]:
+    """The signing key (never created here: a check must not mint the key it checks against),
+    or None and why not."""
+    from atomc.graphs.signing import SigningKeyError, load_key
+
+    try:
+        return load_key(path, create=False), ""
+    except SigningKeyError as e:
+        return None, str(e)
 
 
 def _resolve(store: CacheStore, key: str) -> Entry:
@@ -187,6 +199,7 @@ def explain(
     quantization: Quantization = None,
     disable_pass: DisablePass = None,
     cache_dir: CacheDir = None,
+    cache_signing_key_file: SigningKeyFile = None,
 ) -> None:
     """Would these flags hit the cache? If not, the nearest entry and the factors that differ.
     Only the flags that change the key are taken: batch limits and CUDA-graph sizes do not."""
@@ -196,7 +209,8 @@ def explain(
     plan, _ = plan_from_config(cfg)
     e = plan.store.entry(plan.key)
     if e.ready:
-        problems = e.verify()
+        key, why = _signing_key(cfg.compile.cache_signing_key_file)
+        problems = e.verify(key) if key is not None else [f"signature not checked: {why}"]
         typer.echo(f"hit: {plan.key}" + (f" (but damaged: {'; '.join(problems)})" if problems else ""))
         raise typer.Exit(1 if problems else 0)
     typer.echo(f"miss: key {plan.key}\n{explain_miss(plan)}")
@@ -204,15 +218,22 @@ def explain(
 
 
 @cache_app.command("verify")
-def verify(key: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheDir = None) -> None:
-    """Check every compile entry's files against the manifest checksums, and that converted models
-    finished converting; non-zero exit if anything is bad."""
+def verify(
+    key: Annotated[str | None, typer.Argument()] = None,
+    cache_dir: CacheDir = None,
+    cache_signing_key_file: SigningKeyFile = None,
+) -> None:
+    """Check every compile entry's signature, its files against the signed manifest's checksums,
+    ownership and modes, and that converted models finished converting; non-zero exit if anything
+    is bad."""
     store = _store(cache_dir)
     entries = [_resolve(store, key)] if key else store.entries()
     models = [] if key else store.converted_models()
+    signing_key, why = _signing_key(cache_signing_key_file)
     bad = 0
     for e in entries:
-        problems = e.verify() + e.trust_problems()
+        checked = e.verify(signing_key) if signing_key is not None else [f"signature not checked: {why}"]
+        problems = checked + e.trust_problems()
         bad += bool(problems)
         typer.echo(f"{e.key}  " + ("ok" if not problems else "BAD: " + "; ".join(problems)))
     for m in models:
@@ -232,7 +253,7 @@ def clear(
     key: Annotated[str | None, typer.Argument()] = None,
     older_than: Annotated[float | None, typer.Option("--older-than", help="days")] = None,
     all_: Annotated[
-        bool, typer.Option("--all", help="every compile entry and Inductor's pinned cache (not converted models)")
+        bool, typer.Option("--all", help="every compile entry and the old shared Inductor cache (not converted models)")
     ] = False,
     model: Annotated[
         str | None, typer.Option("--model", help="a converted model by name (see `ls`); 'all' for every one")
@@ -265,7 +286,7 @@ def clear(
     for e in targets:
         store.remove(e.key)
     if all_:
-        shutil.rmtree(store.inductor_dir, ignore_errors=True)
+        shutil.rmtree(store.legacy_inductor_dir, ignore_errors=True)
     typer.echo(f"removed {len(targets)} entr{'y' if len(targets) == 1 else 'ies'}")
 
 

@@ -28,6 +28,13 @@ Seed = Annotated[int, typer.Option("--seed")]
 EnforceEager = Annotated[bool, typer.Option("--enforce-eager", help="run the eager model; never compile")]
 PrefixCaching = Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")]
 CacheDir = Annotated[str | None, typer.Option("--cache-dir", help="compile cache (default ~/.cache/atomc)")]
+SigningKeyFile = Annotated[
+    str | None,
+    typer.Option(
+        "--cache-signing-key-file",
+        help="key that signs and verifies compile cache entries (default: ~/.config/atomc/cache-signing.key)",
+    ),
+]
 RequireArtifacts = Annotated[
     bool, typer.Option("--require-artifacts", help="fail on a compile-cache miss instead of compiling")
 ]
@@ -70,7 +77,7 @@ _CONFIG_FLAGS = frozenset(
         "model", "device", "dtype", "max_model_len", "seed", "load_format", "generation_config", "quantization",
         "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
         "block_size", "enable_prefix_caching", "gpu_memory_utilization", "num_kv_blocks",
-        "enforce_eager", "cache_dir", "require_artifacts", "cudagraph_capture_sizes",
+        "enforce_eager", "cache_dir", "cache_signing_key_file", "require_artifacts", "cudagraph_capture_sizes",
         "cudagraph_mixed_max_tokens", "disable_pass",
     }
 )  # fmt: skip

@@ -30,6 +30,7 @@ from atomc.cli.flags import (
     Quantization,
     RequireArtifacts,
     Seed,
+    SigningKeyFile,
     config_from,
     fail,
 )
@@ -69,6 +70,7 @@ def generate(
     seed: Seed = ModelConfig.seed,
     enforce_eager: EnforceEager = CompileConfig.enforce_eager,
     cache_dir: CacheDir = None,
+    cache_signing_key_file: SigningKeyFile = None,
     require_artifacts: RequireArtifacts = CompileConfig.require_artifacts,
 ) -> None:
     """Generate a continuation of PROMPT and print it."""
@@ -118,6 +120,7 @@ def serve(
     gpu_memory_utilization: GpuMem = CacheConfig.gpu_memory_utilization,
     num_kv_blocks: KvBlocks = None,
     cache_dir: CacheDir = None,
+    cache_signing_key_file: SigningKeyFile = None,
     require_artifacts: RequireArtifacts = CompileConfig.require_artifacts,
     cudagraph_capture_sizes: CaptureSizes = None,
     cudagraph_mixed_max_tokens: MixedMaxTokens = CompileConfig.cudagraph_mixed_max_tokens,
@@ -206,6 +209,7 @@ def compile_(
     max_model_len: MaxModelLen = None,
     cudagraph_capture_sizes: CaptureSizes = None,
     cache_dir: CacheDir = None,
+    cache_signing_key_file: SigningKeyFile = None,
     disable_pass: DisablePass = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
@@ -215,7 +219,7 @@ def compile_(
     cfg = config_from(locals())
     try:
         code = compile_command(cfg, as_json)
-    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ModuleNotFoundError, RuntimeError) as e:
         raise fail(str(e)) from None
     raise typer.Exit(code or 0)
 

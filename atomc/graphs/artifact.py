@@ -6,6 +6,8 @@
   the splitting ops and each graph piece goes through `standalone_compile`, stored by content hash
   (identical layers share one file). Loading re-runs the Dynamo trace (no Inductor) and swaps the
   stored pieces in.
+
+Both load from a private copy of a verified entry (build.py), never from the cache in place.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import torch
 
 from atomc import compat
+from atomc.graphs import pickle_scan
 from atomc.graphs.partition import split_graph
 
 AOT_FILE = "model.aot"
@@ -34,11 +37,40 @@ def save_aot(compiled, entry_dir: Path) -> list[str]:
 
 
 def load_aot(entry_dir: Path) -> Callable:
-    """The compiled `forward(model, input_ids, positions)`."""
+    """The compiled `forward(model, input_ids, positions)`. The pickle is scanned first: a global
+    outside the allow-list refuses the file before torch reads it (pickle_scan.py)."""
+    data = (entry_dir / AOT_FILE).read_bytes()
     try:
-        return compat.load_compiled_function((entry_dir / AOT_FILE).read_bytes())
+        pickle_scan.scan(data, where=AOT_FILE)
+    except pickle_scan.UnsafePickle as e:
+        raise ArtifactError(f"refused: {e}") from None
+    try:
+        return compat.load_compiled_function(data)
     except Exception as e:
         raise ArtifactError(f"{entry_dir / AOT_FILE} could not be loaded: {type(e).__name__}: {e}") from e
+
+
+KERNELS_DIR = "inductor"
+
+
+def keep_kernels(entry_dir: Path) -> list[str]:
+    """Of the Inductor cache a build ran in (`<entry>/inductor/`), keep only the compiled kernels
+    (`*.so`), which a CPU load dlopens instead of rebuilding them (16-22 s on the tiny model).
+    Everything else there is either rewritten by a load from the artifact itself (Inductor's
+    generated `.py`/`.cpp`, which it writes from the source the artifact carries) or only a build
+    uses (its FX-graph and autotune caches). Returns the kept files, relative to the entry."""
+    root = entry_dir / KERNELS_DIR
+    if not root.is_dir():
+        return []
+    kept = []
+    for p in sorted(root.rglob("*"), reverse=True):  # files before the folders that hold them
+        if p.is_symlink() or (p.is_file() and p.suffix != ".so"):
+            p.unlink()
+        elif p.is_file():
+            kept.append(p.relative_to(entry_dir).as_posix())
+        elif p.is_dir() and not any(p.iterdir()):
+            p.rmdir()
+    return sorted(kept)
 
 
 def piece_hash(gm: torch.fx.GraphModule, args: list) -> str:

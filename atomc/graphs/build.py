@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,10 +16,11 @@ import torch
 
 from atomc import compat
 from atomc.config import EngineConfig
-from atomc.graphs import artifact, sources
+from atomc.graphs import artifact, signing, sources
 from atomc.graphs.cache_key import cache_key, collect_factors, format_diff, nearest, source_factors
-from atomc.graphs.cache_store import CacheStore, Entry
+from atomc.graphs.cache_store import CacheStore, Entry, make_private_dir
 from atomc.graphs.partition import splitting_ops
+from atomc.graphs.signing import SigningKey
 from atomc.graphs.trace import AtomcBackend, aot_trace, bind, example_inputs
 from atomc.kernels.registry import ensure_registered
 from atomc.passes.manager import PassManager
@@ -131,8 +135,9 @@ def compile_or_load(
     t0 = time.perf_counter()
     pm = pm if pm is not None else _pass_manager(config, device)
     plan = plan_for(model_dir, config, device, dtype, pm, model_modules(model), fmt)
+    key = signing.load_key(config.compile.cache_signing_key_file)
     entry = plan.store.entry(plan.key)
-    res = _try_load(entry, model, pm, t0, raise_errors=config.compile.require_artifacts)
+    res = _try_load(entry, model, pm, t0, key, raise_errors=config.compile.require_artifacts)
     if res is not None:
         return res
     if not plan.store.writable:
@@ -146,18 +151,20 @@ def compile_or_load(
             f"run `atomc compile --model {model_dir}` with the same flags first"
         )
     with plan.store.lock(plan.key):
-        res = _try_load(entry, model, pm, t0)  # another process may have built it while we waited
+        res = _try_load(entry, model, pm, t0, key)  # another process may have built it while we waited
         if res is not None:
             return res
-        manifest = _build(model, device, pm, plan, progress=progress)
-    res = _try_load(entry, model, pm, t0, raise_errors=True)
+        manifest = _build(model, device, pm, plan, key, progress=progress)
+    res = _try_load(entry, model, pm, t0, key, raise_errors=True)
     res.hit, res.timings = False, {**manifest["timings"], "total_s": time.perf_counter() - t0}
     return res
 
 
-def _try_load(entry: Entry, model, pm, t0: float, raise_errors: bool = False) -> CompileResult | None:
-    """The entry's compiled forward, or None to build it. Loading writes nothing into the cache:
-    on a read-only one Inductor's scratch goes to a temporary copy (`_inductor_dir_for_load`)."""
+def _try_load(entry: Entry, model, pm, t0: float, key: SigningKey, raise_errors: bool = False) -> CompileResult | None:
+    """The entry's compiled forward, or None to build it. Nothing is read from the cache in place:
+    the entry's files are copied into a private folder as they are checked against the signed
+    manifest, and the artifact and its kernels load from there (Inductor's cache dir included), so
+    loading writes nothing into the cache and runs nothing the signature does not cover."""
     if not entry.ready:
         return None
     store = CacheStore(entry.root)
@@ -167,26 +174,26 @@ def _try_load(entry: Entry, model, pm, t0: float, raise_errors: bool = False) ->
             f"compile cache entry {entry.path} is not trusted ({'; '.join(distrust)}); it was not loaded. "
             "Entries must be owned by this user and writable by nobody else (see docs/compilation.md)"
         )
-    problems = entry.verify()
-    if problems:
-        # never load a damaged artifact: report it, drop it, rebuild
-        if raise_errors or not store.writable:
-            raise artifact.ArtifactError(
-                f"compile cache entry {entry.key} is damaged ({'; '.join(problems)}); it was not loaded. "
-                f"`atomc cache clear {entry.key}` removes it"
-            )
-        log.warning("compile cache entry %s is damaged (%s); rebuilding", entry.key, "; ".join(problems))
+    staged = _private_load_dir() / entry.key
+    check = entry.check(key, stage_to=staged)
+    if check.problems:
+        what, fix = _refusal(entry, check)
+        if raise_errors or not store.writable:  # a read-only entry is not ours to delete
+            raise artifact.ArtifactError(f"compile cache entry {entry.key} is {what}; it was not loaded. {fix}")
+        log.warning("compile cache entry %s is %s; rebuilding it", entry.key, what)
         with contextlib.suppress(OSError):
             store.remove(entry.key)
         return None
-    manifest = entry.manifest()
+    manifest = check.manifest
     t1 = time.perf_counter()
     _register_backend_ops(manifest)
+    kernels = staged / artifact.KERNELS_DIR
+    make_private_dir(kernels)  # Inductor writes its sources and locks here, never into the cache
     try:
-        with _inductor_dir_for_load(store) as inductor_dir, compat.inductor_cache_dir(inductor_dir):
-            fn = _load_format(manifest, entry, model, pm)
+        with compat.inductor_cache_dir(str(kernels)):
+            fn = _load_format(manifest, staged, model, pm)
     except artifact.ArtifactError:
-        if raise_errors or not store.writable:  # a read-only entry is not ours to delete
+        if raise_errors or not store.writable:
             raise
         log.warning("compile cache entry %s failed to load; rebuilding", entry.key, exc_info=True)
         store.remove(entry.key)
@@ -196,23 +203,34 @@ def _try_load(entry: Entry, model, pm, t0: float, raise_errors: bool = False) ->
     return CompileResult(entry.key, entry.path, manifest, hit=True, forward=bind(fn, model), timings=timings)
 
 
-@contextlib.contextmanager
-def _inductor_dir_for_load(store: CacheStore):
-    """Inductor's cache dir for a load: the pinned one when the cache is writable; else a private
-    temporary copy of it (Inductor writes locks and scratch files even when it only reads)."""
-    if store.writable:
-        yield str(store.inductor_dir)
-        return
-    import shutil
-    import tempfile
+def _refusal(entry: Entry, check) -> tuple[str, str]:
+    """(what is wrong, how to fix it) for an entry that failed its check."""
+    sig = check.signature
+    if sig is not None and sig.kind == signing.OTHER_KEY:
+        return (
+            f"signed with another key ({sig.message})",
+            "Run with the key that signed this cache (--cache-signing-key-file or ATOMC_CACHE_SIGNING_KEY_FILE), "
+            "or rebuild it with this key where the cache is writable (`atomc compile`)",
+        )
+    if sig is not None and sig.kind == signing.UNSIGNED:
+        return (
+            "not signed (built before atomc signed its cache entries)",
+            "Rebuild it with `atomc compile` where the cache is writable",
+        )
+    return f"damaged ({'; '.join(check.problems)})", f"`atomc cache clear {entry.key}` removes it"
 
-    with tempfile.TemporaryDirectory(prefix="atomc-inductor-") as tmp:
-        scratch = Path(tmp) / "inductor"
-        if store.inductor_dir.is_dir():
-            shutil.copytree(store.inductor_dir, scratch, symlinks=True)
-        else:
-            scratch.mkdir()
-        yield str(scratch)
+
+_load_root: Path | None = None
+
+
+def _private_load_dir() -> Path:
+    """A fresh private folder (0700, ours) under the system's temporary dir for one load's copies. It
+    lives until the process exits: Inductor may read its files after the load returns."""
+    global _load_root
+    if _load_root is None or not _load_root.is_dir():
+        _load_root = Path(tempfile.mkdtemp(prefix="atomc-load-"))
+        atexit.register(shutil.rmtree, _load_root, ignore_errors=True)
+    return Path(tempfile.mkdtemp(dir=_load_root))
 
 
 def _register_backend_ops(manifest: dict) -> None:
@@ -220,16 +238,16 @@ def _register_backend_ops(manifest: dict) -> None:
     ensure_registered(manifest["factors"]["system"]["platform"])
 
 
-def _load_format(manifest: dict, entry: Entry, model, pm) -> Callable:
+def _load_format(manifest: dict, entry_dir: Path, model, pm) -> Callable:
     if manifest["format"] == PRIMARY_FORMAT:
-        return artifact.load_aot(entry.path)
+        return artifact.load_aot(entry_dir)
     # pieces: re-trace with Dynamo (same passes), then swap the stored pieces in; Inductor never runs
-    backend = AtomcBackend(pm, compile_fn=artifact.load_pieces_backend(entry.path, manifest["pieces"]))
+    backend = AtomcBackend(pm, compile_fn=artifact.load_pieces_backend(entry_dir, manifest["pieces"]))
     ids, pos = example_inputs(next(model.parameters()).device)
     return compat.compile_unguarded(type(model).forward, backend, model, ids, pos)
 
 
-def _build(model, device: str, pm: PassManager, plan: Plan, *, progress: bool | None) -> dict:
+def _build(model, device: str, pm: PassManager, plan: Plan, key: SigningKey, *, progress: bool | None) -> dict:
     from atomc.graphs.progress import Phases
 
     fmt = plan.factors["artifact_format"]
@@ -240,7 +258,9 @@ def _build(model, device: str, pm: PassManager, plan: Plan, *, progress: bool | 
     compile_fn = artifact.compile_pieces(entry.path, files, pieces) if fmt == FALLBACK_FORMAT else None
     backend = AtomcBackend(pm, on_phase=bar.done, compile_fn=compile_fn)
     t0 = time.perf_counter()
-    with compat.inductor_cache_dir(str(plan.store.inductor_dir)):
+    # Inductor builds in a cache of its own inside the entry, so the kernels a load needs are the
+    # entry's (signed with it), and no file another process left in a shared cache enters the build
+    with compat.inductor_cache_dir(str(entry.path / artifact.KERNELS_DIR)):
         if fmt == PRIMARY_FORMAT:
             compiled = aot_trace(model, device, backend)
             t1 = time.perf_counter()
@@ -248,6 +268,7 @@ def _build(model, device: str, pm: PassManager, plan: Plan, *, progress: bool | 
         else:
             compat.compile_unguarded(type(model).forward, backend, model, *example_inputs(device))
             t1 = time.perf_counter()
+    files += artifact.keep_kernels(entry.path)
     rec = backend.record
     timings = {**rec.timings, "save_s": time.perf_counter() - t1, "compile_total_s": time.perf_counter() - t0}
     bar.done("save")
@@ -279,7 +300,7 @@ def _build(model, device: str, pm: PassManager, plan: Plan, *, progress: bool | 
         "pieces": pieces,
         "timings": timings,
     }
-    manifest = plan.store.commit(entry, manifest, files)
+    manifest = plan.store.commit(entry, manifest, files, key)
     bar.done("commit")
     bar.close()
     return manifest

@@ -2,17 +2,20 @@
 
 <root>/<key>/manifest.json      factors, pass report, partitions, sizes, timings, file checksums
 <root>/<key>/model.aot          the artifact (or pieces/<sha>.bin for the fallback format)
+<root>/<key>/inductor/**.so     the C++ kernels Inductor built for this entry (a CPU load dlopens them)
 <root>/<key>/graphs/NN_<pass>.py the graph after each pass, for reading
-<root>/<key>/.ready             written last: the sha256 of manifest.json (so an edited manifest is caught)
+<root>/<key>/.ready             written last: the HMAC of manifest.json under the signing key (signing.py)
 <root>/locks/<key>.lock         so two concurrent compiles of one key build once
-<root>/inductor/                Inductor's cache, pinned here so warm loads find built kernels
 <root>/models/<name>/           converted checkpoints (.gguf -> HF folder), not compile entries
 
 Trust: an entry is code (pickled Python bytecode, Inductor's generated source, `.so` files; see
-docs/compilation.md), so it is created private (0700 dirs, 0600 files, whatever the umask) and an
-entry not owned by this user, or writable by group or others, is refused (`Entry.trust_problems`).
-A manifest gets a schema check (`manifest_problems`): one that is valid JSON but wrong is a damaged
-entry (rebuilt), never a traceback.
+docs/compilation.md). It is signed (`.ready` is a MAC of the manifest, which lists every file's
+sha256), created private (0700 dirs, 0600 files, whatever the umask), and an entry not owned by this
+user, or writable by group or others, is refused (`Entry.trust_problems`). A load never reads the
+entry in place: `Entry.check(key, stage_to=dir)` copies each listed file into a private folder while
+hashing it, so what is loaded is exactly what was checked (no window to swap a file between the
+check and the use). A manifest gets a schema check (`manifest_problems`): one that is valid JSON but
+wrong is a damaged entry (rebuilt), never a traceback.
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from atomc.graphs import signing
+from atomc.graphs.signing import SignatureProblem, SigningKey
+
 MANIFEST = "manifest.json"
 READY = ".ready"
 MODELS_DIR = "models"
+# "inductor": where Inductor's cache was pinned before entries carried their own kernels
 _SKIP_DIRS = {"locks", "inductor", MODELS_DIR}
 _FORMATS = ("aot_fn", "pieces")
 _HEX64 = frozenset("0123456789abcdef")
@@ -45,6 +52,8 @@ def manifest_problems(m) -> list[str]:
     if not isinstance(m, dict):
         return ["manifest is not a JSON object"]
     problems = []
+    if not isinstance(m.get("key"), str):
+        problems.append("key is missing")
     if m.get("format") not in _FORMATS:
         problems.append(f"format {m.get('format')!r} is not one of {', '.join(_FORMATS)}")
     factors = m.get("factors")
@@ -96,11 +105,20 @@ def make_private(path: Path) -> None:
                 os.chmod(fp, 0o600)
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, copy_to: Path | None = None) -> str:
+    """The file's sha256; with `copy_to`, the bytes hashed are also written there (0600), so the copy
+    is exactly what was hashed, whatever happens to `path` meanwhile."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with contextlib.ExitStack() as stack:
+        f = stack.enter_context(open(path, "rb"))
+        out = None
+        if copy_to is not None:
+            make_private_dir(copy_to.parent)
+            out = stack.enter_context(open(os.open(copy_to, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb"))
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
+            if out is not None:
+                out.write(chunk)
     return h.hexdigest()
 
 
@@ -111,6 +129,27 @@ def write_atomic(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _decode_manifest(key: str, data: bytes) -> dict:
+    try:
+        m = json.loads(data)
+    except ValueError as e:
+        raise ManifestError(f"{key}: manifest.json unreadable: {e}") from None
+    problems = manifest_problems(m)
+    if problems:
+        raise ManifestError(f"{key}: manifest.json is not valid: {'; '.join(problems)}")
+    return m
+
+
+@dataclass
+class EntryCheck:
+    """What `Entry.check` found: the verified manifest (None if any problem), the problems, and the
+    signature's own problem (its kind decides between rebuilding and refusing)."""
+
+    manifest: dict | None
+    problems: list[str]
+    signature: SignatureProblem | None = None
 
 
 @dataclass
@@ -127,15 +166,13 @@ class Entry:
         return (self.path / READY).is_file() and (self.path / MANIFEST).is_file()
 
     def manifest(self) -> dict:
-        """The decoded manifest; ManifestError when it is unreadable or not the shape atomc writes."""
+        """The decoded manifest, unverified (for listing and reports; loading uses `check`);
+        ManifestError when it is unreadable or not the shape atomc writes."""
         try:
-            m = json.loads((self.path / MANIFEST).read_bytes())
-        except (OSError, ValueError) as e:
+            data = (self.path / MANIFEST).read_bytes()
+        except OSError as e:
             raise ManifestError(f"{self.key}: manifest.json unreadable: {e}") from None
-        problems = manifest_problems(m)
-        if problems:
-            raise ManifestError(f"{self.key}: manifest.json is not valid: {'; '.join(problems)}")
-        return m
+        return _decode_manifest(self.key, data)
 
     def trust_problems(self) -> list[str]:
         """Why this entry must not be loaded as code: not owned by us, or writable by others."""
@@ -154,31 +191,45 @@ class Entry:
                 break
         return problems
 
-    def verify(self) -> list[str]:
-        """Problems found: missing/extra-short/altered artifact files, an altered or malformed
-        manifest, or an unfinished entry."""
+    def check(self, key: SigningKey, stage_to: Path | None = None) -> EntryCheck:
+        """Signature, manifest schema, then every listed file's size and sha256. With `stage_to`,
+        the files are copied there as they are hashed (for loading), and the check stops at the
+        first problem: nothing of a refused entry is copied."""
         if not (self.path / MANIFEST).is_file():
-            return ["no manifest.json (unfinished compile)"]
+            return EntryCheck(None, ["no manifest.json (unfinished compile)"])
         try:
-            files = self.manifest()["files"]
+            manifest_bytes = (self.path / MANIFEST).read_bytes()
+            ready_text = (self.path / READY).read_text(errors="replace")
+        except FileNotFoundError:
+            return EntryCheck(None, ["no .ready marker (unfinished compile)"])
+        except OSError as e:
+            return EntryCheck(None, [f"unreadable: {e}"])
+        sig = signing.check(key, ready_text, manifest_bytes)
+        problems = [sig.message] if sig else []
+        if sig and stage_to is not None:
+            return EntryCheck(None, problems, sig)
+        try:
+            m = _decode_manifest(self.key, manifest_bytes)
         except ManifestError as e:
-            return [str(e).split(": ", 1)[1]]
-        ready = self.path / READY
-        if not ready.is_file():
-            problems = ["no .ready marker (unfinished compile)"]
-        elif ready.read_text().strip() != sha256_file(self.path / MANIFEST):
-            problems = ["manifest.json does not match its checksum in .ready (altered)"]
-        else:
-            problems = []
-        for rel, meta in sorted(files.items()):
+            return EntryCheck(None, [*problems, str(e).split(": ", 1)[1]], sig)
+        if m["key"] != self.key:
+            problems.append(f"manifest.json is for key {m['key']}, not for its folder {self.key}")
+        for rel, meta in sorted(m["files"].items()):
+            if problems and stage_to is not None:
+                break
             p = self.path / rel
             if not p.is_file():
                 problems.append(f"{rel}: missing")
             elif p.stat().st_size != meta["size"]:
                 problems.append(f"{rel}: {p.stat().st_size} bytes, expected {meta['size']} (truncated?)")
-            elif sha256_file(p) != meta["sha256"]:
-                problems.append(f"{rel}: checksum mismatch (corrupt)")
-        return problems
+            elif sha256_file(p, stage_to / rel if stage_to is not None else None) != meta["sha256"]:
+                problems.append(f"{rel}: checksum mismatch (corrupt or altered)")
+        return EntryCheck(None if problems else m, problems, sig)
+
+    def verify(self, key: SigningKey) -> list[str]:
+        """Problems found: an unsigned, foreign-signed or altered entry, a malformed manifest,
+        missing/truncated/altered files, or an unfinished entry (empty: the entry would load)."""
+        return self.check(key).problems
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
@@ -212,7 +263,9 @@ class CacheStore:
         return Entry(self.root, key)
 
     @property
-    def inductor_dir(self) -> Path:
+    def legacy_inductor_dir(self) -> Path:
+        """Where Inductor's cache was pinned before each entry carried its own kernels (removed by
+        `atomc cache clear --all`; nothing reads it)."""
         return self.root / "inductor"
 
     @property
@@ -242,9 +295,9 @@ class CacheStore:
         make_private_dir(e.path)
         return e
 
-    def commit(self, entry: Entry, manifest: dict, artifact_files: list[str]) -> dict:
-        """Checksum the artifact files into the manifest, write it, then `.ready` (the manifest's
-        checksum) last by rename; every file of the entry ends private (0600, dirs 0700)."""
+    def commit(self, entry: Entry, manifest: dict, artifact_files: list[str], key: SigningKey) -> dict:
+        """Checksum the artifact files into the manifest, write it, then `.ready` (its signature)
+        last by rename; every file of the entry ends private (0600, dirs 0700)."""
         manifest["files"] = {
             rel: {"size": (entry.path / rel).stat().st_size, "sha256": sha256_file(entry.path / rel)}
             for rel in artifact_files
@@ -252,14 +305,14 @@ class CacheStore:
         manifest["artifact_bytes"] = sum(f["size"] for f in manifest["files"].values())
         manifest["created"] = time.time()
         make_private(entry.path)
-        self.write_manifest(entry, manifest)
+        self.write_manifest(entry, manifest, key)
         return manifest
 
     @staticmethod
-    def write_manifest(entry: Entry, manifest: dict) -> None:
+    def write_manifest(entry: Entry, manifest: dict, key: SigningKey) -> None:
         data = json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()
         write_atomic(entry.path / MANIFEST, data)
-        write_atomic(entry.path / READY, hashlib.sha256(data).hexdigest().encode())
+        write_atomic(entry.path / READY, key.sign(data).encode())
 
     def converted_models(self) -> list[ConvertedModel]:
         if not self.models_dir.is_dir():

@@ -66,16 +66,20 @@ def test_key_changes_with_each_factor(llama_dir, tmp_path, monkeypatch):
 
 
 def test_runtime_only_settings_are_not_factors(llama_dir, tmp_path, monkeypatch):
-    """Batch limits, capture sizes and the cache's location shape no graph: same key."""
+    """Batch limits, capture sizes, the cache's and the signing key's locations shape no graph: same key."""
     base, factors = key_for(llama_dir)
-    cfg = make_config(tmp_path / "elsewhere", cudagraph_capture_sizes=[1, 2, 3])
+    cfg = make_config(
+        tmp_path / "elsewhere", cudagraph_capture_sizes=[1, 2, 3], cache_signing_key_file=str(tmp_path / "k")
+    )
     cfg.scheduler.max_num_batched_tokens, cfg.scheduler.max_num_seqs = 4096, 64
     assert key_for(llama_dir, cfg)[0] == base
     monkeypatch.setenv("ATOMC_CACHE_DIR", str(tmp_path / "env_cache"))
+    monkeypatch.setenv("ATOMC_CACHE_SIGNING_KEY_FILE", str(tmp_path / "env_key"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     assert key_for(llama_dir)[0] == base
     flat = ck.flatten(factors)
-    assert not any("capture" in k or "max_num" in k or "CACHE_DIR" in k for k in flat), sorted(flat)
+    assert not any("capture" in k or "max_num" in k or "CACHE_DIR" in k or "KEY_FILE" in k for k in flat), sorted(flat)
 
 
 def test_key_ignores_weights_and_json_formatting(llama_dir, tmp_path):

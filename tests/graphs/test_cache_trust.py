@@ -15,7 +15,7 @@ from atomc.graphs import build
 from atomc.graphs.artifact import ArtifactError
 from atomc.graphs.cache_store import CacheStore, make_private_dir, manifest_problems
 from models.loader import load_model
-from tests.graphs.helpers import copy_entry, make_config
+from tests.graphs.helpers import copy_entry, make_config, signing_key
 
 
 def _load(llama_dir, cfg, **kw):
@@ -94,25 +94,28 @@ def test_read_only_cache_loads_and_writes_nothing(tmp_path, shared_root, compile
         lambda m: m.update(files={"../../etc/passwd": {"size": 1, "sha256": "0" * 64}}),
         lambda m: m.update(files={"model.aot": {"size": "big"}}),
         lambda m: m.update(files=[]),
+        lambda m: m.update(key="0" * 24),  # another entry's manifest, moved into this folder
     ],
 )
-def test_wrong_manifest_is_rebuilt_not_a_traceback(tmp_path, shared_root, compiled, llama_dir, edit):
+def test_wrong_manifest_is_rebuilt_not_a_traceback(tmp_path, shared_root, compiled, llama_dir, edit, request):
     _, res = compiled
     root = tmp_path / "c"
     root.mkdir()
-    (root / "inductor").symlink_to(shared_root / "inductor", target_is_directory=True)
     entry_dir = copy_entry(shared_root, res.key, root)
     m = json.loads((entry_dir / "manifest.json").read_text())
     edit(m)
-    assert manifest_problems(m)
-    # resealed with a matching checksum: only the schema check can tell
-    CacheStore.write_manifest(CacheStore(root).entry(res.key), m)
-    assert CacheStore(root).entry(res.key).verify()
-    got = _load(llama_dir, make_config(root))
-    assert not got.hit and CacheStore(root).entry(res.key).verify() == []
+    assert manifest_problems(m) or m["key"] != res.key
+    # resealed with a valid signature: only the schema check can tell
+    CacheStore.write_manifest(CacheStore(root).entry(res.key), m, signing_key())
+    assert CacheStore(root).entry(res.key).verify(signing_key())
+    with pytest.raises(ArtifactError, match="damaged"):  # a clear refusal, not a traceback
+        _load(llama_dir, make_config(root, require_artifacts=True))
+    if request.node.callspec.indices["edit"] == 0:  # and without --require-artifacts a rebuild (one
+        got = _load(llama_dir, make_config(root))  # case: each rebuild compiles its kernels afresh)
+        assert not got.hit and CacheStore(root).entry(res.key).verify(signing_key()) == []
 
 
-def test_edited_manifest_fails_its_checksum(tmp_path, shared_root, compiled):
+def test_edited_manifest_fails_its_signature(tmp_path, shared_root, compiled):
     _, res = compiled
     root = tmp_path / "c"
     root.mkdir()
@@ -120,4 +123,4 @@ def test_edited_manifest_fails_its_checksum(tmp_path, shared_root, compiled):
     m = json.loads((entry_dir / "manifest.json").read_text())
     m["factors"]["dtype"] = "float16"  # still a valid manifest, but not the one that was sealed
     (entry_dir / "manifest.json").write_text(json.dumps(m))
-    assert any("checksum" in p for p in CacheStore(root).entry(res.key).verify())
+    assert any("signature" in p for p in CacheStore(root).entry(res.key).verify(signing_key()))

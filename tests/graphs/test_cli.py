@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from atomc.cli.cache import cache_app, compile_command
 from atomc.graphs.cache_store import CacheStore
-from tests.graphs.helpers import copy_entry, make_config
+from tests.graphs.helpers import copy_entry, make_config, signing_key
 
 runner = CliRunner()
 
@@ -27,7 +27,7 @@ def _second_entry(root, key, new_key="f" * 24, **factor_changes):
     m = json.loads((dst / "manifest.json").read_text())
     m["key"] = new_key
     m["factors"].update(factor_changes)
-    CacheStore.write_manifest(CacheStore(root).entry(new_key), m)  # resealed: a valid entry
+    CacheStore.write_manifest(CacheStore(root).entry(new_key), m, signing_key())  # resealed: a valid entry
     return new_key
 
 
@@ -104,7 +104,7 @@ def test_clear(tmp_path, shared_root, compiled):
     assert "removed 0" in invoke("clear", "--older-than", 5, "--cache-dir", root).output
     assert "removed 1" in invoke("clear", "--older-than", 2, "--cache-dir", root).output
     copy_entry(shared_root, res.key, root)
-    (root / "inductor").mkdir()
+    (root / "inductor").mkdir()  # the shared Inductor cache of older versions goes too
     assert invoke("clear", "--all", "--cache-dir", root).exit_code == 0
     assert sorted(os.listdir(root)) == ["locks"]
 

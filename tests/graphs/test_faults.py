@@ -11,7 +11,7 @@ from atomc.graphs import build
 from atomc.graphs.artifact import ArtifactError
 from atomc.graphs.cache_store import CacheStore
 from models.loader import load_model
-from tests.graphs.helpers import assert_matches_eager, copy_entry, fresh_root, make_config
+from tests.graphs.helpers import assert_matches_eager, copy_entry, fresh_root, make_config, signing_key
 
 
 def _load(llama_dir, cfg, **kw):
@@ -34,24 +34,24 @@ def test_killed_compile_then_damage_then_rebuild(tmp_path, shared_root, compiled
             _load(llama_dir, cfg)
     (key,) = store.keys()
     assert (root / key / "model.aot").is_file() and not store.entry(key).ready
-    assert store.entry(key).verify()  # reported as unfinished
+    assert store.entry(key).verify(signing_key())  # reported as unfinished
     res = _load(llama_dir, cfg)  # the next compile succeeds, over the leftovers
-    assert not res.hit and res.key == key and store.entry(key).verify() == []
+    assert not res.hit and res.key == key and store.entry(key).verify(signing_key()) == []
 
     art = root / key / "model.aot"
     data = bytearray(art.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte
     art.write_bytes(bytes(data))
-    assert any("checksum" in p for p in store.entry(key).verify())
+    assert any("checksum" in p for p in store.entry(key).verify(signing_key()))
     cfg.compile.require_artifacts = True
     with pytest.raises(ArtifactError, match="damaged"):  # refused, with a clear error
         _load(llama_dir, cfg)
 
     art.write_bytes(bytes(data[:100]))  # truncated
-    assert any("truncated" in p for p in store.entry(key).verify())
+    assert any("truncated" in p for p in store.entry(key).verify(signing_key()))
     cfg.compile.require_artifacts = False
     res = _load(llama_dir, cfg)  # without --require-artifacts: dropped and rebuilt, never loaded
-    assert not res.hit and store.entry(key).verify() == []
+    assert not res.hit and store.entry(key).verify(signing_key()) == []
     assert_matches_eager(res.forward, load_model(llama_dir, torch.float32, "cpu"), sizes=(1, 5))
 
 
