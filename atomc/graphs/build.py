@@ -240,7 +240,7 @@ def _register_backend_ops(manifest: dict) -> None:
 
 def _load_format(manifest: dict, entry_dir: Path, model, pm) -> Callable:
     if manifest["format"] == PRIMARY_FORMAT:
-        return artifact.load_aot(entry_dir)
+        return artifact.load_aot(entry_dir, manifest["factors"]["system"]["platform"])
     # pieces: re-trace with Dynamo (same passes), then swap the stored pieces in; Inductor never runs
     backend = AtomcBackend(pm, compile_fn=artifact.load_pieces_backend(entry_dir, manifest["pieces"]))
     ids, pos = example_inputs(next(model.parameters()).device)

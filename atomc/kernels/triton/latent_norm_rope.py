@@ -55,14 +55,17 @@ def _latent_norm_rope_kernel(
     dtype = q_out_ptr.dtype.element_ty
     cos = tl.load(cs, mask=d < HALF, other=0.0).to(dtype).to(tl.float32)
     sin = tl.load(cs + HALF, mask=d < HALF, other=0.0).to(dtype).to(tl.float32)
+    # the branches name their head tiles apart: Triton's compiler (not its interpreter) refuses a
+    # name bound to a [BLOCK_H, 1] tile in one branch and a [1, 1] tile in the other
     if block * BLOCK_H < NUM_HEADS:
-        h = block * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
-        mask = (h < NUM_HEADS) & (d < HALF)
+        q_heads = block * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
+        q_mask = (q_heads < NUM_HEADS) & (d < HALF)
         _rotate(q_ptr + t * stride_qt, q_out_ptr + t * NUM_HEADS * 2 * HALF, stride_qh, 2 * HALF,
-                cos, sin, h, d, mask, HALF, INTERLEAVED)  # fmt: skip
+                cos, sin, q_heads, d, q_mask, HALF, INTERLEAVED)  # fmt: skip
     else:
-        h = tl.arange(0, 1)[:, None]
-        _rotate(k_ptr + t * stride_kt, k_out_ptr + t * 2 * HALF, 0, 0, cos, sin, h, d, d < HALF, HALF, INTERLEAVED)
+        k_head = tl.arange(0, 1)[:, None]
+        _rotate(k_ptr + t * stride_kt, k_out_ptr + t * 2 * HALF, 0, 0, cos, sin, k_head, d, d < HALF, HALF,
+                INTERLEAVED)  # fmt: skip
         cols = tl.arange(0, BLOCK_L)
         cmask = cols < LORA
         x = tl.load(c_ptr + t * stride_ct + cols, mask=cmask, other=0.0).to(tl.float32)
