@@ -196,3 +196,15 @@ def llama_dir(checkpoints) -> Path:
 @pytest.fixture(params=list(FAMILIES))
 def family(request) -> str:
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo_caches():
+    """Every family's forward is one code object (models/decoder.py's shell), and Dynamo keeps at most
+    8 compiled entries per code object: a test process that torch.compiles many tiny models would
+    hit that limit (a hard failure under fullgraph) in whichever test came ninth. A server compiles
+    one model; each test starts from Dynamo's empty caches as a server does."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
