@@ -1,4 +1,4 @@
-"""The compile report: per-pass matches/rewrites, partitions, FLOP shares, MoE nodes, timings.
+"""The compile report: per-pass matches/rewrites, partitions, FLOP shares (FP8 too), MoE nodes, timings.
 
 FLOPs are per token (the token dim is symbolic: shapes are evaluated at T=1): GEMMs 2*M*N*K,
 attention 4*ctx*Hq*D at a reference context of REF_CONTEXT tokens, a MoE block its active experts
@@ -17,6 +17,8 @@ import torch
 from atomc.kernels.registry import NAMESPACES
 
 _MATMULS = {"linear", "mm", "addmm", "matmul", "bmm"}
+# atomc's FP8 GEMMs (models/quant/fp8.py): args (xq [..., K], x_scale, weight [N, K], ...)
+_FP8_GEMMS = {"fp8_gemm", "fp8_block_gemm"}
 REF_CONTEXT = 1024
 
 
@@ -84,6 +86,9 @@ def _node_flops(node: torch.fx.Node) -> int:
     if name == "moe" and _is_atomc(full):
         moe = moe_node(node)
         return moe["flops_per_token"] if moe else 0
+    if name in _FP8_GEMMS and _is_atomc(full):
+        x, w = _shape(node.args[0]), _shape(node.args[2])
+        return 2 * _numel(x[:-1]) * w[0] * w[1] if x and w and len(w) == 2 else 0
     shapes = [_shape(a) for a in node.args if isinstance(a, torch.fx.Node)]
     if name in _MATMULS and len(shapes) >= 2 and shapes[0] and shapes[1] and len(shapes[1]) == 2:
         a, w = (shapes[1], shapes[2]) if name == "addmm" and len(shapes) > 2 and shapes[2] else (shapes[0], shapes[1])
@@ -105,8 +110,10 @@ def _node_flops(node: torch.fx.Node) -> int:
 
 def graph_flops(gm: torch.fx.GraphModule, baseline: dict | None = None) -> dict:
     """Per-token FLOPs: total, the part inside atomc kernels, the part inside atomc ops a pass
-    introduced (an op not in `baseline`, the graph as traced), and the MoE nodes."""
+    introduced (an op not in `baseline`, the graph as traced), the MoE nodes, and the share of the
+    linear layers' FLOPs (dense GEMMs and FP8 GEMMs) that runs in FP8 GEMMs."""
     total, atomc, rewritten, by_op, moe = 0, 0, 0, {}, []
+    linear, fp8 = 0, 0
     before = {n.split("::")[-1] for n in (baseline or {}).get("atomc_ops", [])}
     ops = set()
     for node in gm.graph.nodes:
@@ -119,6 +126,10 @@ def graph_flops(gm: torch.fx.GraphModule, baseline: dict | None = None) -> dict:
         except Exception:  # a shape we cannot evaluate: leave it out rather than fail the compile
             f, info = 0, None
         total += f
+        short = name.split("::")[-1]
+        if short in _MATMULS or (short in _FP8_GEMMS and _is_atomc(name)):
+            linear += f
+            fp8 += f if short in _FP8_GEMMS else 0
         if _is_atomc(name):
             ops.add(name)
             atomc += f
@@ -138,6 +149,8 @@ def graph_flops(gm: torch.fx.GraphModule, baseline: dict | None = None) -> dict:
         "rewritten_share": (rewritten / ref) if ref else 0.0,
         "atomc_ops": sorted(ops),
         "moe_nodes": moe,
+        "linear_per_token": linear,
+        "fp8_linear_share": (fp8 / linear) if linear else 0.0,
         "by_op": by_op,
     }
 
@@ -160,6 +173,8 @@ def format_report(manifest: dict) -> str:
         f"{flops.get('rewritten_share', 0.0):.1%} in kernels the passes rewrote "
         f"(attention at a {flops.get('reference_context', REF_CONTEXT)}-token context, MoE at its active experts)"
     )
+    if flops.get("fp8_linear_share"):
+        lines.append(f"fp8        {flops['fp8_linear_share']:.1%} of the linear layers' FLOPs in FP8 GEMMs")
     moe = flops.get("moe_nodes", [])
     if moe:
         share = sum(m["flops_per_token"] for m in moe) / (flops.get("total_per_token") or 1)

@@ -57,6 +57,9 @@ def test_dense_models_have_no_moe_nodes(checkpoints):
     assert before["atomc_ops"] == ["atomc::attention"]
     assert after["atomc_per_token"] == after["rewritten_per_token"] > 0
     assert "moe " not in format_report(manifest(after))
+    # bf16 linears: counted, none in FP8 GEMMs, and no fp8 line in the report
+    assert after["linear_per_token"] > 0 and after["fp8_linear_share"] == 0.0
+    assert "fp8 " not in format_report(manifest(after))
 
 
 def test_sparse_layers_only_are_moe_nodes(checkpoints, tmp_path):

@@ -22,6 +22,7 @@ import torch
 import transformers
 
 from atomc import LLM, SamplingParams
+from atomc.graphs.report import format_report, graph_flops
 from atomc.passes import PassManager
 from models.layers.parallel import ParallelInfo
 from models.loader import load_model
@@ -131,8 +132,11 @@ def test_passes_leave_quantised_linears_as_atomc_ops(fmt, quantized):
         ref = model.compute_logits(model(ids, positions))
     pm, reports = PassManager.for_platform("cpu"), []
 
+    seen = []
+
     def backend(gm, example_inputs):
         reports[:] = pm.run(gm)
+        seen.append(gm)
         return gm
 
     compiled = torch.compile(model.forward, backend=backend, fullgraph=True, dynamic=True)
@@ -149,6 +153,12 @@ def test_passes_leave_quantised_linears_as_atomc_ops(fmt, quantized):
     gemm = "fp8_block_gemm" if "block" in fmt else "fp8_gemm"
     assert code.count(f"torch.ops.atomc.{gemm}") == 8 and "torch._C._nn.linear" not in code
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    # the compile report: every linear of the forward runs in an FP8 GEMM, counted at its own size
+    flops = graph_flops(seen[-1])
+    a, hidden = model.arch, model.arch.raw["hidden_size"]
+    attention = 2 * hidden * (2 * a.num_heads + 2 * a.num_kv_heads) * a.head_dim  # qkv and o projections
+    assert flops["fp8_linear_share"] == 1.0 and flops["linear_per_token"] > a.num_layers * attention
+    assert "of the linear layers' FLOPs in FP8 GEMMs" in format_report({"key": "k", "format": "aot_fn", "flops": flops})
 
 
 def _dequantised(layer) -> torch.Tensor:
