@@ -48,6 +48,12 @@ def _flat_rows(weight_loader):
     return load
 
 
+def _register_fp8_weight(layer: nn.Module, n: int, k: int, weight_loader) -> None:
+    """The [N, K] e4m3 weight both checkpoint methods load (sharded on N, sliced on K)."""
+    attrs = {"output_dim": 0, "input_dim": 1, "weight_loader": weight_loader}
+    layer.register_parameter("weight", _param((n, k), FP8_DTYPE, attrs))
+
+
 def _replace(layer: nn.Module, name: str, value: torch.Tensor) -> None:
     setattr(layer, name, nn.Parameter(value, requires_grad=False))
 
@@ -62,14 +68,7 @@ class FP8LinearMethod(LinearMethod):
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader):
         n = sum(output_partition_sizes)
-        layer.register_parameter(
-            "weight",
-            _param(
-                (n, input_size_per_partition),
-                FP8_DTYPE,
-                {"output_dim": 0, "input_dim": 1, "weight_loader": weight_loader},
-            ),
-        )
+        _register_fp8_weight(layer, n, input_size_per_partition, weight_loader)
         if self.scheme.weight == "tensor":
             scale = _param(
                 (len(output_partition_sizes),), torch.float32, {"per_shard": True, "weight_loader": weight_loader}
@@ -124,15 +123,7 @@ class FP8BlockLinearMethod(LinearMethod):
                 f"block FP8: {type(layer).__name__} has {input_size_per_partition} input features on this rank, "
                 f"not a multiple of the weight block's {bk} columns (activations are quantised in groups of {bk})"
             )
-        n = sum(output_partition_sizes)
-        layer.register_parameter(
-            "weight",
-            _param(
-                (n, input_size_per_partition),
-                FP8_DTYPE,
-                {"output_dim": 0, "input_dim": 1, "weight_loader": weight_loader},
-            ),
-        )
+        _register_fp8_weight(layer, sum(output_partition_sizes), input_size_per_partition, weight_loader)
         blocks_n = sum(-(-s // bn) for s in output_partition_sizes)
         attrs = {"output_dim": 0, "input_dim": 1, "block": (bn, bk), "weight_loader": weight_loader}
         layer.register_parameter(
