@@ -83,15 +83,17 @@ def fused_experts(
     out = torch.empty_like(x)
     if t == 0:
         return out
+    combined_in_down = moe_gemv.combines_in_down(config)
     act = x.new_empty(p, inter)
-    y = x.new_empty(p, h)
+    y = None if combined_in_down else x.new_empty(p, h)  # the expert outputs, when a combine kernel sums them
     code = ACTIVATION_CODES[activation]
     weights = weights.float().contiguous()
     if config["path"] == "gemv":
         if t != 1:
             raise ValueError(f"fused_moe: the gemv route takes one token, got {t}")
-        if moe_gemv.launch(x, w13, w2, w13_bias, w2_bias, local, weights, act, y, out, code, alpha, limit, config):
-            return out  # the down GEMV did the combine
+        moe_gemv.launch(x, w13, w2, w13_bias, w2_bias, local, weights, act, y, out, code, alpha, limit, config)
+        if combined_in_down:
+            return out
     else:
         _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config)
     block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))

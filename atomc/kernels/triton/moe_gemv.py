@@ -117,12 +117,18 @@ def moe_down_combine_gemv_kernel(
     tl.store(out_ptr + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
+def combines_in_down(config: dict) -> bool:
+    """Whether the one-token route's down GEMV writes the weighted sum itself (the down tile's
+    "fuse_combine", on by default), so no [k, H] expert outputs and no combine kernel are needed."""
+    return config["path"] == "gemv" and config["down"].get("fuse_combine", True)
+
+
 def launch(
     x, w13, w2, w13_bias, w2_bias, local, weights, act, y, out, activation_code: int, alpha, limit, config: dict
-) -> bool:
-    """Both GEMVs for one token's k pairs (x [1, H], act [k, I], y [k, H], weights fp32 [k]); with
-    the down tile's "fuse_combine" (the default) the weighted sum is written to out [1, H] and True
-    is returned, else y is filled for `moe_combine_kernel` and False is returned."""
+) -> None:
+    """Both GEMVs for one token's k pairs (x [1, H], act [k, I], weights fp32 [k]): when
+    `combines_in_down(config)` the weighted sum goes to out [1, H] (y unused, may be None), else the
+    expert outputs go to y [k, H] for `moe_combine_kernel`."""
     k = local.numel()
     inter, h = w2.shape[2], w2.shape[1]
     gu, dn = config["gate_up"], config["down"]
@@ -133,18 +139,17 @@ def launch(
         ACT=activation_code, HAS_BIAS=w13_bias is not None, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"],
         num_warps=gu["num_warps"], num_stages=gu["num_stages"],
     )  # fmt: skip
-    if dn.get("fuse_combine", True):
+    if combines_in_down(config):
         moe_down_combine_gemv_kernel[(triton.cdiv(h, dn["block_n"]),)](
             act, w2, w2_bias if w2_bias is not None else w2, weights, local, out,
             h, inter, act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0),
             TOPK=k, HAS_BIAS=w2_bias is not None, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
             num_warps=dn["num_warps"], num_stages=dn["num_stages"],
         )  # fmt: skip
-        return True
+        return
     moe_down_gemv_kernel[(k, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2_bias if w2_bias is not None else w2, y, local,
         h, inter, act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
         HAS_BIAS=w2_bias is not None, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
         num_warps=dn["num_warps"], num_stages=dn["num_stages"],
     )  # fmt: skip
-    return False
