@@ -49,3 +49,14 @@ def test_no_tokens():
     args = layer_inputs(0, 4, 16, 8, torch.float32, "cpu", True)
     q, k, c = mla_latent_norm_rope(*args)
     assert q.shape == (0, 4, 8) and k.shape == (0, 1, 8) and c.shape == (0, 16)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_backend_op_matches_the_atomc_op(interleaved):
+    import atomc.kernels.triton.ops  # noqa: F401  (defines torch.ops.atomc_triton.mla_latent_norm_rope)
+
+    args = layer_inputs(5, 3, 16, 8, torch.float32, "cpu", interleaved)
+    got = torch.ops.atomc_triton.mla_latent_norm_rope(*args)
+    want = torch.ops.atomc.mla_latent_norm_rope(*args)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=TOL[torch.float32], rtol=TOL[torch.float32])

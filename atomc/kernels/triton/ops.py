@@ -105,17 +105,8 @@ def qk_norm_rope_and_write_kv(
 
 
 @custom("mla_latent_norm_rope")
-def mla_latent_norm_rope(
-    positions: torch.Tensor,
-    q_pe: torch.Tensor,
-    k_pe: torch.Tensor,
-    c_kv: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    cos_sin_cache: torch.Tensor,
-    interleaved: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return tk.mla_latent_norm_rope(positions, q_pe, k_pe, c_kv, weight, eps, cos_sin_cache, interleaved)
+def mla_latent_norm_rope(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tk.mla_latent_norm_rope(*args)  # atomc::mla_latent_norm_rope's arguments (it has no defaults)
 
 
 @custom("paged_attention", mutates=("out",))
