@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from pass_helpers import apply, assert_same, capture, ops, randomize, run
-from test_fuse_rope_kv_write import with_inputs  # the captured inputs for another step (hidden size 64 too)
+from test_fuse_rope_kv_write import BLOCKS, PAGE, context, with_inputs  # shared: pages, context, step inputs
 
-from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from atomc.forward_context import set_forward_context
 from atomc.kv_spec import MLAAttentionSpec
 from atomc.ops.mla_latent import mla_latent_norm_rope_reference
 from atomc.passes import PassManager
@@ -22,7 +22,6 @@ from models.deepseek import DeepseekConfig, MLAAttention
 from models.layers.rotary import RotaryEmbedding
 
 HEADS, NOPE, ROPE, LORA, HIDDEN = 4, 16, 8, 32, 64
-PAGE, BLOCKS = 4, [2, 0, 3, 1]
 
 
 def mla_layer(interleave: bool, q_lora: int | None):
@@ -73,22 +72,6 @@ def test_the_layer_latent_norm_and_rope_become_one_op(interleave, q_lora):
     assert_same(run(gm, inputs), run(after, inputs))  # no cache: one causal sequence
 
 
-def paged_context(start: int, n: int, cache) -> ForwardContext:
-    pos = list(range(start, start + n))
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor([BLOCKS[p // PAGE] * PAGE + p % PAGE for p in pos]),
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        seq_lens=torch.tensor([start + n], dtype=torch.int32),
-        block_tables=torch.tensor([BLOCKS], dtype=torch.int32),
-        query_start_loc_host=[0, n],
-        seq_lens_host=[start + n],
-        max_query_len=n,
-        max_seq_len=start + n,
-        num_seqs=1,
-    )
-    return ForwardContext(meta, [cache])
-
-
 def test_same_outputs_and_latent_cache_over_prefill_and_decode():
     """mla_attention writes the fused op's outputs to the latent cache: prefill 6 tokens, then decode
     one, through each graph with its own cache; the outputs and the caches agree."""
@@ -100,7 +83,7 @@ def test_same_outputs_and_latent_cache_over_prefill_and_decode():
         step = with_inputs(inputs, torch.arange(start, start + n), x[start : start + n])
         outs = {}
         for name, g in (("a", gm), ("b", after)):
-            with set_forward_context(paged_context(start, n, caches[name])):
+            with set_forward_context(context(start, n, caches[name])):
                 outs[name] = run(g, step)
         assert_same(outs["a"], outs["b"])
         assert_same(caches["a"], caches["b"])
