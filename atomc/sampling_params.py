@@ -15,6 +15,35 @@ from dataclasses import dataclass, field
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on what a request may generate (vLLM's `structured_outputs` names); exactly one
+    kind is set. The grammar engine compiles it once per distinct value and masks the logits with it."""
+
+    json: str | dict | None = None  # a JSON schema (a dict, or its JSON text)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # EBNF (GBNF-style) text
+    json_object: bool = False  # any JSON object, no schema
+    # no whitespace between JSON tokens: shorter outputs, and what `strict` schemas get from OpenAI
+    disable_any_whitespace: bool = False
+
+    KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+    def __post_init__(self) -> None:
+        set_kinds = [k for k in self.KINDS if getattr(self, k) not in (None, False)]
+        if len(set_kinds) != 1:
+            raise ValueError(
+                f"structured outputs take exactly one of {', '.join(self.KINDS)}; got {set_kinds or 'none'}"
+            )
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError("structured outputs choice must be a non-empty list of non-empty strings")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in self.KINDS if getattr(self, k) not in (None, False))
+
+
 def as_float32(value: float) -> float:
     """`value` as float32 holds it; OverflowError when float32 cannot hold it at all."""
     return struct.unpack("<f", struct.pack("<f", value))[0]
@@ -40,6 +69,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
     # set by the engine from the tokenizer; users leave these alone
     eos_token_ids: list[int] = field(default_factory=list, repr=False)
 
