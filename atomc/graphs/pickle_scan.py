@@ -33,6 +33,7 @@ import io
 import pickle
 import re
 import sys
+import types
 
 # platforms whose artifacts a real build has been checked against the allow-list (tests/graphs)
 ENFORCED_PLATFORMS = frozenset({"cpu"})
@@ -178,10 +179,20 @@ class _Stand:
         pass
 
 
+class _ModuleStand(_Stand):
+    """A module one of torch's importer helpers would import (`_unpickle_module(name)`): remembers
+    the name, so a `getattr` on it can be checked."""
+
+    def __init__(self, name: str):
+        self._module = name
+
+
 def _describe(obj) -> str:
     """What a stand-in stands for, for a refusal's message: `an instance of module:Name`, a class."""
     if isinstance(obj, type) and issubclass(obj, _Stand):
         return "class {}:{}".format(*obj._global)
+    if isinstance(obj, _ModuleStand):
+        return f"module {obj._module}"
     if isinstance(obj, _Stand):
         where = "{}:{}".format(*type(obj)._global) if type(obj)._global[0] else "an object the pickle built"
         return f"an instance of {where}"
@@ -194,11 +205,33 @@ class _Getattr(_Stand):
 
     def __new__(cls, *args, **kwargs):
         owner, attr = (args + (None, None))[:2]
-        if len(args) != 2 or kwargs or not isinstance(owner, type) or not issubclass(owner, _Stand):
-            raise UnsafePickle(f"getattr({_describe(owner)}, {attr!r}) on something other than an admitted class")
-        if not isinstance(attr, str):
-            raise UnsafePickle("getattr with a computed attribute name")
+        if len(args) != 2 or kwargs or not isinstance(attr, str):
+            return _refuse(f"getattr({_describe(owner)}, {attr!r}) with a computed or missing attribute name")
+        if isinstance(owner, _ModuleStand):
+            return _module_attr(owner._module, attr)
+        if not isinstance(owner, type) or not issubclass(owner, _Stand):
+            return _refuse(f"getattr({_describe(owner)}, {attr!r}) on something other than an admitted class")
         return _scanner_stand(owner._global[0], f"{owner._global[1]}.{attr}")
+
+
+def _module_attr(module: str, attr: str):
+    """`getattr(module, attr)` on a module an importer helper admitted: admitted when the attribute
+    is a submodule that is itself importable, or a class the allow-list admits by its own module and
+    name (what a guard on a module's submodule or class pickles); never a function or another
+    callable, which the real unpickle could then call."""
+    name = f"{module}.{attr}"
+    if attr.startswith("__") or _IMPORT_REFUSED.search(name):
+        return _refuse(f"getattr(module {module}, {attr!r}), which the artifact allow-list does not admit")
+    try:
+        real = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return _refuse(f"getattr(module {module}, {attr!r}) names nothing there")
+    if isinstance(real, types.ModuleType) and _importable(real.__name__):
+        return _ModuleStand(real.__name__)
+    if isinstance(real, type):
+        return _scanner_stand(real.__module__, real.__qualname__)  # as if the pickle had named the class
+    kind = type(real).__name__
+    return _refuse(f"getattr(module {module}, {attr!r}) is a {kind}, which the artifact allow-list does not admit")
 
 
 class _ImportModule(_Stand):
@@ -210,8 +243,8 @@ class _ImportModule(_Stand):
     def __new__(cls, *args, **kwargs):
         mod = args[cls._module_arg] if len(args) > cls._module_arg else kwargs.get("module")
         if not _importable(mod):
-            raise UnsafePickle(f"imports module {mod!r} by name, which the artifact allow-list does not admit")
-        return _Stand()
+            return _refuse(f"imports module {mod!r} by name, which the artifact allow-list does not admit")
+        return _ModuleStand(mod)
 
 
 _SPECIAL = {
@@ -219,14 +252,26 @@ _SPECIAL = {
     **{k: type("_ImportModule", (_ImportModule,), {"_module_arg": i}) for k, i in _IMPORTERS.items()},
 }
 _found: list[str] | None = None  # the scan in progress collects names here (one scan at a time per call)
+_refusals: list[str] | None = None  # set by audit(): refusals are collected instead of raised
 
 
 _stand_types: dict[tuple[str, str], type] = {}
 
 
+def _refuse(message: str):
+    """Refuse (the scan stops), or in an audit record the refusal and go on with an inert stand-in."""
+    if _refusals is None:
+        raise UnsafePickle(message)
+    _refusals.append(message)
+    return _Stand()
+
+
 def _scanner_stand(module: str, name: str) -> type:
     if not _allowed_global(module, name):
-        raise UnsafePickle(f"names {module}:{name}, which the artifact allow-list does not admit")
+        if _refusals is None:
+            raise UnsafePickle(f"names {module}:{name}, which the artifact allow-list does not admit")
+        _refusals.append(f"names {module}:{name}, which the artifact allow-list does not admit")
+        return type(name.rpartition(".")[2] or "_", (_Stand,), {"_global": (module, name)})
     if _found is not None:
         _found.append(f"{module}:{name}")
     t = _stand_types.get((module, name))
@@ -296,3 +341,15 @@ def scan(data: bytes, *, where: str = "model.aot") -> list[str]:
 def artifact_globals(data: bytes) -> list[str]:
     """Sorted distinct globals of an artifact (what the allow-list must cover), for maintenance."""
     return sorted(set(scan(data)))
+
+
+def audit(data: bytes) -> tuple[list[str], list[str]]:
+    """(globals, refusals): the whole artifact scanned, every refusal collected instead of stopping
+    at the first; what a maintainer reads to extend the allow-list to a new platform's artifacts."""
+    global _refusals
+    saved, _refusals = _refusals, []
+    try:
+        found = scan(data)
+        return sorted(set(found)), list(dict.fromkeys(_refusals))
+    finally:
+        _refusals = saved
