@@ -71,13 +71,17 @@ ALLOWED: dict[str, frozenset[str]] = {
         "BundledCompiledBackward",
         "torch._functorch._aot_autograd.runtime_wrappers": "AOTDedupeWrapper AOTSyntheticBaseWrapper "
         "RuntimeWrapper FakifiedOutWrapper FunctionalizedRngRuntimeWrapper EffectTokensWrapper",
-        "torch._functorch._aot_autograd.schemas": "CacheableAOTConfig ViewAndMutationMeta InputAliasInfo "
+        "torch._functorch._aot_autograd.schemas": "AOTConfig CacheableAOTConfig ViewAndMutationMeta InputAliasInfo "
         "OutputAliasInfo MutationType OutputType PlainTensorMeta SubclassCreationMeta MemoryFormatMeta",
         "torch._guards": "Guard GuardsSet GuardSource",
         "torch._inductor.cudagraph_utils": "BoxedDeviceIndex CudagraphCachedInfo PlaceholderInfo",
         "torch._inductor.decomposition": "select_decomp_table",
         "torch._inductor.metrics": "CachedMetricsDeltas",
         "torch._inductor.output_code": "CompiledFxGraph",
+        # on CUDA: the Triton launch state torch pickles with each kernel (bound methods included)
+        "torch._inductor.remote_cache": "RemoteCacheJsonSerde",
+        "torch._inductor.runtime.autotune_cache": "AutotuneCache.save",
+        "triton.runtime.jit": "JITFunction.create_binder",
         "torch._inductor.triton_bundler": "TritonBundle TritonBundleEntry TritonKernelArtifacts TritonKernelArtifact "
         "StaticallyLaunchedAutotuner TritonBundlerMetadata",
         "torch._inductor.utils": "BoxedBool GraphPartitionMap",
@@ -209,6 +213,12 @@ class _Getattr(_Stand):
             return _refuse(f"getattr({_describe(owner)}, {attr!r}) with a computed or missing attribute name")
         if isinstance(owner, _ModuleStand):
             return _module_attr(owner._module, attr)
+        if isinstance(owner, _Stand) and type(owner)._global[0]:
+            # a bound method of an object the pickle built (how pickle spells one): listed ones only
+            module, qualname = type(owner)._global
+            if f"{qualname}.{attr}" not in ALLOWED.get(module, ()):
+                return _refuse(f"getattr({_describe(owner)}, {attr!r}): a method the allow-list does not admit")
+            return _scanner_stand(module, f"{qualname}.{attr}")
         if not isinstance(owner, type) or not issubclass(owner, _Stand):
             return _refuse(f"getattr({_describe(owner)}, {attr!r}) on something other than an admitted class")
         return _scanner_stand(owner._global[0], f"{owner._global[1]}.{attr}")

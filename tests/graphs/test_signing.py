@@ -256,6 +256,14 @@ def test_getattr_on_an_imported_module_reaches_only_submodules_and_admitted_clas
         assert pickle_scan.audit(data)[1], what
 
 
+def test_getattr_on_a_built_object_reaches_only_listed_methods():
+    # pickle's spelling of a bound method: getattr(the object, name); Triton's JIT functions carry one
+    jit = _expr(_global("triton.runtime.jit", "JITFunction"))
+    assert "triton.runtime.jit:JITFunction.create_binder" in pickle_scan.scan(_call(_GETATTR, jit, "create_binder"))
+    with pytest.raises(pickle_scan.UnsafePickle, match="a method the allow-list does not admit"):
+        pickle_scan.scan(_call(_GETATTR, jit, "run"))
+
+
 def test_audit_collects_every_refusal_instead_of_stopping():
     data = b"\x80\x04" + _global("posix", "system") + _expr(_IMPORT_BY_NAME, "os") + b"\x86."  # TUPLE2
     with pytest.raises(pickle_scan.UnsafePickle, match="posix:system"):
