@@ -17,13 +17,13 @@ arguments (a constant attribute that is itself on the list, a module under an al
 Byte strings in the result that are themselves pickles (torch nests its AOTAutograd and Inductor
 state that way, and unpickles them while loading) are scanned the same way.
 
-The allow-list was read off artifacts of the tiny test families and the default model on CPU. It
-is enforced only for the platforms in ENFORCED_PLATFORMS: the first H200 run (2026-12-01) found a
-CUDA artifact's nested pickle calling `getattr` on something other than a class, which the list does
-not admit yet, so on CUDA and ROCm the loader logs what the scan would refuse and relies on the
-entry's signature (artifact.load_aot). `artifact_globals()` lists an artifact's globals; a refusal
-names the global or the getattr call, and the fix is an entry here (and the platform in
-ENFORCED_PLATFORMS once a GPU test admits a real artifact).
+The allow-list was read off artifacts of the tiny test families and the default model on CPU, and
+off CUDA artifacts on an H200 (the Llama-3.1-8B shape and the tiny Llama; `audit()` found the
+Triton launch state's names and bound methods, now listed). It is enforced for the platforms in
+ENFORCED_PLATFORMS; on ROCm, whose artifacts have never been checked, the loader logs what the
+scan would refuse and relies on the entry's signature (artifact.load_aot). `audit()` lists an
+artifact's globals and every refusal; the fix for a refusal is an entry here (and a platform joins
+ENFORCED_PLATFORMS once its real artifacts audit clean).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import sys
 import types
 
 # platforms whose artifacts a real build has been checked against the allow-list (tests/graphs)
-ENFORCED_PLATFORMS = frozenset({"cpu"})
+ENFORCED_PLATFORMS = frozenset({"cpu", "cuda"})
 
 # module -> names (qualnames; `Class.attr` for an attribute of a class) an artifact may name
 ALLOWED: dict[str, frozenset[str]] = {

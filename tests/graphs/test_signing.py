@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from atomc import env
 from atomc.cli.cache import cache_app
-from atomc.graphs import artifact, build, pickle_scan, signing
+from atomc.graphs import artifact, build, cache_key, pickle_scan, signing
 from atomc.graphs.artifact import ArtifactError
 from atomc.graphs.cache_store import READY, CacheStore, sha256_file
 from models.loader import load_model
@@ -308,35 +308,41 @@ def test_where_the_key_lives_is_no_key_factor(monkeypatch, tmp_path):
 
 
 def test_scan_enforces_on_checked_platforms_and_reports_elsewhere(tmp_path, caplog):
-    # getattr on an object the pickle built (what the first CUDA artifact did): refused on the CPU,
-    # whose artifacts the allow-list was checked against; on CUDA the finding is logged, named
+    # getattr on an object the pickle built, a method not listed: refused on CPU and CUDA, whose
+    # artifacts the allow-list was checked against; on ROCm (never checked) the finding is logged
     data = _call(_global("builtins", "getattr"), _call(_global("torch._dynamo.package", "SerializedCode"))[2:-1], "x")
     (tmp_path / "model.aot").write_bytes(data)
     with pytest.raises(ArtifactError, match=r"refused: .*getattr\(an instance of torch._dynamo.package:SerializedCode"):
         artifact.load_aot(tmp_path, "cpu")
-    assert "cuda" not in pickle_scan.ENFORCED_PLATFORMS
+    assert "cuda" in pickle_scan.ENFORCED_PLATFORMS and "rocm" not in pickle_scan.ENFORCED_PLATFORMS
+    with pytest.raises(ArtifactError, match="refused"):
+        artifact.load_aot(tmp_path, "cuda")
     with caplog.at_level("WARNING", logger="atomc.graphs.artifact"):
         # torch then reads it (and fails: it is no artifact)
         with pytest.raises(ArtifactError, match="could not be loaded"):
-            artifact.load_aot(tmp_path, "cuda")
-    assert "would refuse this cuda artifact" in caplog.text and "SerializedCode" in caplog.text
+            artifact.load_aot(tmp_path, "rocm")
+    assert "would refuse this rocm artifact" in caplog.text and "SerializedCode" in caplog.text
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_artifact_loads_warm_and_what_the_scan_says(tmp_path, llama_dir):
-    """A real CUDA artifact loads (a hit), and the scan's verdict on it: enforced on CUDA once it
-    admits one (then it must), reported as an expected failure naming the call until then."""
+def test_cuda_artifact_loads_warm_and_what_the_scan_says(tmp_path, llama_dir, caplog):
+    """A real CUDA artifact loads again from the cache (a hit), the scan enforced on it, and its audit
+    finds nothing the allow-list refuses."""
     cfg = make_config(tmp_path / "cache")
     cfg.device = "cuda"
     model = load_model(llama_dir, torch.bfloat16, "cuda")
     first = build.compile_or_load(model, llama_dir, cfg, "cuda", torch.bfloat16)
-    again = build.compile_or_load(model, llama_dir, cfg, "cuda", torch.bfloat16)
-    assert again.hit
+    with caplog.at_level("WARNING"):
+        again = build.compile_or_load(model, llama_dir, cfg, "cuda", torch.bfloat16)
+    if not again.hit:
+        rows = cache_key.diff(
+            cache_key.flatten(first.manifest.get("factors", {})), cache_key.flatten(again.manifest.get("factors", {}))
+        )
+        pytest.fail(
+            f"the second load was a miss (keys {first.key}, {again.key}); factors that differ:\n"
+            f"{cache_key.format_diff(rows)}\nwarnings: {caplog.text[-3000:]}"
+        )
     data = (first.entry_dir / "model.aot").read_bytes()
-    if "cuda" in pickle_scan.ENFORCED_PLATFORMS:
-        assert "torch._inductor.output_code:CompiledFxGraph" in pickle_scan.artifact_globals(data)
-        return
-    _, refusals = pickle_scan.audit(data)
-    if refusals:
-        pytest.xfail("the allow-list does not cover CUDA artifacts yet: " + " | ".join(refusals))
+    names, refusals = pickle_scan.audit(data)  # the load above already enforced it; this names them all
+    assert not refusals and "torch._inductor.output_code:CompiledFxGraph" in names
