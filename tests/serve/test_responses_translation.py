@@ -52,7 +52,7 @@ def test_string_input_and_instructions():
 def test_items_with_parts_roles_and_tool_history():
     items = [
         {"role": "developer", "content": "rules"},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": t} for t in "ab"]},
         {"type": "reasoning", "id": "rs_1", "summary": []},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "let me look"}]},
         {"type": "function_call", "call_id": "call_1", "name": "get", "arguments": '{"x": 1}'},
@@ -66,14 +66,20 @@ def test_items_with_parts_roles_and_tool_history():
     # the calls join the assistant turn before them (parallel calls of one turn); reasoning is dropped
     assert msgs[2]["role"] == "assistant" and msgs[2]["content"] == "let me look"
     assert [c["id"] for c in msgs[2]["tool_calls"]] == ["call_1", "call_2"]
-    assert msgs[2]["tool_calls"][0] == {"id": "call_1", "type": "function", "function": {"name": "get", "arguments": '{"x": 1}'}}
+    assert msgs[2]["tool_calls"][0] == {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get", "arguments": '{"x": 1}'},
+    }
     assert msgs[3:] == [
         {"role": "tool", "tool_call_id": "call_1", "content": "42"},
         {"role": "tool", "tool_call_id": "call_2", "content": "ok"},
     ]
     # a call with no assistant text before it gets its own assistant message
-    lone = input_messages([{"role": "user", "content": "q"}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}], None)
-    assert lone[1] == {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}  # fmt: skip
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
+    lone = input_messages([{"role": "user", "content": "q"}, call], None)
+    chat_call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert lone[1] == {"role": "assistant", "content": "", "tool_calls": [chat_call]}
 
 
 @pytest.mark.parametrize(
@@ -95,7 +101,10 @@ def test_bad_items_are_400_on_input(items, needle):
 def test_tools_tool_choice_and_format():
     tools = [{"type": "function", "name": "get", "description": "d", "parameters": {"type": "object"}, "strict": True}]
     assert chat_tools(tools) == [
-        {"type": "function", "function": {"name": "get", "description": "d", "parameters": {"type": "object"}, "strict": True}}
+        {
+            "type": "function",
+            "function": {"name": "get", "description": "d", "parameters": {"type": "object"}, "strict": True},
+        }
     ]
     assert chat_tool_choice("required") == "required"
     assert chat_tool_choice({"type": "function", "name": "get"}) == {"type": "function", "function": {"name": "get"}}
@@ -187,12 +196,21 @@ def test_whole_response_tool_calls():
     assert all(i["id"].startswith("fc_") and i["status"] == "completed" for i in items)
     with_text = output_items({"role": "assistant", "content": "sure", "tool_calls": calls[:1]}, "tool_calls")
     assert [i["type"] for i in with_text] == ["message", "function_call"]
-    r = ResponseShell(req(), "tiny").from_chat(chat_body({"role": "assistant", "content": "sure", "tool_calls": calls}, "tool_calls"))
+    r = ResponseShell(req(), "tiny").from_chat(
+        chat_body({"role": "assistant", "content": "sure", "tool_calls": calls}, "tool_calls")
+    )
     Response.model_validate(r)
 
 
 def chunk(delta: dict, finish_reason: str | None = None) -> dict:
     return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+
+def call_delta(index: int, call_id: str | None = None, name: str | None = None, args: str | None = None) -> dict:
+    """A chat stream chunk carrying one tool-call delta, as OpenAI's chat streams them."""
+    fn = {k: v for k, v in (("name", name), ("arguments", args)) if v is not None}
+    call = {"index": index, "function": fn, **({"id": call_id, "type": "function"} if call_id else {})}
+    return chunk({"tool_calls": [call]})
 
 
 def run_stream(chunks: list[dict], **kw) -> list[dict]:
@@ -208,7 +226,9 @@ def run_stream(chunks: list[dict], **kw) -> list[dict]:
 
 
 def test_stream_text():
-    events = run_stream([chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}), chunk({"content": "lo"}, "stop")])
+    events = run_stream(
+        [chunk({"role": "assistant", "content": ""}), chunk({"content": "Hel"}), chunk({"content": "lo"}, "stop")]
+    )
     types = [ev["type"] for ev in events]
     assert types == [
         "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
@@ -237,12 +257,12 @@ def test_stream_cut_by_max_output_tokens_and_empty():
 def test_stream_tool_calls():
     chunks = [
         chunk({"role": "assistant", "content": "ok"}),
-        chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get", "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"x"'}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}),
-        chunk({"tool_calls": [{"index": 1, "id": "call_b", "type": "function", "function": {"name": "put", "arguments": "{}"}}]}),
+        call_delta(0, "call_a", "get", ""),
+        call_delta(0, args='{"x"'),
+        call_delta(0, args=": 1}"),
+        call_delta(1, "call_b", "put", "{}"),
         chunk({}, "tool_calls"),
-    ]  # fmt: skip
+    ]
     events = run_stream(chunks)
     types = [ev["type"] for ev in events]
     # the text item closes before the first call opens
