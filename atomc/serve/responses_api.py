@@ -154,7 +154,7 @@ def _content_text(content: Any, where: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
+        if not isinstance(kind, str) or kind not in _TEXT_PARTS:
             raise bad_request(f"{where}.content[{j}]: only text content is supported (got type {kind!r})", "input")
         texts.append(_text(part.get(_TEXT_PARTS[kind]), f"{where}.content[{j}].{_TEXT_PARTS[kind]}"))
     return "".join(texts)
@@ -173,7 +173,8 @@ def input_messages(input: str | list[dict], instructions: str | None) -> list[di
         where = f"input[{i}]"
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+            role = item.get("role")
+            role = _ROLES.get(role) if isinstance(role, str) else None
             if role is None:
                 raise bad_request(f"{where}.role must be one of {sorted(_ROLES)}, got {item.get('role')!r}", "input")
             messages.append({"role": role, "content": _content_text(item.get("content"), where)})

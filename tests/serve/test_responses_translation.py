@@ -91,6 +91,8 @@ def test_items_with_parts_roles_and_tool_history():
         ([{"type": "web_search_call"}], "not supported"),
         ([{"type": "function_call", "call_id": 3, "name": "f", "arguments": "{}"}], "call_id"),
         ([{"role": "user", "content": 5}], "content"),
+        ([{"role": ["user"], "content": "x"}], "role"),  # unhashable values found by the fuzz test
+        ([{"role": "user", "content": [{"type": ["input_text"], "text": "x"}]}], "only text"),
     ],
 )
 def test_bad_items_are_400_on_input(items, needle):
