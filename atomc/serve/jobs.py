@@ -118,7 +118,8 @@ class ServerState:
     async def start_chat(self, req: ChatCompletionRequest, request_id: str) -> ChatJob:
         """Check a chat request, render it and submit it: the one way into the engine for
         /v1/chat/completions and for the APIs translated into chat (/v1/responses, /v1/messages), so
-        whatever chat learns (tools in the template, tool-call parsing) they get too."""
+        whatever chat learns (tools in the template, tool-call parsing) they get too: tool calling
+        connects here (the request's `tools` / `tool_choice` arrive in chat's own shape)."""
         self.check_model(req.model)
         params = req.sampling_params(self.engine.sampling_defaults)
         self.limits.check([None], params)

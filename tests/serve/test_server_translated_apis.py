@@ -255,3 +255,14 @@ def test_messages_errors_have_the_api_shape(server, http, model):
     assert ok.status_code == 200, ok.text
     # x-api-key is the Messages API's header, not the OpenAI routes'
     assert anon.post("/v1/responses", json={"input": "hi"}, headers={"x-api-key": KEY}).status_code == 401
+
+
+def test_routes_have_their_own_metrics_label(server, http, model):
+    http.post("/v1/messages", json=messages_body(model, max_tokens=1))
+    httpx.post(
+        server.base_url + "/v1/responses",
+        json={"input": "hi", "max_output_tokens": 1},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    text = httpx.get(server.base_url + "/metrics").text
+    assert 'route="/v1/messages",status="200"' in text and 'route="/v1/responses",status="200"' in text
