@@ -5,12 +5,17 @@ Messages API's shapes. Both are the chat pipeline underneath, so greedy answers 
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
 import pytest
 
 from atomc.config import EngineConfig
+from atomc.engine.client import EngineClient
+from atomc.outputs import CompletionOutput, RequestOutput
+from atomc.serve.api import build_app
+from atomc.serve.async_engine import AsyncEngine
 from atomc.serve.server import ServerThread, build_server_app
 
 KEY = "sk-test-key"
@@ -266,3 +271,80 @@ def test_routes_have_their_own_metrics_label(server, http, model):
     )
     text = httpx.get(server.base_url + "/metrics").text
     assert 'route="/v1/messages",status="200"' in text and 'route="/v1/responses",status="200"' in text
+
+
+# ---------------------------------------------------------------- engine failure, on a scripted engine
+
+
+class ScriptedEngine(EngineClient):
+    """The last message decides: "bad" is failed as a failed engine step fails a request; anything
+    else is answered "Hello" in two steps."""
+
+    model_name, max_model_len, tokenizer, sampling_defaults = "fake", 64, None, {}
+
+    def __init__(self):
+        self.live: dict[str, list] = {}
+
+    def apply_chat_template(self, messages, chat_template=None):
+        return messages[-1]["content"]
+
+    def add_request(self, request_id, prompt, params, arrival_time=None, add_special_tokens=True):
+        self.live[request_id] = [prompt, 0]
+
+    def abort_request(self, request_id):
+        self.live.pop(request_id, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    def step(self):
+        time.sleep(0.005)
+        outs = []
+        for rid, state in list(self.live.items()):
+            prompt, state[1] = state[0], state[1] + 1
+            if prompt == "bad":
+                out = RequestOutput(rid, prompt, [1], [CompletionOutput(0, "x", [7], "abort")], True)
+                out.error = "IndexError: internal detail"
+            else:
+                done = state[1] == 2
+                text = "Hello" if done else "Hel"
+                out = RequestOutput(
+                    rid, prompt, [1, 2], [CompletionOutput(0, text, [7] * state[1], "stop" if done else None)], done
+                )
+            if out.finished:
+                del self.live[rid]
+            outs.append(out)
+        return outs
+
+    def stats(self):
+        return {"num_running": len(self.live), "num_waiting": 0}
+
+
+def sse_events(r: httpx.Response) -> list[dict]:
+    return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_engine_failure_in_each_api_shape():
+    app = build_app(AsyncEngine(ScriptedEngine()), EngineConfig())
+    with ServerThread(app, EngineConfig()) as st, httpx.Client(base_url=st.base_url, timeout=10) as c:
+        ok = c.post("/v1/responses", json={"input": "hi"}).json()
+        assert ok["output"][0]["content"][0]["text"] == "Hello" and ok["status"] == "completed"
+        err = c.post("/v1/responses", json={"input": "bad"})
+        assert err.status_code == 500 and err.json()["error"]["code"] == "engine_failed"
+        assert "internal detail" not in err.text
+        with c.stream("POST", "/v1/responses", json={"input": "bad", "stream": True}) as r:
+            events = sse_events(r)
+        assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
+        assert events[-1]["response"]["status"] == "failed" and "internal detail" not in json.dumps(events)
+
+        body = {"model": "fake", "max_tokens": 8, "messages": [{"role": "user", "content": "bad"}]}
+        err = c.post("/v1/messages", json=body)
+        assert err.status_code == 500 and err.json()["error"]["type"] == "api_error"
+        assert err.json()["type"] == "error" and "internal detail" not in err.text
+        with c.stream("POST", "/v1/messages", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            events = sse_events(r)
+        assert events == [{"type": "error", "error": {"type": "api_error", "message": events[0]["error"]["message"]}}]
+        # the server keeps serving
+        body["messages"][0]["content"] = "hi"
+        assert c.post("/v1/messages", json=body).json()["content"] == [{"type": "text", "text": "Hello"}]
