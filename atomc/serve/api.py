@@ -24,11 +24,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from atomc.config import EngineConfig
-from atomc.serve.async_engine import (
-    AsyncEngine,
-    ChatPrompt,
-)
-from atomc.serve.jobs import VERSION, ChatJob, CompletionJob, ServerState, respond
+from atomc.serve import anthropic_api, responses_api
+from atomc.serve.anthropic_api import AnthropicMessagesRequest, MessagesStream
+from atomc.serve.async_engine import AsyncEngine
+from atomc.serve.jobs import VERSION, CompletionJob, ServerState, respond
 from atomc.serve.metrics import HTTPMetricsMiddleware
 from atomc.serve.protocol import (
     APIError,
@@ -37,6 +36,8 @@ from atomc.serve.protocol import (
     bad_request,
     parse_request,
 )
+from atomc.serve.responses_api import ResponseShell, ResponsesRequest, ResponsesStream
+from atomc.serve.translated_job import TranslatedJob
 
 logger = logging.getLogger("atomc.serve")
 
@@ -83,16 +84,31 @@ def _srv(request: Request) -> ServerState:
     return request.app.state.atomc
 
 
+def _key_matches(given: str, key: str) -> bool:
+    return hmac.compare_digest(given.strip().encode(), key.encode())
+
+
 async def _check_api_key(request: Request) -> None:
     key = _srv(request).config.serve.api_key
     if not key:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    if scheme.lower() != "bearer" or not _key_matches(token, key):
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
 
+async def _check_anthropic_api_key(request: Request) -> None:
+    """Anthropic's clients send the key as `x-api-key`; `Authorization: Bearer` works too."""
+    key = _srv(request).config.serve.api_key
+    if key and "x-api-key" in request.headers:
+        if not _key_matches(request.headers["x-api-key"], key):
+            raise APIError(401, "invalid x-api-key", code="invalid_api_key")
+        return
+    await _check_api_key(request)
+
+
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(_check_api_key)])
+anthropic_v1 = APIRouter(prefix="/v1", dependencies=[Depends(_check_anthropic_api_key)])
 
 
 def _body_schema(model) -> dict:
@@ -119,13 +135,41 @@ async def create_completion(request: Request) -> Response:
 async def create_chat_completion(request: Request) -> Response:
     srv = _srv(request)
     req = await _read_body(request, ChatCompletionRequest)
-    srv.check_model(req.model)
-    params = req.sampling_params(srv.engine.sampling_defaults)
-    srv.limits.check([None], params)
-    prompt = ChatPrompt(req.template_messages(), srv.chat_template)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    stream = await srv.submit(request_id, [prompt], params)
-    return await respond(request, ChatJob(srv, req, request_id, stream, params))
+    job = await srv.start_chat(req, f"chatcmpl-{uuid.uuid4().hex}")
+    return await respond(request, job)
+
+
+@v1.post("/responses", openapi_extra=_body_schema(ResponsesRequest))
+async def create_response(request: Request) -> Response:
+    """OpenAI's Responses API, answered by the chat pipeline (responses_api.py)."""
+    srv = _srv(request)
+    req = await _read_body(request, ResponsesRequest)
+    try:
+        chat = parse_request(ChatCompletionRequest, responses_api.to_chat_request(req))
+        job = await srv.start_chat(chat, f"chatcmpl-{uuid.uuid4().hex}")
+    except APIError as e:
+        raise responses_api.rename_chat_error(e) from None
+    shell = ResponseShell(req, srv.model_name)
+    return await respond(request, TranslatedJob(job, req, shell.from_chat, lambda: ResponsesStream(shell)))
+
+
+@anthropic_v1.post("/messages", openapi_extra=_body_schema(AnthropicMessagesRequest))
+async def create_message(request: Request) -> Response:
+    """Anthropic's Messages API, answered by the chat pipeline (anthropic_api.py); its errors
+    take that API's shape (_error_response)."""
+    srv = _srv(request)
+    req = await _read_body(request, AnthropicMessagesRequest)
+    try:
+        chat = parse_request(ChatCompletionRequest, anthropic_api.to_chat_request(req))
+        job = await srv.start_chat(chat, f"chatcmpl-{uuid.uuid4().hex}")
+    except APIError as e:
+        raise anthropic_api.rename_chat_error(e) from None
+    msg_id, model = anthropic_api.new_id("msg"), srv.model_name
+
+    def whole(chat_body: dict) -> dict:
+        return anthropic_api.message_from_chat(chat_body, msg_id, model)
+
+    return await respond(request, TranslatedJob(job, req, whole, lambda: MessagesStream(msg_id, model)))
 
 
 @v1.get("/models")
@@ -172,7 +216,7 @@ def _openapi(app: FastAPI) -> dict:
 
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (CompletionRequest, ChatCompletionRequest):
+        for model in (CompletionRequest, ChatCompletionRequest, ResponsesRequest, AnthropicMessagesRequest):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
@@ -200,29 +244,33 @@ def _docs_router(app: FastAPI) -> APIRouter:
     return docs
 
 
-def _error_response(e: APIError) -> JSONResponse:
+def _error_response(request: Request, e: APIError) -> JSONResponse:
+    # Anthropic's clients read their own error shape: every error of its route has it
+    if request.url.path.rstrip("/").startswith("/v1/messages"):
+        return JSONResponse(anthropic_api.error_body(e), status_code=e.status)
     return JSONResponse(e.body(), status_code=e.status)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, e: APIError) -> JSONResponse:
-        return _error_response(e)
+        return _error_response(request, e)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, e: RequestValidationError) -> JSONResponse:
-        return _error_response(bad_request(str(e.errors()[:1])))
+        return _error_response(request, bad_request(str(e.errors()[:1])))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return _error_response(APIError(e.status_code, str(e.detail), type=kind))
+        return _error_response(request, APIError(e.status_code, str(e.detail), type=kind))
 
     @app.exception_handler(Exception)
     async def on_crash(request: Request, e: Exception) -> JSONResponse:
         # the exception's text stays in the log: it can hold paths, prompts or other clients' data
         logger.exception("unhandled error on %s", request.url.path)
-        return _error_response(APIError(500, "internal server error", type="server_error", code="internal_error"))
+        error = APIError(500, "internal server error", type="server_error", code="internal_error")
+        return _error_response(request, error)
 
 
 def build_app(async_engine: AsyncEngine, config: EngineConfig) -> FastAPI:
@@ -240,6 +288,7 @@ def build_app(async_engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     app = FastAPI(title="atomc", version=VERSION, lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.atomc = srv = ServerState(async_engine, config)
     app.include_router(v1)
+    app.include_router(anthropic_v1)
     app.include_router(ops)
     app.openapi = lambda: _openapi(app)
     app.include_router(_docs_router(app))

@@ -33,6 +33,7 @@ from atomc.serve.async_engine import (
 from atomc.serve.metrics import RequestTracker, ServerMetrics
 from atomc.serve.protocol import (
     APIError,
+    ChatCompletionRequest,
     RequestLimits,
     bad_request,
     chat_logprobs,
@@ -114,6 +115,18 @@ class ServerState:
         if model is not None and model != self.model_name and model != alias:
             raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
+    async def start_chat(self, req: ChatCompletionRequest, request_id: str) -> ChatJob:
+        """Check a chat request, render it and submit it: the one way into the engine for
+        /v1/chat/completions and for the APIs translated into chat (/v1/responses, /v1/messages), so
+        whatever chat learns (tools in the template, tool-call parsing) they get too: tool calling
+        connects here (the request's `tools` / `tool_choice` arrive in chat's own shape)."""
+        self.check_model(req.model)
+        params = req.sampling_params(self.engine.sampling_defaults)
+        self.limits.check([None], params)
+        prompt = ChatPrompt(req.template_messages(), self.chat_template)
+        stream = await self.submit(request_id, [prompt], params)
+        return ChatJob(self, req, request_id, stream, params)
+
     async def submit(self, base_id: str, prompts: list, params) -> OutputStream:
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
         try:
@@ -184,12 +197,13 @@ class _Job:
             self.latest[i] = out
             yield i, out
 
-    async def response(self) -> JSONResponse:
+    async def body(self) -> dict:
+        """The whole (non-streamed) response body, once every output finished; APIError on failure."""
         try:
             async for _ in self._outputs():
                 pass
         except (EngineDeadError, RequestFailedError) as e:
-            raise _engine_error(e) from None
+            raise engine_error(e) from None
         choices = [
             self.choice(i, out, c, _ChoiceState(), final=True)
             for i, out in sorted(self.latest.items())
@@ -197,25 +211,33 @@ class _Job:
         ]
         body = self._envelope(self.object_full, choices)
         body["usage"] = self.usage()
-        return JSONResponse(body)
+        return body
+
+    async def response(self) -> JSONResponse:
+        return JSONResponse(await self.body())
+
+    async def chunks(self) -> AsyncIterator[dict]:
+        """The stream's chunks as dicts, one per choice per change (usage not included); raises
+        EngineDeadError / RequestFailedError when the engine fails the request."""
+        async for i, out in self._outputs():
+            for c in out.outputs:
+                st = self.states.setdefault((i, c.index), _ChoiceState())
+                if st.done or not self._changed(c, st):
+                    continue
+                body = self._envelope(self.object_chunk, [self.choice(i, out, c, st, final=False)])
+                body["usage"] = None
+                yield body
 
     async def events(self) -> AsyncIterator[str]:
-        include_usage = self.req.include_usage
         try:
-            async for i, out in self._outputs():
-                for c in out.outputs:
-                    st = self.states.setdefault((i, c.index), _ChoiceState())
-                    if st.done or not self._changed(c, st):
-                        continue
-                    body = self._envelope(self.object_chunk, [self.choice(i, out, c, st, final=False)])
-                    body["usage"] = None
-                    yield _sse(body)
-            if include_usage:
+            async for body in self.chunks():
+                yield _sse(body)
+            if self.req.include_usage:
                 body = self._envelope(self.object_chunk, [])
                 body["usage"] = self.usage()
                 yield _sse(body)
         except (EngineDeadError, RequestFailedError) as e:  # headers are out already: report in-band, as vLLM does
-            yield _sse(_engine_error(e).body())
+            yield _sse(engine_error(e).body())
         yield "data: [DONE]\n\n"
 
     def _changed(self, c: CompletionOutput, st: _ChoiceState) -> bool:
@@ -295,7 +317,7 @@ class ChatJob(_Job):
         }
 
 
-def _engine_error(e: Exception) -> APIError:
+def engine_error(e: Exception) -> APIError:
     if isinstance(e, ShuttingDownError):
         return APIError(503, str(e), type="server_error", code="server_shutting_down")
     return APIError(500, str(e), type="server_error", code="engine_failed")

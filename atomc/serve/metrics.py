@@ -20,7 +20,18 @@ from atomc.outputs import RequestOutput
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
 _E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 # routes get their own label value; anything else is "other" so random paths cannot explode cardinality
-KNOWN_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/version", "/metrics"})
+KNOWN_ROUTES = frozenset(
+    {
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/models",
+        "/health",
+        "/version",
+        "/metrics",
+    }
+)
 
 
 class EngineStatsCollector(Collector):

@@ -1,6 +1,7 @@
 """Fuzz the HTTP API: hypothesis draws request bodies (every field of the request models, each with
 any JSON value: NaN, Infinity, huge ints, lone surrogates, deep nesting, wrong types) and posts them
-to a real CPU server. No body may give a 5xx or take the server down. Budget: ~30 s on 2 cores."""
+to a real CPU server, on every generation route (completions, chat, responses, messages). No body may give
+a 5xx or take the server down. Budget: about a minute on 2 cores."""
 
 from __future__ import annotations
 
@@ -56,6 +57,65 @@ MESSAGES = st.sampled_from([[{"role": "user", "content": "hi"}]]) | st.lists(
 BASE = {"max_tokens": 4}
 COMPLETION = st.builds(lambda p, extra: {**BASE, "prompt": p, **extra}, st.just("hi") | PROMPTS, EXTRA)
 CHAT = st.builds(lambda m, extra: {**BASE, "messages": m, **extra}, MESSAGES, EXTRA)
+# /v1/responses and /v1/messages: their own fields, plus items / content blocks of every kind
+RESPONSES_FIELDS = [
+    "model", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
+    "parallel_tool_calls", "text", "stream", "metadata", "store", "previous_response_id", "background",
+    "include", "reasoning", "truncation", "top_logprobs", "top_k", "seed", "stop", "ignore_eos",
+]  # fmt: skip
+ITEM = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "item_reference"])
+        | ANY_JSON,
+        "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]) | ANY_JSON,
+        "content": st.text(max_size=10)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["input_text", "input_image"]), "text": st.text(max_size=5) | ANY_JSON}
+            ),
+            max_size=2,
+        )
+        | ANY_JSON,  # noqa: E501
+        "call_id": st.text(max_size=5) | ANY_JSON,
+        "name": st.text(max_size=5) | ANY_JSON,
+        "arguments": st.just("{}") | ANY_JSON,
+        "output": st.text(max_size=5) | ANY_JSON,
+    },
+)
+RESPONSES_INPUT = st.sampled_from(["hi", [{"role": "user", "content": "hi"}]]) | st.lists(ITEM, max_size=3) | ANY_JSON
+RESPONSES = st.builds(
+    lambda i, extra: {"max_output_tokens": 4, "input": i, **extra},
+    RESPONSES_INPUT,
+    st.dictionaries(st.sampled_from(RESPONSES_FIELDS), VALUE, max_size=3),
+)
+MESSAGES_FIELDS = [
+    "model", "max_tokens", "system", "stop_sequences", "temperature", "top_p", "top_k", "stream", "tools",
+    "tool_choice", "metadata", "thinking",
+]  # fmt: skip
+BLOCK = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "tool_use", "tool_result", "image", "thinking"]) | ANY_JSON},
+    optional={
+        "text": st.text(max_size=10) | ANY_JSON,
+        "id": st.text(max_size=5) | ANY_JSON,
+        "name": st.text(max_size=5) | ANY_JSON,
+        "input": st.just({}) | ANY_JSON,
+        "tool_use_id": st.text(max_size=5) | ANY_JSON,
+        "content": st.text(max_size=5) | ANY_JSON,
+    },
+)
+ANTHROPIC_MESSAGES = st.sampled_from([[{"role": "user", "content": "hi"}]]) | st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system"]) | ANY_JSON},
+        optional={"content": st.text(max_size=10) | st.lists(BLOCK, max_size=3) | ANY_JSON},
+    ),
+    max_size=3,
+)
+MESSAGES_API = st.builds(
+    lambda m, extra: {"model": "llama", "max_tokens": 4, "messages": m, **extra},
+    ANTHROPIC_MESSAGES,
+    st.dictionaries(st.sampled_from(MESSAGES_FIELDS), VALUE, max_size=3),
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +135,20 @@ def _post(client: httpx.Client, path: str, body) -> None:
     raw = json.dumps(body, allow_nan=True, ensure_ascii=True)  # NaN / Infinity / \ud800 as clients send them
     r = client.post(path, content=raw, headers={"content-type": "application/json"})
     assert r.status_code < 500, (r.status_code, r.text, raw[:500])
-    if r.status_code >= 400:
+    streamed = "text/event-stream" in r.headers.get("content-type", "")
+    if r.status_code >= 400 and path == "/v1/messages":  # Anthropic's error shape
+        body = r.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    elif r.status_code >= 400:
         err = r.json()["error"]
         assert set(err) == {"message", "type", "param", "code"}
-    elif "text/event-stream" in r.headers.get("content-type", ""):
+    elif streamed and path == "/v1/responses":  # named events, no [DONE]
+        last = r.text.rstrip().rsplit("\n\n", 1)[-1]
+        assert last.startswith(("event: response.completed", "event: response.incomplete")), r.text[-500:]
+    elif streamed and path == "/v1/messages":
+        assert r.text.rstrip().endswith('data: {"type":"message_stop"}'), r.text[-500:]
+        assert "event: error" not in r.text, r.text[-500:]
+    elif streamed:
         assert r.text.rstrip().endswith("data: [DONE]")
         assert '"error"' not in r.text, r.text[-500:]
 
@@ -103,6 +173,20 @@ def test_fuzz_completions(base_url, body):
 def test_fuzz_chat(base_url, body):
     with httpx.Client(base_url=base_url, timeout=60) as client:
         _post(client, "/v1/chat/completions", body)
+
+
+@FUZZ
+@given(body=RESPONSES)
+def test_fuzz_responses(base_url, body):
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        _post(client, "/v1/responses", body)
+
+
+@FUZZ
+@given(body=MESSAGES_API)
+def test_fuzz_messages(base_url, body):
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        _post(client, "/v1/messages", body)
 
 
 SAMPLING_FIELDS = [

@@ -289,12 +289,19 @@ def test_openapi_declares_the_request_models_and_follows_the_key(server, http):
     assert httpx.get(server.base_url + "/docs").status_code == 401
     assert httpx.get(server.base_url + "/redoc").status_code == 401
     doc = http.get("/openapi.json").json()
-    for path, model in [("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatCompletionRequest")]:
+    routes = [
+        ("/v1/completions", "CompletionRequest", {"temperature", "max_tokens", "n"}),
+        ("/v1/chat/completions", "ChatCompletionRequest", {"temperature", "max_tokens", "n"}),
+        ("/v1/responses", "ResponsesRequest", {"input", "instructions", "max_output_tokens", "tools"}),
+        ("/v1/messages", "AnthropicMessagesRequest", {"messages", "system", "max_tokens", "stop_sequences"}),
+    ]
+    for path, model, fields in routes:
         body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert body == {"$ref": f"#/components/schemas/{model}"}
         schema = doc["components"]["schemas"][model]
-        assert {"temperature", "max_tokens", "n"} <= set(schema["properties"])
-    assert "ChatMessage" in doc["components"]["schemas"]  # nested models resolve inside the document
+        assert fields <= set(schema["properties"])
+    # nested models resolve inside the document
+    assert {"ChatMessage", "AnthropicMessage"} <= set(doc["components"]["schemas"])
     assert http.get("/docs").status_code == 200
 
 
