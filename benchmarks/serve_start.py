@@ -3,7 +3,7 @@
 each server's log and a breakdown of them into phases (`phase_breakdown`). Llama-3.1-8B shape,
 random bf16 weights (`--load-format dummy`).
 
-    python benchmarks/serve_start.py --warm 2 --out serve_start.json
+    python benchmarks/serve_start.py --warm 2 --out serve_start.json [--bytecode-cache /tmp/pyc]
     python benchmarks/serve_start.py --device cpu --tiny --dtype float32   # the same path on a CPU
 
 Each run prints its phases in start-up order; `at` is the common clock (seconds since the launch)
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -132,6 +133,18 @@ def start_once(model_dir: str, cache_dir: str, log_path: Path, device: str = "au
     return {"seconds_to_health": seconds, "phases": phases, "breakdown": phase_breakdown(stamped)}
 
 
+def fill_bytecode_cache(path: str) -> None:
+    """Point this process's children at a bytecode cache in `path` and fill it with what a server
+    imports, so the timed starts read compiled bytecode as they would from a pip install."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = path
+    code = (
+        "import atomc.serve.server, atomc.engine.llm_engine, transformers, torch;"
+        "from atomc.compat import import_compiler; import_compiler(torch.cuda.is_available())"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama-3.1-8b")
@@ -142,7 +155,17 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="bfloat16", help="float32 on a CPU")
     ap.add_argument("--tiny", action="store_true", help="the model's config at toy size (a CPU run of the same path)")
+    ap.add_argument(
+        "--bytecode-cache",
+        default=None,
+        metavar="DIR",
+        help="run the servers with Python's bytecode cache in DIR, filled by one importing process first "
+        "(as a pip install compiles it): for a Python environment that has none and writes none "
+        "(PYTHONDONTWRITEBYTECODE), where every start compiles torch's sources again",
+    )
     args = ap.parse_args()
+    if args.bytecode_cache:
+        fill_bytecode_cache(args.bytecode_cache)
     model_dir = str(make_checkpoint(args.model, Path(args.root), tiny=args.tiny))
     out = Path(args.out)
     runs = []
@@ -156,7 +179,8 @@ def main() -> None:
             print(f"{kind}: {res['seconds_to_health']:.1f} s to /health", flush=True)
             for line in format_breakdown(res["breakdown"]):
                 print("   ", line, flush=True)
-    out.write_text(json.dumps({"model": args.model, "runs": runs}, indent=2))
+    meta = {"bytecode_cache": args.bytecode_cache, "writes_bytecode": not os.environ.get("PYTHONDONTWRITEBYTECODE")}
+    out.write_text(json.dumps({"model": args.model, **meta, "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

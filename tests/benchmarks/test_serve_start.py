@@ -1,5 +1,6 @@
 """benchmarks/serve_start.py's breakdown of a server's start-up lines into phases (no server runs)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -48,3 +49,15 @@ def test_a_cpu_start_leaves_out_what_it_has_not_and_marks_overlaps():
     rows = serve_start.format_breakdown(phases)
     assert any("server-side tokenizer" in r and r.endswith("(overlapped)") for r in rows)
     assert any("artifact load" in r and r.endswith("(part of the above)") for r in rows)
+
+
+def test_bytecode_cache_is_filled_and_handed_to_the_servers(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    calls = []
+    monkeypatch.setattr(serve_start.subprocess, "run", lambda cmd, check: calls.append((cmd, dict(os.environ))))
+    serve_start.fill_bytecode_cache(str(tmp_path))
+    (cmd, child_env), = calls
+    assert "import_compiler" in cmd[-1] and "atomc.serve.server" in cmd[-1]
+    assert child_env["PYTHONPYCACHEPREFIX"] == str(tmp_path) and "PYTHONDONTWRITEBYTECODE" not in child_env
+    assert os.environ["PYTHONPYCACHEPREFIX"] == str(tmp_path)  # the servers started after inherit it
