@@ -35,9 +35,11 @@ TRACING_MODULES = (
 )
 # config.json fields that do not shape the graph
 _CONFIG_NOISE = ("transformers_version", "_name_or_path")
-# env vars of torch's compiler stack that change generated code; cache dirs are pinned by atomc
+# env vars of torch's compiler stack that change generated code. Skipped: the cache dirs (atomc pins
+# them) and the tool paths Inductor sets itself when it first compiles a Triton kernel
+# (runtime/compile_tasks.py), which made a CUDA process's second key differ from its first
 _FOREIGN_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TRITON_")
-_FOREIGN_ENV_SKIP = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+_FOREIGN_ENV_SKIP = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH")
 
 
 def canonical_json(obj) -> str:

@@ -77,6 +77,9 @@ def test_runtime_only_settings_are_not_factors(llama_dir, tmp_path, monkeypatch)
     monkeypatch.setenv("ATOMC_CACHE_SIGNING_KEY_FILE", str(tmp_path / "env_key"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    # Inductor sets these itself at its first Triton compile: a process's second key must not move
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "ptxas"))
+    monkeypatch.setenv("TRITON_LIBDEVICE_PATH", str(tmp_path / "libdevice.bc"))
     assert key_for(llama_dir)[0] == base
     flat = ck.flatten(factors)
     assert not any("capture" in k or "max_num" in k or "CACHE_DIR" in k or "KEY_FILE" in k for k in flat), sorted(flat)
