@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 from pathlib import Path
 
 # Every variable atomc reads.
-READ_VARS = ("ATOMC_CACHE_DIR", "ATOMC_CACHE_SIGNING_KEY_FILE", "XDG_CONFIG_HOME")
+READ_VARS = ("ATOMC_CACHE_DIR", "ATOMC_CACHE_SIGNING_KEY_FILE", "XDG_CONFIG_HOME", "CVS_CONFIG_PROFILE")
+# Read by `atomc bench` only: nothing the compiler builds depends on them.
+BENCH_VARS = ("CVS_CONFIG_PROFILE",)
 # The ones that only say where things live: not a graph factor, so `--cache-dir X` and
 # `ATOMC_CACHE_DIR=X` find the same entries, and a cache copied elsewhere still hits. Where the
 # signing key lives is no graph factor either: one entry verifies under any path to the same key.
@@ -31,6 +34,16 @@ def signing_key_file() -> Path:
     return Path(configured).expanduser() if configured else config_dir() / SIGNING_KEY_NAME
 
 
+def config_profile() -> str | None:
+    """The CVS config profile `atomc bench sweep` runs when --config-profile is not given."""
+    return os.environ.get("CVS_CONFIG_PROFILE") or None
+
+
+def user_name() -> str:
+    """The `{user-id}` of a CVS config: the local OS user (getpass reads LOGNAME/USER/... itself)."""
+    return getpass.getuser()
+
+
 def snapshot() -> dict[str, str | None]:
     """Values of every variable atomc reads."""
     return {name: os.environ.get(name) for name in READ_VARS}
@@ -38,4 +51,4 @@ def snapshot() -> dict[str, str | None]:
 
 def graph_snapshot() -> dict[str, str | None]:
     """Values of the variables that change what atomc builds (graphs/cache_key.py hashes these)."""
-    return {k: v for k, v in snapshot().items() if k not in LOCATION_VARS}
+    return {k: v for k, v in snapshot().items() if k not in LOCATION_VARS + BENCH_VARS}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from pathlib import Path
 
 import typer
@@ -87,35 +86,53 @@ def cell_summary_table(cells: dict[str, dict]) -> str:
     rows = [
         [
             key,
-            f"{m['completed']}/{m['num_prompts']}",
-            format_value(m["output_throughput"]),
-            format_value(m["mean_ttft_ms"]),
-            format_value(m["p99_ttft_ms"]),
-            format_value(m["mean_tpot_ms"]),
+            f"{m.get('completed')}/{m.get('num_prompts')}",
+            format_value(m.get("output_throughput")),
+            format_value(m.get("mean_ttft_ms")),
+            format_value(m.get("p99_ttft_ms")),
+            format_value(m.get("mean_tpot_ms")),
         ]
         for key, m in cells.items()
     ]
     return render_table(headers, rows)
 
 
+def block_table(blocks) -> str:
+    from atomc.bench.thresholds import render_table
+
+    return render_table(["block", "verdict", "reason"], [[b.block, b.verdict, b.reason] for b in blocks])
+
+
 @bench_app.command("sweep")
 def sweep(
-    config: Path = typer.Option(..., exists=True, dir_okay=False, help="CVS-style sweep config JSON."),
+    config: Path = typer.Option(..., exists=True, dir_okay=False, help="CVS ATOM config JSON (schema_version 1 or 2)."),
+    config_profile: str = typer.Option(
+        None,
+        "--config-profile",
+        help="Profile of a schema_version 2 config; default: CVS_CONFIG_PROFILE, "
+        "else the file's default_profile, else perf.",
+    ),
     threshold: Path = typer.Option(None, help="Threshold JSON; default: the config's threshold_json."),
-    base_url: str = typer.Option(None, help="Use this running server instead of starting atomc serve."),
-    output_dir: Path = typer.Option(Path("."), help="Where sweep_results.json (and server.log) go."),
+    base_url: str = typer.Option(
+        None,
+        help="Benchmark this running OpenAI-compatible server (atomc, vLLM, SGLang) instead of starting atomc serve.",
+    ),
+    output_dir: Path = typer.Option(Path("."), help="Where report.json, cells/ and server.log go."),
     enforce: bool = typer.Option(None, "--enforce/--no-enforce", help="Override enforce_thresholds."),
     vocab_size: int = typer.Option(None, min=2, help="Token ids are drawn below this."),
     api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Sent as a Bearer token."),
     disable_tqdm: bool = typer.Option(False, "--disable-tqdm", help="No progress bars."),
 ) -> None:
-    """Run every sweep cell, gate each against the thresholds, exit 1 on a failed enforced gate."""
-    from atomc.bench.sweep import SweepConfigError, load_sweep_config, run_sweep
+    """Run a CVS ATOM suite: functional checks, every sweep cell, platform and quality blocks;
+    gate them all; exit 1 on a failed enforced gate or block, 2 on a config error."""
+    from atomc.bench.suite import run_suite
+    from atomc.bench.sweep import SweepConfigError, load_sweep_config
     from atomc.bench.thresholds import format_gate_table
 
     try:
-        cfg = load_sweep_config(config)
-        outcome = run_sweep(
+        cfg = load_sweep_config(config, config_profile)
+        typer.echo(f"config {config} (profile {cfg.profile}, driver {cfg.driver}, {len(cfg.cells)} cells)")
+        outcome = run_suite(
             cfg,
             base_url=base_url,
             output_dir=output_dir,
@@ -129,16 +146,20 @@ def sweep(
     except SweepConfigError as exc:
         typer.echo(f"config error: {exc}", err=True)
         raise typer.Exit(2) from None
-    results = outcome.results
-    typer.echo("\n" + cell_summary_table(results["cells"]))
+    report = outcome.report
+    typer.echo("\n" + cell_summary_table(report["cells"]))
+    if outcome.blocks:
+        typer.echo("\n" + block_table(outcome.blocks))
     if outcome.rows:
         typer.echo("\n" + format_gate_table(outcome.rows))
-    for key in results["unmatched_threshold_cells"]:
+    for key in report["unmatched_threshold_cells"]:
         typer.echo(f"note: threshold cell {key} matches no run in the sweep")
-    if results["threshold_file"] is None:
+    if report["threshold_file"] is None:
         typer.echo("note: no threshold file; nothing was gated")
-    counts = Counter(str(r.status) for r in outcome.rows)
+    counts = report["summary"]
     summary = ", ".join(f"{counts[s]} {s}" for s in ("PASS", "FAIL", "SKIP", "INFO"))
-    mode = "enforced" if results["enforce_thresholds"] else "record-only"
-    typer.echo(f"\n{summary} ({mode}); results: {outcome.results_path}")
+    if counts["blocks_failed"]:
+        summary += f", {counts['blocks_failed']} blocks FAIL/ERROR"
+    mode = "enforced" if report["enforce_thresholds"] else "record-only"
+    typer.echo(f"\n{summary} ({mode}); report: {outcome.report_path}")
     raise typer.Exit(outcome.exit_code)

@@ -23,8 +23,9 @@ SCALAR_METRICS = (
     "total_token_throughput",
 )
 RUN_FIELDS = ("num_prompts", "max_concurrency", "request_rate", "input_len", "output_len")
-# CVS gates these for multinode cells; atomc never produces them, so they are skipped, not typos
-CVS_ONLY_METRICS = ("scaling.efficiency_pct",)
+# derived by the sweep from the metrics above: tok/s per GPU (TP x PP GPUs) and, for multi-node runs
+# with params.scaling_baseline_output_throughput, output tok/s against nnodes x the single-node baseline
+DERIVED_METRICS = ("per_gpu_throughput", "output_tput_per_gpu", "scaling.efficiency_pct")
 _LATENCY_NAME = re.compile(r"^(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
 
@@ -46,11 +47,11 @@ def parse_percentiles(value: str | Iterable[float] | None) -> tuple[float, ...]:
 
 
 def is_known_metric(name: str) -> bool:
-    """True for every name `compute_metrics` can produce (any percentile) and the CVS-only ones."""
+    """True for every name `compute_metrics` can produce (any percentile) and the derived ones."""
     return (
         name in SCALAR_METRICS
         or name in RUN_FIELDS
-        or name in CVS_ONLY_METRICS
+        or name in DERIVED_METRICS
         or _LATENCY_NAME.match(name) is not None
     )
 

@@ -149,5 +149,6 @@ async def benchmark(cfg: BenchConfig) -> dict:
     }
 
 
-def run_benchmark(cfg: BenchConfig) -> dict:
-    return asyncio.run(benchmark(cfg))
+def run_benchmark(cfg: BenchConfig, timeout_s: float | None = None) -> dict:
+    """One run; TimeoutError when it takes longer than `timeout_s` (its requests are cancelled)."""
+    return asyncio.run(asyncio.wait_for(benchmark(cfg), timeout_s))

@@ -5,11 +5,9 @@ A threshold file maps a cell key (`ISL=..,OSL=..,TP=..,PP=..,CONC=..`) to `{metr
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from pathlib import Path
 
 from atomc.bench.metrics import format_value, is_known_metric
 
@@ -200,11 +198,69 @@ def exit_code(rows: list[GateRow], enforce: bool) -> int:
     return 1 if enforce and any(r.status is Status.FAIL for r in rows) else 0
 
 
-def load_thresholds(path: str | Path) -> dict:
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a threshold file must be a JSON object keyed by cell")
-    return data
+# The page's rule: with enforce_thresholds, every gated cell (a sweep cell the threshold file has
+# an entry for) needs a spec for each of these. vLLM's perf + health set (the whole latency
+# distribution; itl has no p90) and the per-GPU throughputs of the ATOM suite.
+GATED_METRICS = (
+    "total_token_throughput", "output_throughput", "per_gpu_throughput", "output_tput_per_gpu",
+    "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "p90_tpot_ms", "p95_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "p95_itl_ms", "p99_itl_ms",
+    "mean_e2el_ms", "median_e2el_ms", "p90_e2el_ms", "p95_e2el_ms", "p99_e2el_ms",
+    "success_rate", "failed",
+)  # fmt: skip
+SCALING_METRIC = "scaling.efficiency_pct"
+
+
+def coverage_problems(cell_keys: list[str], thresholds: dict, multinode_scaling: bool) -> list[str]:
+    """What an enforced run's threshold file lacks: gated metrics per gated cell and, on a multi-node
+    run with a scaling baseline, `scaling.efficiency_pct` in every cell. Empty when complete."""
+    problems = []
+    gaps = {}
+    for key in cell_keys:
+        specs = thresholds.get(key)
+        if not isinstance(specs, dict):
+            continue  # not a gated cell: it is recorded with one SKIP row
+        absent = [m for m in GATED_METRICS if m not in specs]
+        if absent:
+            gaps[key] = absent
+    for key, absent in gaps.items():
+        problems.append(f"cell {key} has no spec for gated metrics {', '.join(absent)}")
+    if multinode_scaling:
+        missing = [k for k in cell_keys if SCALING_METRIC not in (thresholds.get(k) or {})]
+        if missing:
+            problems.append(
+                "a multi-node run with params.scaling_baseline_output_throughput needs "
+                f"{SCALING_METRIC} in every cell; missing in {', '.join(missing)}"
+            )
+    return problems
+
+
+def flatten_block_specs(specs: dict) -> dict[str, dict]:
+    """A block's threshold entry as {metric: spec}: `{metric: spec}` stays, `{group: {metric: spec}}`
+    (CVS groups accuracy by task id) becomes `{"group/metric": spec}`."""
+    out: dict[str, dict] = {}
+    for name, value in specs.items():
+        if str(name).startswith("_"):
+            continue
+        if isinstance(value, dict) and "kind" not in value:
+            for metric, spec in value.items():
+                if not str(metric).startswith("_"):
+                    out[f"{name}/{metric}"] = spec
+        else:
+            out[name] = value
+    return out
+
+
+def gate_block(block: str, metrics: dict, specs: dict) -> list[GateRow]:
+    """Gate one block's metrics; a metric the block did not produce is SKIPped (reported as such)."""
+    rows = []
+    for metric, spec in flatten_block_specs(specs).items():
+        kind = str(spec.get("kind")) if isinstance(spec, dict) else "?"
+        actual = metrics.get(metric)
+        verdict = evaluate(spec, actual, metrics)
+        rows.append(GateRow(block, metric, kind, describe_threshold(spec), actual, verdict.status, verdict.reason))
+    return rows
 
 
 def render_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -215,8 +271,5 @@ def render_table(headers: list[str], rows: list[list[str]]) -> str:
 
 def format_gate_table(rows: list[GateRow]) -> str:
     headers = ["cell", "metric", "kind", "threshold", "actual", "verdict", "reason"]
-    body = [
-        [r.cell, r.metric, r.kind, r.threshold, format_value(r.actual), str(r.status), r.reason]
-        for r in rows
-    ]
+    body = [[r.cell, r.metric, r.kind, r.threshold, format_value(r.actual), str(r.status), r.reason] for r in rows]
     return render_table(headers, body)

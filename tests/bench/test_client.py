@@ -20,6 +20,7 @@ from atomc.bench.client import parse_sse_data
 from atomc.bench.dataset import sample_random_requests
 from atomc.bench.serve import BenchConfig, run_benchmark
 from atomc.bench.sweep import launched_server, load_sweep_config
+from atomc.bench.thresholds import GATED_METRICS
 
 VOCAB = 500
 
@@ -191,13 +192,13 @@ def write_sweep(tmp_path, strict: bool):
         },
     }
     bound = 1e9 if strict else 1  # no server reaches a billion tok/s
-    thresholds = {
-        "ISL=8,OSL=4,TP=1,PP=1,CONC=1": {
-            "success_rate": {"kind": "min", "value": 1},
-            "output_throughput": {"kind": "min_tok_s", "value": bound},
-            "mean_tpot_ms": {"kind": "info"},
-        },
+    gated = {
+        "success_rate": {"kind": "min", "value": 1},
+        "output_throughput": {"kind": "min_tok_s", "value": bound},
+        "mean_tpot_ms": {"kind": "info"},
     }
+    # enforce_thresholds: every gated metric needs a spec in a gated cell; info records the rest
+    thresholds = {"ISL=8,OSL=4,TP=1,PP=1,CONC=1": {m: gated.get(m, {"kind": "info"}) for m in GATED_METRICS}}
     (tmp_path / "sweep.json").write_text(json.dumps(config))
     (tmp_path / "thr.json").write_text(json.dumps(thresholds))
     return tmp_path / "sweep.json"
@@ -214,10 +215,15 @@ def test_sweep_passes_and_writes_results(server, tmp_path):
     result = run_sweep_cli("--config", str(config), "--base-url", url, "--output-dir", str(out))
     assert result.exit_code == 0, result.output
     assert "no thresholds for cell" in result.output  # the CONC=2 cell
-    saved = json.loads((out / "sweep_results.json").read_text())
+    saved = json.loads((out / "report.json").read_text())
     assert set(saved["cells"]) == {"ISL=8,OSL=4,TP=1,PP=1,CONC=1", "ISL=8,OSL=4,TP=1,PP=1,CONC=2"}
     assert saved["cells"]["ISL=8,OSL=4,TP=1,PP=1,CONC=2"]["completed"] == 3
     assert {g["status"] for g in saved["gates"]} == {"PASS", "INFO", "SKIP"}
+    assert saved["schema"] == "atomc.bench.report/1" and saved["exit_code"] == 0 and saved["finished_at"]
+    assert saved["server_started"] is False and saved["blocks"] == []
+    cell = saved["cells"]["ISL=8,OSL=4,TP=1,PP=1,CONC=1"]
+    assert cell["per_gpu_throughput"] == pytest.approx(cell["total_token_throughput"])  # TP=1, PP=1
+    assert (out / "cells" / "results_ISL8_OSL4_TP1_PP1_CONC1.json").is_file()  # params.result_filename
 
 
 def test_sweep_fails_when_enforced_and_records_otherwise(server, tmp_path):
