@@ -249,7 +249,7 @@ def timed_out_result(cell: SweepCell, timeout_s: float) -> dict:
         "failed": cell.num_prompts,
         "success_rate": 0.0,
         "errors": [
-            f"client did not finish within {timeout_s:.0f}s "
+            f"client did not finish within {timeout_s:g}s "
             "(params.client_initial_wait_s + client_poll_count x client_poll_wait_time)"
         ],
     }

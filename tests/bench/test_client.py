@@ -272,3 +272,94 @@ def test_launched_server_is_stopped_even_on_error(tmp_path, monkeypatch):
             assert spawned[0].poll() is None  # up and answering /health
             raise RuntimeError("cell crashed")
     assert spawned and spawned[0].poll() is not None
+
+
+def test_multinode_run_against_a_user_started_server_gates_scaling(server, tmp_path):
+    """vllm_atom PP=2 over 2 nodes: the user starts the servers; the suite computes and gates
+    scaling.efficiency_pct against nnodes x the single-node baseline."""
+    _, url = server
+    config = {
+        "schema_version": 1,
+        "enforce_thresholds": True,
+        "threshold_json": "mn_threshold.json",
+        "model": {"id": None},
+        "params": {
+            "driver": "vllm_atom", "nnodes": "2", "pipeline_parallel_size": "2", "tensor_parallelism": "8",
+            "master_addr": "10.0.0.1", "num_prompts": "3", "scaling_baseline_output_throughput": "1e9",
+        },
+        "sweep": {"sequence_combinations": [{"name": "s", "isl": 8, "osl": 4}],
+                  "runs": [{"combo": "s", "concurrency": 2}]},
+    }  # fmt: skip
+    key = "ISL=8,OSL=4,TP=8,PP=2,CONC=2"
+    specs = {m: {"kind": "info"} for m in GATED_METRICS} | {"scaling.efficiency_pct": {"kind": "min", "value": 80}}
+    (tmp_path / "mn.json").write_text(json.dumps(config))
+    (tmp_path / "mn_threshold.json").write_text(json.dumps({key: specs}))
+    no_url = run_sweep_cli("--config", str(tmp_path / "mn.json"), "--output-dir", str(tmp_path))
+    assert no_url.exit_code == 2 and "atomc does not start vllm_atom servers" in no_url.output
+    result = run_sweep_cli("--config", str(tmp_path / "mn.json"), "--base-url", url, "--output-dir", str(tmp_path))
+    assert result.exit_code == 1, result.output  # a fake server is far below 80% of 2 x 1e9 tok/s
+    report = json.loads((tmp_path / "report.json").read_text())
+    gate = next(g for g in report["gates"] if g["metric"] == "scaling.efficiency_pct")
+    assert gate["status"] == "FAIL" and gate["actual"] == pytest.approx(
+        100 * report["cells"][key]["output_throughput"] / 2e9
+    )
+    assert report["topology"]["nnodes"] == 2 and "multi-node run (nnodes=2)" in " ".join(report["notes"])
+
+
+def test_client_budget_cuts_a_cell_off(server, tmp_path):
+    """params.client_*: a cell whose client runs past initial wait + polls x wait counts as all failed."""
+    _, url = server
+    config = {
+        "schema_version": 1,
+        "model": {"id": None},
+        "params": {"num_prompts": "4", "client_initial_wait_s": "0", "client_poll_count": "1",
+                   "client_poll_wait_time": "0.05", "bench_max_failed_requests": "0"},
+        "sweep": {"sequence_combinations": [{"name": "s", "isl": 8, "osl": 200}],
+                  "runs": [{"combo": "s", "concurrency": 1}]},
+    }  # fmt: skip
+    (tmp_path / "slow.json").write_text(json.dumps(config))
+    result = run_sweep_cli("--config", str(tmp_path / "slow.json"), "--base-url", url, "--output-dir", str(tmp_path))
+    report = json.loads((tmp_path / "report.json").read_text())
+    cell = report["cells"]["ISL=8,OSL=200,TP=1,PP=1,CONC=1"]
+    assert (cell["completed"], cell["failed"], cell["success_rate"]) == (0, 4, 0.0)
+    assert "client did not finish within 0.05s" in cell["errors"][0]
+    failed_gate = next(g for g in report["gates"] if g["reason"].endswith("params.bench_max_failed_requests 0"))
+    assert failed_gate["status"] == "FAIL"
+    assert result.exit_code == 0  # record-only
+
+
+@pytest.mark.parametrize("reuse, starts", [(None, 1), ("true", 2), ("false", 3)])
+def test_reuse_server_across_sweep_restarts_the_server(server, tmp_path, monkeypatch, reuse, starts):
+    """Unset: one server for the sweep; true: one per shape (CVS's session key); false: one per cell.
+    Functional blocks run once, on the first server."""
+    import contextlib
+
+    from atomc.bench import suite
+
+    _, url = server
+    started = []
+
+    @contextlib.contextmanager
+    def fake_launch(cfg, log_path, log=print):
+        started.append(cfg)
+        yield url
+
+    monkeypatch.setattr(suite.sw, "launched_server", fake_launch)
+    params = {"num_prompts": "1"} | ({} if reuse is None else {"reuse_server_across_sweep": reuse})
+    config = {
+        "schema_version": 1,
+        "model": {"id": None},
+        "params": params,
+        "functional": {"health_check": True},
+        "sweep": {
+            "sequence_combinations": [{"name": "a", "isl": 8, "osl": 2}, {"name": "b", "isl": 4, "osl": 2}],
+            "runs": [{"combo": c, "concurrency": n} for c, n in (("a", 1), ("a", 2), ("b", 1))],
+        },
+    }
+    (tmp_path / "r.json").write_text(json.dumps(config))
+    result = run_sweep_cli("--config", str(tmp_path / "r.json"), "--output-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert len(started) == starts
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [b["block"] for b in report["blocks"]] == ["functional.health_check"]
+    assert len(report["cells"]) == 3
