@@ -418,3 +418,15 @@ def test_unused_lab_fields_are_noted(tmp_path):
     data["roles"]["server"]["atom_argz"] = "x"
     with pytest.raises(SweepConfigError, match="unknown roles.server fields \\['atom_argz'\\]"):
         load_sweep_config(write(tmp_path, data))
+
+
+def test_shipped_profiles_example_loads_and_is_covered():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "bench" / "profiles" / "tiny_atom_profiles.json"
+    for profile, blocks in (("perf", {"functional", "platform"}), ("mtp3", {"functional", "mtp_quality"})):
+        cfg = load_sweep_config(example, profile)
+        assert set(cfg.blocks) == blocks and cfg.notes == []
+        thresholds = load_thresholds(resolve_threshold_path(cfg, None), profile)
+        assert check_thresholds(cfg, thresholds, enforce=True) == []
+        assert {c.key for c in cfg.cells} == {k for k in thresholds if k.startswith("ISL=")}
