@@ -83,8 +83,12 @@ def check_thresholds(cfg: SweepConfig, thresholds: dict, enforce: bool) -> list[
 
 
 def block_gates(results: list[BlockResult], thresholds: dict) -> list[GateRow]:
+    """Gate rows for the blocks the suite gates (self-gated blocks judge their own figures)."""
     rows = []
     for result in results:
+        entry = registry.BY_NAME.get(result.block)
+        if entry is not None and entry.self_gated:
+            continue
         specs = thresholds.get(result.block)
         if isinstance(specs, dict):
             rows.extend(gate_block(result.block, result.metrics, specs))
@@ -223,6 +227,8 @@ def run_suite(
                 model = sw.served_model(url, cfg.model_id, api_key)
                 report.update(base_url=url, model=model)
                 ctx = SuiteContext(url, model, output_dir, cfg.path.parent, api_key, p, log)
+                # the whole threshold file, for blocks that gate themselves (accuracy, long-context)
+                ctx.thresholds = thresholds
                 if gi == 0:
                     for entry, spec in by_phase["before"]:
                         log(f"block {entry.name}")

@@ -218,3 +218,16 @@ def test_degenerate_answers():
     assert mtp_quality.degenerate("") and mtp_quality.degenerate("ok")
     assert mtp_quality.degenerate("the the the the the the the the")
     assert not mtp_quality.degenerate("I am a small language model that answers questions.")
+
+
+def test_suite_gates_only_blocks_that_do_not_gate_themselves():
+    from atomc.bench.suite import block_gates
+
+    thresholds = {
+        "mtp_quality": {"mtp.acceptance_rate": {"kind": "min", "value": 0.5}},
+        "accuracy": {"gsm8k_flex": {"gsm8k.exact_match__flexible-extract": {"kind": "min", "value": 0.9}}},
+    }
+    results = [BlockResult("mtp_quality", "PASS", metrics={"mtp.acceptance_rate": 0.4}),
+               BlockResult("accuracy", "PASS", metrics={"gsm8k_flex/gsm8k.exact_match__flexible-extract": 0.1})]
+    rows = block_gates(results, thresholds)
+    assert [(r.cell, r.metric, r.status) for r in rows] == [("mtp_quality", "mtp.acceptance_rate", Status.FAIL)]

@@ -25,6 +25,9 @@ class BlockEntry:
     module: str
     function: str = "run"  # `run(spec, ctx) -> BlockResult`, or for phase "during" `start(spec, ctx) -> handle`
     phase: str = "after"
+    # True: the block gates its own figures against its threshold-file key (per task or cell, read
+    # from ctx.thresholds) and its verdict says so; False: the suite gates `BlockResult.metrics`
+    self_gated: bool = False
 
 
 REGISTRY: tuple[BlockEntry, ...] = (
@@ -33,8 +36,8 @@ REGISTRY: tuple[BlockEntry, ...] = (
     BlockEntry("platform.dmesg_scan", "atomc.bench.blocks.platform", "start_dmesg_scan", "during"),
     BlockEntry("platform.gpu_metrics_poll", "atomc.bench.blocks.platform", "start_gpu_metrics_poll", "during"),
     BlockEntry("mtp_quality", "atomc.bench.blocks.mtp_quality"),
-    BlockEntry("accuracy", "atomc.bench.blocks.accuracy"),
-    BlockEntry("long_context_accuracy", "atomc.bench.blocks.long_context"),
+    BlockEntry("accuracy", "atomc.bench.blocks.accuracy", self_gated=True),
+    BlockEntry("long_context_accuracy", "atomc.bench.blocks.long_context", self_gated=True),
     BlockEntry("quant_parity", "atomc.bench.blocks.quant_parity"),
 )
 BY_NAME = {e.name: e for e in REGISTRY}
