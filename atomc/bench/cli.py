@@ -126,7 +126,7 @@ def sweep(
     """Run a CVS ATOM suite: functional checks, every sweep cell, platform and quality blocks;
     gate them all; exit 1 on a failed enforced gate or block, 2 on a config error."""
     from atomc.bench.suite import run_suite
-    from atomc.bench.sweep import SweepConfigError, load_sweep_config
+    from atomc.bench.sweep import ServerUnavailable, SweepConfigError, load_sweep_config
     from atomc.bench.thresholds import format_gate_table
 
     try:
@@ -146,6 +146,9 @@ def sweep(
     except SweepConfigError as exc:
         typer.echo(f"config error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except ServerUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     report = outcome.report
     typer.echo("\n" + cell_summary_table(report["cells"]))
     if outcome.blocks:

@@ -474,6 +474,9 @@ def load_sweep_config(path: str | Path, profile: str | None = None) -> SweepConf
     unknown = sorted(set(merged) - TOP_LEVEL_KEYS)
     if unknown:
         raise SweepConfigError(f"{path}: profile {name!r} has unknown fields {unknown}")
+    for key in ("params", "sweep", "model", "roles", "paths", "run_card"):
+        if merged.get(key) is not None and not isinstance(merged[key], dict):
+            raise SweepConfigError(f"{path}: {key!r} must be an object, got {merged[key]!r}")
     threshold_json = merged.get("threshold_json")  # a literal file name: no placeholder substitution
     paths = resolve_paths(merged.get("paths") or {})
     merged = substitute({k: v for k, v in merged.items() if k != "threshold_json"}, paths)

@@ -28,6 +28,7 @@ from atomc.bench.config import (
     SweepConfigError,
     load_thresholds,
     resolve_threshold_path,
+    server_ready_timeout_s,
 )
 from atomc.bench.thresholds import (
     GateRow,
@@ -202,7 +203,10 @@ def run_suite(
         report_path.write_text(json.dumps(json_safe(report), indent=2) + "\n")
 
     def server(url: str | None):
-        return contextlib.nullcontext(url) if url else sw.launched_server(cfg, output_dir / sw.SERVER_LOG, log)
+        if url is None:
+            return sw.launched_server(cfg, output_dir / sw.SERVER_LOG, log)
+        sw.wait_until_serving(url, server_ready_timeout_s(p), api_key)
+        return contextlib.nullcontext(url)
 
     by_phase = {ph: [(e, s) for e, s in chosen if e.phase == ph] for ph in ("before", "during", "after")}
     running: list[tuple[registry.BlockEntry, object]] = []

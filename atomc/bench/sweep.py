@@ -47,6 +47,10 @@ __all__ = [
 SERVER_LOG = "server.log"
 
 
+class ServerUnavailable(RuntimeError):
+    """The server under test never became ready (or exited): the run cannot start."""
+
+
 # --- the server, when the sweep starts its own -------------------------------------------------
 
 
@@ -102,12 +106,32 @@ def wait_until_healthy(
     tail = (lambda: log_tail(log_path)) if log_path else (lambda: "")
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode}:\n{tail()}")
+            raise ServerUnavailable(f"server exited with code {proc.returncode}:\n{tail()}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{base_url}/health", timeout=5.0, trust_env=False).status_code == 200:
                 return
         time.sleep(0.5)
-    raise TimeoutError(f"server at {base_url} not healthy after {timeout_s:.0f}s:\n{tail()}")
+    raise ServerUnavailable(f"server at {base_url} not healthy after {timeout_s:.0f}s:\n{tail()}")
+
+
+def wait_until_serving(base_url: str, timeout_s: float, api_key: str | None = None) -> None:
+    """For a server the user started: poll GET /v1/models (every OpenAI-compatible server has it,
+    not all have /health) until 200, within the config's server waits."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while True:
+        try:
+            r = httpx.get(f"{base_url}/v1/models", headers=auth_headers(api_key), timeout=5.0, trust_env=False)
+            if r.status_code == 200:
+                return
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            raise ServerUnavailable(
+                f"the server at {base_url} did not answer GET /v1/models within {timeout_s:g}s ({last})"
+            )
+        time.sleep(0.5)
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:

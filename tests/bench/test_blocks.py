@@ -231,3 +231,9 @@ def test_suite_gates_only_blocks_that_do_not_gate_themselves():
                BlockResult("accuracy", "PASS", metrics={"gsm8k_flex/gsm8k.exact_match__flexible-extract": 0.1})]
     rows = block_gates(results, thresholds)
     assert [(r.cell, r.metric, r.status) for r in rows] == [("mtp_quality", "mtp.acceptance_rate", Status.FAIL)]
+
+
+def test_mtp_quality_and_quant_parity_are_off_unless_enabled():
+    assert registry.configured_blocks({"mtp_quality": {"chat_template_prompt": "x"}, "quant_parity": {}}) == []
+    chosen = registry.configured_blocks({"mtp_quality": {"enabled": True}, "accuracy": {"tasks": [1]}})
+    assert [e.name for e, _ in chosen] == ["mtp_quality", "accuracy"]

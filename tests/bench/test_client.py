@@ -363,3 +363,18 @@ def test_reuse_server_across_sweep_restarts_the_server(server, tmp_path, monkeyp
     report = json.loads((tmp_path / "report.json").read_text())
     assert [b["block"] for b in report["blocks"]] == ["functional.health_check"]
     assert len(report["cells"]) == 3
+
+
+def test_a_server_that_never_answers_ends_the_run_with_a_message(tmp_path):
+    config = {
+        "schema_version": 1,
+        "model": {"id": None},
+        "params": {"num_prompts": "1", "server_ready_timeout_s": "1"},
+        "sweep": {"sequence_combinations": [{"name": "s", "isl": 8, "osl": 2}],
+                  "runs": [{"combo": "s", "concurrency": 1}]},
+    }
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    result = run_sweep_cli("--config", str(tmp_path / "c.json"), "--base-url", url, "--output-dir", str(tmp_path))
+    assert result.exit_code == 1
+    assert f"error: the server at {url} did not answer GET /v1/models within 1s" in result.output

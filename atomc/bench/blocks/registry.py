@@ -28,6 +28,9 @@ class BlockEntry:
     # True: the block gates its own figures against its threshold-file key (per task or cell, read
     # from ctx.thresholds) and its verdict says so; False: the suite gates `BlockResult.metrics`
     self_gated: bool = False
+    # whether a block present in the config runs without `enabled: true` (CVS: mtp_quality and
+    # quant_parity are off unless enabled; accuracy and long-context run when configured)
+    enabled_by_default: bool = True
 
 
 REGISTRY: tuple[BlockEntry, ...] = (
@@ -35,10 +38,10 @@ REGISTRY: tuple[BlockEntry, ...] = (
     BlockEntry("functional.api_smoke", "atomc.bench.blocks.functional", "run_api_smoke", "before"),
     BlockEntry("platform.dmesg_scan", "atomc.bench.blocks.platform", "start_dmesg_scan", "during"),
     BlockEntry("platform.gpu_metrics_poll", "atomc.bench.blocks.platform", "start_gpu_metrics_poll", "during"),
-    BlockEntry("mtp_quality", "atomc.bench.blocks.mtp_quality"),
+    BlockEntry("mtp_quality", "atomc.bench.blocks.mtp_quality", enabled_by_default=False),
     BlockEntry("accuracy", "atomc.bench.blocks.accuracy", self_gated=True),
     BlockEntry("long_context_accuracy", "atomc.bench.blocks.long_context", self_gated=True),
-    BlockEntry("quant_parity", "atomc.bench.blocks.quant_parity"),
+    BlockEntry("quant_parity", "atomc.bench.blocks.quant_parity", enabled_by_default=False),
 )
 BY_NAME = {e.name: e for e in REGISTRY}
 # blocks whose config object holds on/off sub-checks (`"functional": {"api_smoke": true}`)
@@ -47,7 +50,8 @@ GROUPED = ("functional", "platform")
 
 def configured_blocks(blocks: dict[str, dict]) -> list[tuple[BlockEntry, dict]]:
     """The (entry, spec) pairs a config asks for, in registry order. A sub-check is on when its
-    value is `true` or an object (its options); `enabled: false` turns a whole block off."""
+    value is `true` or an object (its options); a whole block runs per its `enabled` (default:
+    the entry's `enabled_by_default`)."""
     chosen = []
     for group in GROUPED:
         spec = blocks.get(group) or {}
@@ -63,7 +67,7 @@ def configured_blocks(blocks: dict[str, dict]) -> list[tuple[BlockEntry, dict]]:
                 chosen.append((entry, value if isinstance(value, dict) else {}))
             elif value not in (None, False):
                 raise ValueError(f"{entry.name} must be true, false or an object, got {value!r}")
-        elif entry.name in blocks and blocks[entry.name].get("enabled", True):
+        elif entry.name in blocks and blocks[entry.name].get("enabled", entry.enabled_by_default):
             chosen.append((entry, blocks[entry.name]))
     return chosen
 
