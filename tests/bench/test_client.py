@@ -378,3 +378,30 @@ def test_a_server_that_never_answers_ends_the_run_with_a_message(tmp_path):
     result = run_sweep_cli("--config", str(tmp_path / "c.json"), "--base-url", url, "--output-dir", str(tmp_path))
     assert result.exit_code == 1
     assert f"error: the server at {url} did not answer GET /v1/models within 1s" in result.output
+
+
+def test_a_configured_block_without_its_module_is_reported_and_fails_an_enforced_run(server, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from atomc.bench.blocks import registry
+
+    _, url = server
+    missing = tuple(replace(e, module="atomc.bench.blocks.not_built") if e.name == "accuracy" else e
+                    for e in registry.REGISTRY)  # fmt: skip
+    monkeypatch.setattr(registry, "REGISTRY", missing)
+    config = {
+        "schema_version": 1,
+        "enforce_thresholds": True,
+        "model": {"id": None},
+        "params": {"num_prompts": "1"},
+        "accuracy": {"tasks": [{"id": "gsm8k_flex", "task": "gsm8k"}]},
+        "sweep": {"sequence_combinations": [{"name": "s", "isl": 8, "osl": 2}],
+                  "runs": [{"combo": "s", "concurrency": 1}]},
+    }  # fmt: skip
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    result = run_sweep_cli("--config", str(tmp_path / "c.json"), "--base-url", url, "--output-dir", str(tmp_path))
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    (block,) = report["blocks"]
+    assert block["block"] == "accuracy" and block["verdict"] == "ERROR" and block["reason"].startswith("not available")
+    assert report["summary"]["blocks_failed"] == 1
