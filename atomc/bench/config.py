@@ -525,21 +525,23 @@ def _gpu_arch_from_name(path: Path) -> str | None:
 
 
 def resolve_threshold_path(cfg: SweepConfig, explicit: str | Path | None) -> Path | None:
-    """--threshold wins; else the config's `threshold_json` next to it; else, when the config's
-    folder holds exactly one `*threshold.json`, that one (several is the page's ambiguous case)."""
+    """--threshold wins. Otherwise the page's rule: the threshold file lives next to the config
+    (`threshold_json` names it; without it, the folder's one `*threshold.json` is used), and a
+    folder holding several `*threshold.json` is ambiguous, even when `threshold_json` names one
+    of them (CVS loads the folder's sole threshold file, so a lab's pair must sit alone)."""
     if explicit:
         path = Path(explicit)
-    elif cfg.threshold_json:
-        path = cfg.sibling_threshold_path()
     else:
         found = sorted(cfg.path.parent.glob("*threshold.json"))
         if len(found) > 1:
             raise SweepConfigError(
                 f"ambiguous threshold files in {cfg.path.parent}: {', '.join(p.name for p in found)}; "
-                "set threshold_json in the config, pass --threshold, or put each config and its "
-                "threshold file in a folder of their own"
+                "put each config and its threshold file in a folder of their own, or pass --threshold"
             )
-        path = found[0] if found else None
+        if cfg.threshold_json:
+            path = cfg.sibling_threshold_path()
+        else:
+            path = found[0] if found else None
     if path is not None and not path.is_file():
         raise SweepConfigError(f"threshold file not found: {path}")
     return path

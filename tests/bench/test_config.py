@@ -240,15 +240,17 @@ def test_threshold_resolution_and_ambiguity(tmp_path):
     assert resolve_threshold_path(cfg, None) is None  # none there: nothing gated
     (tmp_path / "a_threshold.json").write_text("{}")
     assert resolve_threshold_path(cfg, None) == tmp_path / "a_threshold.json"  # the only one
-    (tmp_path / "b_threshold.json").write_text("{}")
-    with pytest.raises(SweepConfigError, match="ambiguous threshold files in .*a_threshold.json, b_threshold.json"):
-        resolve_threshold_path(cfg, None)
-    assert resolve_threshold_path(cfg, tmp_path / "b_threshold.json") == tmp_path / "b_threshold.json"
-    cfg.threshold_json = "a_threshold.json"  # named next to the config: no ambiguity
+    cfg.threshold_json = "a_threshold.json"  # named next to the config
     assert resolve_threshold_path(cfg, None) == tmp_path / "a_threshold.json"
     cfg.threshold_json = "missing_threshold.json"
     with pytest.raises(SweepConfigError, match="threshold file not found"):
         resolve_threshold_path(cfg, None)
+    (tmp_path / "b_threshold.json").write_text("{}")
+    for named in (None, "a_threshold.json"):  # the page: several in one folder is ambiguous, named or not
+        cfg.threshold_json = named
+        with pytest.raises(SweepConfigError, match="ambiguous threshold files in .*a_threshold.json, b_threshold.json"):
+            resolve_threshold_path(cfg, None)
+    assert resolve_threshold_path(cfg, tmp_path / "b_threshold.json") == tmp_path / "b_threshold.json"
 
 
 def test_threshold_file_with_profiles(tmp_path):
