@@ -42,6 +42,7 @@ from atomc.bench.thresholds import (
 
 REPORT_FILE = "report.json"
 REPORT_SCHEMA = "atomc.bench.report/1"
+TOPOLOGY_FIELDS = ("tensor_parallelism", "pipeline_parallel_size", "nnodes", "master_addr", "master_port")
 
 
 @dataclass
@@ -126,6 +127,116 @@ def summarize(rows: list[GateRow], blocks: list[BlockResult]) -> dict:
     return out
 
 
+def preflight(cfg: SweepConfig, base_url: str | None, thresholds: dict, enforce: bool, log) -> tuple:
+    """Everything checked before a server starts: coverage, blocks, where the server comes from.
+    Returns (the chosen blocks, the external server's URL or None, the run's notes)."""
+    notes = list(cfg.notes) + check_thresholds(cfg, thresholds, enforce)
+    try:
+        chosen = registry.configured_blocks(cfg.blocks)
+    except ValueError as exc:
+        raise SweepConfigError(str(exc)) from None
+    external = sw.external_base_url(cfg, base_url)
+    p = cfg.params
+    if external is None:
+        sw.check_can_launch(cfg)
+    else:
+        if not cfg.native:
+            log(f"driver {cfg.driver}: atomc starts no {cfg.driver} server; using the one you started at {external}")
+        if p["reuse_server_across_sweep"] is False:
+            notes.append("reuse_server_across_sweep=false has no effect on an external server: atomc restarts nothing")
+        if p["nnodes"] > 1:
+            notes.append(f"multi-node run (nnodes={p['nnodes']}): the servers were started by the user")
+    names = {e.name for e, _ in chosen}
+    stray = [k for k in thresholds if not is_cell_key(k) and k not in names]
+    notes += [f"threshold entry {k!r} gates no block of this run" for k in stray]
+    return chosen, external, notes
+
+
+def new_report(cfg: SweepConfig, external: str | None, enforce: bool, threshold_file: Path | None, notes: list) -> dict:
+    p = cfg.params
+    return {
+        "schema": REPORT_SCHEMA,
+        "started_at": _now(),
+        "finished_at": None,
+        "config": str(cfg.path),
+        "profile": cfg.profile,
+        "schema_version": cfg.schema_version,
+        "framework": cfg.framework,
+        "gpu_arch": cfg.gpu_arch,
+        "run_card": cfg.run_card,
+        "driver": cfg.driver,
+        "server_started": external is None,
+        "base_url": external,
+        "model": None,
+        "model_id": cfg.model_id,
+        "topology": {k: p[k] for k in TOPOLOGY_FIELDS},
+        "params": p,
+        "enforce_thresholds": enforce,
+        "threshold_file": str(threshold_file) if threshold_file else None,
+        "cells": {},
+        "blocks": [],
+        "gates": [],
+        "unmatched_threshold_cells": [],
+        "notes": notes,
+        "summary": {},
+        "exit_code": None,
+    }
+
+
+class SuiteRun:
+    """One run's state: the report being filled, the block results, the pollers running."""
+
+    def __init__(self, cfg: SweepConfig, report: dict, output_dir: Path, thresholds: dict, log):
+        self.cfg, self.report, self.output_dir, self.thresholds, self.log = cfg, report, output_dir, thresholds, log
+        self.report_path = output_dir / REPORT_FILE
+        self.cells_dir = output_dir / "cells"
+        self.blocks: list[BlockResult] = []
+        self.running: list[tuple[registry.BlockEntry, object]] = []
+
+    def save(self) -> None:
+        self.report["blocks"] = [b.to_dict() for b in self.blocks]
+        self.report_path.write_text(json.dumps(json_safe(self.report), indent=2) + "\n")
+
+    def context(self, url: str, model: str, api_key: str | None) -> SuiteContext:
+        ctx = SuiteContext(url, model, self.output_dir, self.cfg.path.parent, api_key, self.cfg.params, self.log)
+        ctx.thresholds = self.thresholds  # for the blocks that gate themselves (accuracy, long-context)
+        return ctx
+
+    def run_blocks(self, chosen: list, ctx: SuiteContext) -> None:
+        for entry, spec in chosen:
+            self.log(f"block {entry.name}")
+            self.blocks.append(registry.run_block(entry, spec, ctx))
+            self.save()
+
+    def start_during(self, chosen: list, ctx: SuiteContext) -> None:
+        for entry, spec in chosen:
+            start = registry.resolve(entry)
+            if isinstance(start, BlockResult):  # not available
+                self.blocks.append(start)
+                continue
+            try:
+                self.running.append((entry, start(spec, ctx)))
+            except Exception as exc:  # a poller that cannot start is that block's ERROR
+                self.blocks.append(BlockResult(entry.name, "ERROR", f"{type(exc).__name__}: {exc}"))
+
+    def stop_during(self) -> None:
+        while self.running:
+            entry, handle = self.running.pop(0)
+            try:
+                result = handle.stop()
+            except Exception as exc:
+                result = BlockResult(entry.name, "ERROR", f"{type(exc).__name__}: {exc}")
+            result.block = entry.name
+            self.blocks.append(result)
+        self.save()
+
+    def record_cell(self, cell, result: dict) -> None:
+        self.report["cells"][cell.key] = result
+        name = sw.cell_file_name(self.cfg.params["result_filename"], cell.key)
+        (self.cells_dir / name).write_text(json.dumps(json_safe(result), indent=2) + "\n")
+        self.save()
+
+
 def run_suite(
     cfg: SweepConfig,
     base_url: str | None = None,
@@ -141,149 +252,54 @@ def run_suite(
     threshold_file = resolve_threshold_path(cfg, threshold_path)
     thresholds = load_thresholds(threshold_file, cfg.profile) if threshold_file else {}
     enforce = cfg.enforce_thresholds if enforce is None else enforce
-    notes = list(cfg.notes) + check_thresholds(cfg, thresholds, enforce)
-    try:
-        chosen = registry.configured_blocks(cfg.blocks)
-    except ValueError as exc:
-        raise SweepConfigError(str(exc)) from None
-    external = sw.external_base_url(cfg, base_url)
-    if external is None:
-        sw.check_can_launch(cfg)
-    else:
-        if not cfg.native:
-            log(f"driver {cfg.driver}: atomc starts no {cfg.driver} server; using the one you started at {external}")
-        if cfg.params["reuse_server_across_sweep"] is False:
-            notes.append(
-                "reuse_server_across_sweep=false has no effect with an external server: atomc restarts nothing"
-            )
-        if cfg.params["nnodes"] > 1:
-            notes.append(f"multi-node run (nnodes={cfg.params['nnodes']}): the servers were started by the user")
-    for key in thresholds:
-        if not is_cell_key(key) and key not in {e.name for e, _ in chosen}:
-            notes.append(f"threshold entry {key!r} gates no block of this run")
+    chosen, external, notes = preflight(cfg, base_url, thresholds, enforce, log)
     for note in notes:
         log(f"note: {note}")
+    phase = {ph: [(e, s) for e, s in chosen if e.phase == ph] for ph in ("before", "during", "after")}
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    report_path = output_dir / REPORT_FILE
-    p = cfg.params
-    report: dict = {
-        "schema": REPORT_SCHEMA,
-        "started_at": _now(),
-        "finished_at": None,
-        "config": str(cfg.path),
-        "profile": cfg.profile,
-        "schema_version": cfg.schema_version,
-        "framework": cfg.framework,
-        "gpu_arch": cfg.gpu_arch,
-        "run_card": cfg.run_card,
-        "driver": cfg.driver,
-        "server_started": external is None,
-        "base_url": external,
-        "model": None,
-        "model_id": cfg.model_id,
-        "topology": {
-            k: p[k] for k in ("tensor_parallelism", "pipeline_parallel_size", "nnodes", "master_addr", "master_port")
-        },
-        "params": p,
-        "enforce_thresholds": enforce,
-        "threshold_file": str(threshold_file) if threshold_file else None,
-        "cells": {},
-        "blocks": [],
-        "gates": [],
-        "unmatched_threshold_cells": [],
-        "notes": notes,
-        "summary": {},
-        "exit_code": None,
-    }
-    block_results: list[BlockResult] = []
+    (output_dir / "cells").mkdir(exist_ok=True)
+    run = SuiteRun(cfg, new_report(cfg, external, enforce, threshold_file, notes), output_dir, thresholds, log)
+    run.save()
 
-    def save() -> None:
-        report["blocks"] = [b.to_dict() for b in block_results]
-        report_path.write_text(json.dumps(json_safe(report), indent=2) + "\n")
-
-    def server(url: str | None):
-        if url is None:
+    def server():
+        if external is None:
             return sw.launched_server(cfg, output_dir / sw.SERVER_LOG, log)
-        sw.wait_until_serving(url, server_ready_timeout_s(p), api_key)
-        return contextlib.nullcontext(url)
+        sw.wait_until_serving(external, server_ready_timeout_s(cfg.params), api_key)
+        return contextlib.nullcontext(external)
 
-    by_phase = {ph: [(e, s) for e, s in chosen if e.phase == ph] for ph in ("before", "during", "after")}
-    running: list[tuple[registry.BlockEntry, object]] = []
-
-    def stop_during() -> None:
-        while running:
-            entry, handle = running.pop(0)
-            try:
-                result = handle.stop()
-            except Exception as exc:
-                result = BlockResult(entry.name, "ERROR", f"{type(exc).__name__}: {exc}")
-            block_results.append(result)
-
-    cells_dir = output_dir / "cells"
-    cells_dir.mkdir(exist_ok=True)
-    save()
-    groups = [list(g) for _, g in groupby(cfg.cells, key=lambda c: sw.session_key(cfg, c))]
+    # consecutive cells with one session key share a server (reuse_server_across_sweep)
+    sessions = [list(g) for _, g in groupby(cfg.cells, key=lambda c: sw.session_key(cfg, c))]
     index = 0
     try:
-        for gi, group in enumerate(groups):
-            with server(external) as url:
+        for si, session in enumerate(sessions):
+            with server() as url:
                 model = sw.served_model(url, cfg.model_id, api_key)
-                report.update(base_url=url, model=model)
-                ctx = SuiteContext(url, model, output_dir, cfg.path.parent, api_key, p, log)
-                # the whole threshold file, for blocks that gate themselves (accuracy, long-context)
-                ctx.thresholds = thresholds
-                if gi == 0:
-                    for entry, spec in by_phase["before"]:
-                        log(f"block {entry.name}")
-                        block_results.append(registry.run_block(entry, spec, ctx))
-                        save()
-                    for entry, spec in by_phase["during"]:
-                        fn = registry.resolve(entry)
-                        if isinstance(fn, BlockResult):
-                            block_results.append(fn)
-                            continue
-                        try:
-                            running.append((entry, fn(spec, ctx)))
-                        except Exception as exc:
-                            block_results.append(BlockResult(entry.name, "ERROR", f"{type(exc).__name__}: {exc}"))
-                for cell in group:
+                run.report.update(base_url=url, model=model)
+                ctx = run.context(url, model, api_key)
+                if si == 0:
+                    run.run_blocks(phase["before"], ctx)
+                    run.start_during(phase["during"], ctx)
+                for cell in session:
                     index += 1
                     log(f"[{index}/{len(cfg.cells)}] {cell.key} ({cell.combo}, {cell.num_prompts} prompts)")
-                    result = sw.run_cell(
-                        cell,
-                        cfg,
-                        url,
-                        model,
-                        index,
-                        api_key=api_key,
-                        vocab_size=vocab_size,
-                        show_progress=show_progress,
-                    )
-                    report["cells"][cell.key] = result
-                    (cells_dir / sw.cell_file_name(p["result_filename"], cell.key)).write_text(
-                        json.dumps(json_safe(result), indent=2) + "\n"
-                    )
-                    save()
-                if gi == len(groups) - 1:
-                    stop_during()
-                    save()
-                    for entry, spec in by_phase["after"]:
-                        log(f"block {entry.name}")
-                        block_results.append(registry.run_block(entry, spec, ctx))
-                        save()
+                    bench_kw = dict(api_key=api_key, vocab_size=vocab_size, show_progress=show_progress)
+                    run.record_cell(cell, sw.run_cell(cell, cfg, url, model, index, **bench_kw))
+                if si == len(sessions) - 1:
+                    run.stop_during()
+                    run.run_blocks(phase["after"], ctx)
     finally:
-        stop_during()  # a sweep that raised still stops its pollers
-    rows = gate_cells(report["cells"], thresholds)
-    rows += max_failed_rows(report["cells"], p["bench_max_failed_requests"])
-    rows += block_gates(block_results, thresholds)
-    code = suite_exit_code(rows, block_results, enforce)
-    report.update(
+        run.stop_during()  # a sweep that raised still stops its pollers
+    rows = gate_cells(run.report["cells"], thresholds)
+    rows += max_failed_rows(run.report["cells"], cfg.params["bench_max_failed_requests"])
+    rows += block_gates(run.blocks, thresholds)
+    code = suite_exit_code(rows, run.blocks, enforce)
+    run.report.update(
         finished_at=_now(),
         gates=[r.to_dict() for r in rows],
-        unmatched_threshold_cells=unmatched_threshold_cells(report["cells"], thresholds),
-        summary=summarize(rows, block_results),
+        unmatched_threshold_cells=unmatched_threshold_cells(run.report["cells"], thresholds),
+        summary=summarize(rows, run.blocks),
         exit_code=code,
     )
-    save()
-    return SuiteOutcome(report, rows, block_results, code, report_path)
+    run.save()
+    return SuiteOutcome(run.report, rows, run.blocks, code, run.report_path)
