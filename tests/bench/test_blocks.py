@@ -237,3 +237,54 @@ def test_mtp_quality_and_quant_parity_are_off_unless_enabled():
     assert registry.configured_blocks({"mtp_quality": {"chat_template_prompt": "x"}, "quant_parity": {}}) == []
     chosen = registry.configured_blocks({"mtp_quality": {"enabled": True}, "accuracy": {"tasks": [1]}})
     assert [e.name for e, _ in chosen] == ["mtp_quality", "accuracy"]
+
+
+def any_model_app():
+    """Completions for any model name (as SGLang serves them), streamed or not; no chat route."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await request.json()
+        if not body.get("stream"):
+            choice = {"index": 0, "text": " Paris", "finish_reason": "length"}
+            return {"choices": [choice], "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+
+        async def events():
+            yield f"data: {json.dumps({'choices': [{'index': 0, 'text': ' Paris'}]})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def test_api_smoke_against_a_server_that_serves_any_model_name():
+    """chat is missing (404): the block FAILs; the unknown-model check is advisory only."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(any_model_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        result = functional.run_api_smoke({"max_tokens": 2}, ctx(f"http://127.0.0.1:{port}", "any"))
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=5)
+    rows = {r["check"]: r for r in result.rows}
+    assert rows["completion"]["ok"] and rows["stream"]["ok"] and not rows["chat"]["ok"], rows
+    assert not rows["unknown_model"]["ok"] and rows["unknown_model"]["advisory"]
+    assert result.verdict == "FAIL" and result.reason == "failed: chat (advisory, not met: unknown_model)"
+    assert result.metrics["failed_checks"] == 1.0

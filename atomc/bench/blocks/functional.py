@@ -23,24 +23,26 @@ def _client(ctx: SuiteContext) -> httpx.Client:
     return httpx.Client(base_url=ctx.base_url, headers=auth_headers(ctx.api_key), timeout=TIMEOUT_S, trust_env=False)
 
 
-def _check(rows: list[dict], name: str, fn) -> None:
+def _check(rows: list[dict], name: str, fn, advisory: bool = False) -> None:
+    """Run one check into a row. An advisory check is reported but never fails the block."""
     start = time.perf_counter()
     try:
         detail = fn()
         ok = True
     except Exception as exc:  # any failure of one check is that check's FAIL
         ok, detail = False, f"{type(exc).__name__}: {exc}"
-    rows.append(
-        {"check": name, "ok": ok, "detail": str(detail)[:300], "ms": round((time.perf_counter() - start) * 1e3, 1)}
-    )
+    ms = round((time.perf_counter() - start) * 1e3, 1)
+    rows.append({"check": name, "ok": ok, "advisory": advisory, "detail": str(detail)[:300], "ms": ms})
 
 
 def _verdict(block: str, rows: list[dict]) -> BlockResult:
-    failed = [r["check"] for r in rows if not r["ok"]]
+    failed = [r["check"] for r in rows if not r["ok"] and not r["advisory"]]
+    advised = [r["check"] for r in rows if not r["ok"] and r["advisory"]]
     metrics = {"checks": float(len(rows)), "failed_checks": float(len(failed))}
+    note = f" (advisory, not met: {', '.join(advised)})" if advised else ""
     if failed:
-        return BlockResult(block, "FAIL", f"failed: {', '.join(failed)}", metrics, rows)
-    return BlockResult(block, "PASS", f"{len(rows)} checks passed", metrics, rows)
+        return BlockResult(block, "FAIL", f"failed: {', '.join(failed)}{note}", metrics, rows)
+    return BlockResult(block, "PASS", f"{len(rows) - len(advised)} checks passed{note}", metrics, rows)
 
 
 def _expect(cond: bool, what: str) -> None:
@@ -72,7 +74,7 @@ def run_health_check(spec: dict, ctx: SuiteContext) -> BlockResult:
 
 def run_api_smoke(spec: dict, ctx: SuiteContext) -> BlockResult:
     """FUNC-1: one completion, one chat completion and one streamed completion return text, usage
-    and a proper end; a request for an unknown model is refused with a 4xx error object."""
+    and a proper end; advisory: a request for an unknown model is refused with a 4xx error object."""
     prompt = str(spec.get("prompt", "The capital of France is"))
     max_tokens = int(spec.get("max_tokens", 8))
     rows: list[dict] = []
@@ -123,11 +125,8 @@ def run_api_smoke(spec: dict, ctx: SuiteContext) -> BlockResult:
             _expect("error" in r.json(), "no error object in the body")
             return str(r.status_code)
 
-        for name, fn in (
-            ("completion", completion),
-            ("chat", chat),
-            ("stream", stream),
-            ("unknown_model", unknown_model),
-        ):
+        for name, fn in (("completion", completion), ("chat", chat), ("stream", stream)):
             _check(rows, name, fn)
+        # advisory: some servers (SGLang) serve any model name, which is no broken API
+        _check(rows, "unknown_model", unknown_model, advisory=True)
     return _verdict("functional.api_smoke", rows)
