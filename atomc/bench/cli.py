@@ -105,10 +105,13 @@ def block_table(blocks) -> str:
 
 @bench_app.command("sweep")
 def sweep(
-    config: Path = typer.Option(..., exists=True, dir_okay=False, help="CVS ATOM config JSON (schema_version 1 or 2)."),
+    config: Path = typer.Option(
+        ..., "--config", "--config_file", exists=True, dir_okay=False, help="CVS ATOM config JSON (schema 1 or 2)."
+    ),
     config_profile: str = typer.Option(
         None,
         "--config-profile",
+        "--config_profile",  # CVS's spelling
         help="Profile of a schema_version 2 config; default: CVS_CONFIG_PROFILE, "
         "else the file's default_profile, else perf.",
     ),

@@ -170,7 +170,7 @@ def test_profiles_against_a_server_the_user_started(running_server, tmp_path):
     assert any("reuse_server_across_sweep=false has no effect" in n for n in report["notes"])
 
     # the sglang driver: no --base-url, the server named by params.base_url + port_no is used as is
-    sglang = run_cli("--config", config, "--config-profile", "sglang", "--output-dir", str(tmp_path / "sg"))
+    sglang = run_cli("--config_file", config, "--config_profile", "sglang", "--output-dir", str(tmp_path / "sg"))
     assert sglang.exit_code == 0, sglang.output
     assert f"driver sglang: atomc starts no sglang server; using the one you started at {url}" in sglang.output
     report = json.loads((tmp_path / "sg" / "report.json").read_text())
