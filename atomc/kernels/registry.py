@@ -40,12 +40,19 @@ OPS = (
     "fp8_quant_dynamic",
     "fp8_gemm",
     "fp8_block_gemm",
+    "rms_norm_fp8_quant_dynamic",
+    "rms_norm_fp8_quant_static",
+    "fused_add_rms_norm_fp8_quant_dynamic",
+    "fused_add_rms_norm_fp8_quant_static",
+    "silu_and_mul_fp8_quant_dynamic",
+    "silu_and_mul_fp8_quant_static",
 )
 # ops with a torch body only: every other backend falls back to it (silu_mul: Inductor fuses the
-# separate gate/up itself; fp8_quant_* and fp8_block_gemm: their Triton kernels are not written yet,
-# fp8_gemm's CUDA backend is torch._scaled_mm, atomc/kernels/triton/fp8.py). mla_latent_norm_rope has
-# a Triton kernel and no AITER one: on ROCm it lowers to Triton.
-TORCH_ONLY = ("silu_mul", "fp8_quant_static", "fp8_quant_dynamic", "fp8_block_gemm")
+# separate gate/up itself). The FP8 ops' CUDA backends (Triton kernels and torch._scaled_mm, and the
+# rule that picks one per call) are atomc/kernels/triton/fp8.py; they have no AITER entry, so ROCm
+# lowers them to Triton, whose bodies run the references there (no e4m3fn kernels on ROCm yet).
+# mla_latent_norm_rope has a Triton kernel and no AITER one: on ROCm it lowers to Triton.
+TORCH_ONLY = ("silu_mul",)
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
 # an op reads the context and is missing here. rope_and_write_kv and qk_norm_rope_and_write_kv write

@@ -14,5 +14,6 @@ from atomc.ops import activation, linear, moe, norm, paged_attention, rope, rope
 from atomc.ops import mla, mla_latent  # noqa: F401
 
 # isort: split
-# FP8 linears (quantised checkpoints, --quantization fp8)
-from atomc.ops import fp8  # noqa: F401
+# FP8 linears (quantised checkpoints, --quantization fp8), and their activation quant fused into
+# RMSNorm / SiLU·mul (the passes rewrite to these)
+from atomc.ops import fp8, fp8_fused  # noqa: F401

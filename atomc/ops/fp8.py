@@ -26,14 +26,15 @@ FP8_MAX = 448.0  # torch.finfo(float8_e4m3fn).max
 MIN_SCALE = 1e-12  # an all-zero row or tensor quantises to zeros, not NaN
 
 
-def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale rounded to e4m3, saturating (fp8_quant_static's body)."""
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 @torch.library.custom_op("atomc::fp8_quant_static", mutates_args=())
 def fp8_quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [..., K] -> float8_e4m3fn with the per-tensor `scale` [1] (x ~ q * scale)."""
-    return _to_fp8(x, scale.float())
+    return to_fp8(x, scale.float())
 
 
 @fp8_quant_static.register_fake
@@ -50,16 +51,21 @@ def dynamic_scale_shape(shape, group_size: int) -> list:
 @torch.library.custom_op("atomc::fp8_quant_dynamic", mutates_args=())
 def fp8_quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (q float8_e4m3fn [..., K], scale float32): amax / 448 per tensor or per group."""
+    return fp8_quant_dynamic_reference(x, group_size)
+
+
+def fp8_quant_dynamic_reference(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8_quant_dynamic's body as a plain function (backends and fused references call it)."""
     xf = x.float()
     if group_size == 0:
         scale = (xf.abs().amax() / FP8_MAX).clamp(min=MIN_SCALE).reshape(1)
-        return _to_fp8(xf, scale), scale
+        return to_fp8(xf, scale), scale
     k = x.shape[-1]
     if group_size < 0 or k % group_size:
         raise ValueError(f"fp8_quant_dynamic: group size {group_size} does not divide the row length {k}")
     groups = xf.unflatten(-1, (k // group_size, group_size))
     scale = (groups.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
-    q = _to_fp8(groups, scale).flatten(-2)
+    q = to_fp8(groups, scale).flatten(-2)
     return q, scale.squeeze(-1)
 
 
@@ -114,6 +120,11 @@ def fp8_block_gemm(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
     """Block-scaled FP8 GEMM: x_scale [..., K/block_k] per token group, weight_scale per block."""
+    return fp8_block_gemm_reference(xq, x_scale, weight, weight_scale, block_n, block_k, bias, out_dtype)
+
+
+def fp8_block_gemm_reference(xq, x_scale, weight, weight_scale, block_n, block_k, bias, out_dtype):
+    """fp8_block_gemm's body as a plain function."""
     n, k = weight.shape
     x = xq.float() * x_scale.float().repeat_interleave(block_k, -1)[..., :k]
     w = weight.float() * expand_block_scale(weight_scale, block_n, block_k, n, k)

@@ -1,28 +1,55 @@
-"""`atomc_triton::fp8_gemm`: the FP8 GEMM on NVIDIA GPUs, through torch._scaled_mm (cuBLASLt).
+"""`atomc_triton::fp8_*`: the FP8 ops on NVIDIA GPUs, and the rule that picks a kernel per call.
 
-Registered in the GPU backend's namespace beside the Triton bindings (as `atomc_triton::linear`
-also calls the vendor GEMM for more than one row), so lowering picks it on CUDA like any other
-backend op; and as atomc::fp8_gemm's CUDA kernel, so an eager model runs it too. Per-tensor scales
-on both sides run the tensorwise GEMM; any row scale (per-token activations, per-channel weights,
-the per-shard scales of a merged layer) runs the rowwise one with both scales expanded to rows.
-Where _scaled_mm cannot run (a GPU before sm_89, ROCm's e4m3fnuz, a dimension not a multiple of
-16, an fp32 output with row scales) the reference runs instead.
-Later: a Triton FP8 GEMV for one-row decode (issue 16).
+Registered in the GPU backend's namespace beside the Triton bindings, so lowering picks them on
+CUDA like any other backend op, and as the atomc ops' CUDA kernels, so an eager model runs them
+too. Which kernel runs is decided per call from the row count (the token dim is symbolic in the
+graph), by the rule below. It is written here, in a module the lowering hashes into the compile
+cache key, so changing it rebuilds the artifacts:
+
+- `fp8_gemm`: one row (decode at batch 1, when GEMV_ONE_ROW): the Triton FP8 GEMV (fp8_gemv.py);
+  2..TRITON_GEMM_MAX_ROWS rows: the Triton GEMM (fp8_gemm.py); more: torch._scaled_mm (cuBLASLt;
+  tensorwise for [1] scales on both sides, rowwise for any row scale), and where it cannot run
+  (fp32 out with row scales, N or K not a multiple of 16) the Triton GEMM.
+- `fp8_block_gemm`: one row: the Triton block GEMV; more: the Triton block GEMM.
+- `fp8_quant_*` and the fused norm / SiLU quants: Triton (fp8_quant.py).
+
+GEMV_ONE_ROW and TRITON_GEMM_MAX_ROWS are the rule's two settings: whether the GEMV beats
+_scaled_mm at one row, and up to which M the Triton GEMM beats it, is what benchmarks/fp8_linear.py
+measures on the H200 (until then: the GEMV at one row, _scaled_mm everywhere else). None of these kernels runs before sm_89 (no e4m3 there) or on ROCm (e4m3fnuz): the
+reference bodies (atomc/ops/fp8.py, fp8_fused.py) run there. Under TRITON_INTERPRET=1 the Triton
+kernels run on CPU tensors, which is how the tests check the bodies without a GPU.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
+from atomc.kernels.triton import fp8_quant
+from atomc.kernels.triton.fp8_gemm import fp8_gemm as triton_fp8_gemm
+from atomc.kernels.triton.fp8_gemv import fp8_gemv
 from atomc.kernels.triton.ops import custom
 from atomc.ops import fp8 as ref
+from atomc.ops import fp8_fused as fused_ref
+
+# the choice rule (table above)
+GEMV_ONE_ROW = True  # a one-row call runs the Triton FP8 GEMV
+TRITON_GEMM_MAX_ROWS = 0  # fp8_gemm calls of 2..this many rows run the Triton GEMM, not _scaled_mm
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @functools.cache
 def _scaled_mm_supported(device_index: int) -> bool:
     return torch.version.hip is None and torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+def kernels_run_on(t: torch.Tensor) -> bool:
+    """Whether the Triton FP8 kernels can run on t's device (sm_89+ CUDA, or the interpreter)."""
+    if t.is_cuda:
+        return _scaled_mm_supported(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return _INTERPRETED and t.device.type == "cpu"
 
 
 def scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype):
@@ -46,6 +73,23 @@ def scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype):
     return out.reshape(*xq.shape[:-1], n)
 
 
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def pick_gemm(xq: torch.Tensor, weight: torch.Tensor, block: bool) -> str:
+    """The choice rule: "gemv", "scaled_mm" (tried first; "triton" if it declines), "triton" or
+    "reference". The benchmark and the tests call this to know what a call runs."""
+    if weight.stride(-1) != 1 or not kernels_run_on(xq):
+        return "reference"
+    rows = _rows(xq)
+    if GEMV_ONE_ROW and rows == 1:
+        return "gemv"
+    if not block and xq.is_cuda and rows > TRITON_GEMM_MAX_ROWS:
+        return "scaled_mm"
+    return "triton"
+
+
 @custom("fp8_gemm")
 def fp8_gemm(
     xq: torch.Tensor,
@@ -55,11 +99,123 @@ def fp8_gemm(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    out = scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype)
-    if out is None:
-        out = ref.fp8_gemm_reference(xq, x_scale, weight, weight_scale, bias, out_dtype)
-    return out
+    route = pick_gemm(xq, weight, block=False)
+    if route == "gemv":
+        return fp8_gemv(xq, x_scale, weight, weight_scale, bias, out_dtype)
+    if route == "scaled_mm":
+        out = scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype)
+        if out is not None:
+            return out
+        route = "triton"
+    if route == "triton":
+        return triton_fp8_gemm(xq, x_scale, weight, weight_scale, bias, out_dtype)
+    return ref.fp8_gemm_reference(xq, x_scale, weight, weight_scale, bias, out_dtype)
 
 
-# the eager model's atomc::fp8_gemm on CUDA runs the same GEMM as a lowered graph
-torch.library.register_kernel("atomc::fp8_gemm", "cuda", fp8_gemm)
+@custom("fp8_block_gemm")
+def fp8_block_gemm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    block_n: int,
+    block_k: int,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    route = pick_gemm(xq, weight, block=True)
+    k = weight.shape[1]
+    if route != "reference" and (k % block_k or block_k & (block_k - 1) or block_k < 16):
+        route = "reference"  # the kernels step K in whole power-of-two groups
+    block = (block_n, block_k)
+    if route == "gemv":
+        return fp8_gemv(xq, x_scale, weight, weight_scale, bias, out_dtype, block=block)
+    if route == "triton":
+        return triton_fp8_gemm(xq, x_scale, weight, weight_scale, bias, out_dtype, block=block)
+    return ref.fp8_block_gemm_reference(xq, x_scale, weight, weight_scale, block_n, block_k, bias, out_dtype)
+
+
+@custom("fp8_quant_static")
+def fp8_quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    if not kernels_run_on(x):
+        return ref.to_fp8(x, scale.float())
+    return fp8_quant.quant_static(x, scale)
+
+
+@custom("fp8_quant_dynamic")
+def fp8_quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if not kernels_run_on(x):
+        return ref.fp8_quant_dynamic_reference(x, group_size)
+    return fp8_quant.quant_dynamic(x, group_size)
+
+
+# ---- the fused quants (atomc/ops/fp8_fused.py): kernel, else the reference composition ----
+
+
+def _norm(x, residual, weight, eps, scale, group_size):
+    out = fp8_quant.rms_norm_quant(x, residual, weight, eps, scale, group_size) if kernels_run_on(x) else None
+    if out is not None:
+        return out
+    from atomc.ops.norm import rms_norm_reference
+
+    summed = x + residual if residual is not None else None
+    normed = rms_norm_reference(summed if summed is not None else x, weight, eps)
+    if scale is not None:
+        return ref.to_fp8(normed, scale.float()), None, summed
+    q, s = ref.fp8_quant_dynamic_reference(normed, group_size)
+    return q, s, summed
+
+
+def _silu(x, scale, group_size):
+    out = fp8_quant.silu_and_mul_quant(x, scale, group_size) if kernels_run_on(x) else None
+    if out is not None:
+        return out
+    y = fused_ref.silu_and_mul_reference(x)
+    if scale is not None:
+        return ref.to_fp8(y, scale.float()), None
+    return ref.fp8_quant_dynamic_reference(y, group_size)
+
+
+@custom("rms_norm_fp8_quant_dynamic")
+def rms_norm_fp8_quant_dynamic(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, s, _ = _norm(x, None, weight, eps, None, group_size)
+    return q, s
+
+
+@custom("rms_norm_fp8_quant_static")
+def rms_norm_fp8_quant_static(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: torch.Tensor) -> torch.Tensor:
+    return _norm(x, None, weight, eps, scale, None)[0]
+
+
+@custom("fused_add_rms_norm_fp8_quant_dynamic")
+def fused_add_rms_norm_fp8_quant_dynamic(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _norm(x, residual, weight, eps, None, group_size)
+
+
+@custom("fused_add_rms_norm_fp8_quant_static")
+def fused_add_rms_norm_fp8_quant_static(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q, _, summed = _norm(x, residual, weight, eps, scale, None)
+    return q, summed
+
+
+@custom("silu_and_mul_fp8_quant_dynamic")
+def silu_and_mul_fp8_quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _silu(x, None, group_size)
+
+
+@custom("silu_and_mul_fp8_quant_static")
+def silu_and_mul_fp8_quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return _silu(x, scale, None)[0]
+
+
+assert set(fused_ref.FUSED_QUANT_OPS) <= set(globals())  # every fused op has a binding here
+
+# the eager model's FP8 ops on CUDA run the same kernels as a lowered graph
+for _name in ("fp8_gemm", "fp8_block_gemm", "fp8_quant_static", "fp8_quant_dynamic"):
+    torch.library.register_kernel(f"atomc::{_name}", "cuda", globals()[_name])

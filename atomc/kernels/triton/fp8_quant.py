@@ -1,0 +1,212 @@
+"""FP8 (e4m3) activation quant kernels: plain, after RMSNorm (+ residual add), after SiLU·mul.
+
+One program takes a row (or, where the scale allows, a column block of a row) as an [NG, G] tile:
+G values per scale group, NG groups. The value is computed in fp32, rounded to the activation dtype
+where the unfused graph rounds it (the norm and activation outputs are bf16 tensors there), then
+divided by its scale and rounded to e4m3 (saturating at ±448). The scale is the group's amax / 448
+(dynamic) or the checkpoint's (static), exactly as atomc/ops/fp8.py computes it, so a fused kernel
+writes what `fp8_quant_*` would have written from the unfused output.
+
+- per token (group_size = K): G = next_pow2(K), NG = 1, one program a row;
+- per group (a power-of-two group_size < K, 128 for block FP8): G = group_size;
+- static: one scale for everything, so the SiLU and plain kernels tile the row freely.
+A norm needs the whole row for its statistic, so its kernels always take one row a program.
+`group_size` 0 (one dynamic scale for the whole tensor) is the plain kernel after a torch amax.
+Anything else (a group that is not a power of two, mismatched dtypes) runs the reference.
+
+The fp32 -> e4m3 cast is the hardware's (round to nearest even) on the GPU. Triton's interpreter
+(3.x) gets it wrong where rounding carries into the exponent (124.3 -> 64 instead of 128), so under
+TRITON_INTERPRET=1 the kernels first round to the e4m3 grid in fp32 arithmetic (ROUND_IN_FP32, a
+kernel parameter) and the cast is then exact: the interpreter tests check the kernels' scales,
+layout and masking that way, and the GPU tests check the hardware cast.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from atomc.ops import fp8 as ref
+
+FP8_MAX = ref.FP8_MAX
+MIN_SCALE = ref.MIN_SCALE
+TILE = 1024  # values a program takes when the scale does not need the whole row
+ROUND_IN_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _round_to_e4m3_grid(q):
+    """q (|q| <= 448) rounded to the nearest e4m3 value, ties to even, in fp32 arithmetic: the step
+    is 2^(e - 3) for a normal value of exponent e (3 mantissa bits), 2^-9 below 2^-6 (subnormals).
+    Adding and removing 1.5 * 2^23 rounds q / step (below 16) to an integer, ties to even."""
+    bits = q.to(tl.int32, bitcast=True)
+    e = tl.maximum(((bits >> 23) & 255) - 127, -6)
+    step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    r = ((tl.abs(q) / step + 12582912.0) - 12582912.0) * step
+    return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)  # q's sign, -0 too
+
+
+@triton.jit
+def _quantize_store(
+    y, offs, ok, gidx, n_groups, q_row, s_row, scale_ptr, STATIC: tl.constexpr, ROUND_IN_FP32: tl.constexpr
+):
+    """y [NG, G] fp32 (masked entries 0) -> e4m3 at q_row + offs, and (dynamic) its group scales."""
+    if STATIC:
+        q = y / tl.load(scale_ptr)
+    else:
+        s = tl.maximum(tl.max(tl.abs(y), 1) / 448.0, 1e-12)
+        tl.store(s_row + gidx, s, mask=gidx < n_groups)
+        q = y / s[:, None]
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if ROUND_IN_FP32:  # the interpreter's own fp32 -> e4m3 cast is wrong (module docstring)
+        q = _round_to_e4m3_grid(q)
+    tl.store(q_row + offs, q.to(q_row.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _norm_quant_kernel(
+    x_ptr, res_ptr, w_ptr, res_out_ptr, q_ptr, s_ptr, scale_ptr,
+    stride_x, stride_r, stride_ro, n_cols, n_groups, eps,
+    ADD: tl.constexpr, STATIC: tl.constexpr, NG: tl.constexpr, G: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    gidx = tl.arange(0, NG)
+    offs = gidx[:, None] * G + tl.arange(0, G)[None, :]
+    ok = offs < n_cols
+    x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0)
+    if ADD:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)  # the residual rounds to dtype
+        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=ok)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(tl.sum(xf * xf, 1), 0) / n_cols + eps)
+    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    # HF rounding, as atomc::rms_norm: normalise in fp32, cast, times the weight, cast
+    y = ((xf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w).to(x_ptr.dtype.element_ty).to(tl.float32)
+    _quantize_store(
+        y, offs, ok, gidx, n_groups, q_ptr + row * n_cols, s_ptr + row * n_groups, scale_ptr, STATIC, ROUND_IN_FP32
+    )
+
+
+@triton.jit
+def _rows_quant_kernel(
+    x_ptr, q_ptr, s_ptr, scale_ptr, stride_x, n_cols, n_groups,
+    SILU: tl.constexpr, STATIC: tl.constexpr, NG: tl.constexpr, G: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+):  # fmt: skip
+    """Plain quant of x [rows, n_cols], or (SILU) of silu(x[:, :n_cols]) * x[:, n_cols:]."""
+    row = tl.program_id(0).to(tl.int64)
+    gidx = tl.program_id(1) * NG + tl.arange(0, NG)
+    offs = gidx[:, None] * G + tl.arange(0, G)[None, :]
+    ok = offs < n_cols
+    x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    if SILU:
+        u = tl.load(x_ptr + row * stride_x + n_cols + offs, mask=ok, other=0.0).to(tl.float32)
+        # fp32 throughout, rounded once to dtype (as atomc/kernels/triton/activation.py)
+        x = (x / (1.0 + tl.exp(-x)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+    _quantize_store(
+        x, offs, ok, gidx, n_groups, q_ptr + row * n_cols, s_ptr + row * n_groups, scale_ptr, STATIC, ROUND_IN_FP32
+    )
+
+
+def _tile(k: int, group_size: int | None, whole_row: bool) -> tuple[int, int] | None:
+    """(NG, G) for a row of k values: group_size None is static, k per token; None if unsupported."""
+    if group_size is None:
+        g = triton.next_power_of_2(k) if whole_row else min(TILE, triton.next_power_of_2(k))
+        return 1, g
+    if group_size == k:
+        return 1, triton.next_power_of_2(k)
+    if group_size <= 0 or k % group_size or group_size & (group_size - 1):
+        return None
+    groups = k // group_size
+    ng = (
+        triton.next_power_of_2(groups) if whole_row else min(triton.next_power_of_2(groups), max(1, TILE // group_size))
+    )
+    return ng, group_size
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _outputs(x2, k, group_size):
+    q = torch.empty(x2.shape[0], k, dtype=ref.FP8_DTYPE, device=x2.device)
+    n_groups = 1 if group_size is None else k // group_size
+    s = torch.empty(x2.shape[0], n_groups, dtype=torch.float32, device=x2.device)
+    return q, s, n_groups
+
+
+def _num_warps(values: int) -> int:
+    return min(16, max(1, values // 512))
+
+
+def _norm_quant(x, residual, weight, eps, scale, group_size):
+    """(q, scale or None, summed or None) through the kernel, or None where it does not apply."""
+    k = x.shape[-1]
+    tile = _tile(k, group_size, whole_row=True)
+    if tile is None or weight.dtype != x.dtype or (residual is not None and residual.dtype != x.dtype):
+        return None
+    ng, g = tile
+    x2 = _rows(x)
+    r2 = _rows(residual) if residual is not None else x2
+    summed = torch.empty_like(x2) if residual is not None else x2
+    q, s, n_groups = _outputs(x2, k, group_size)
+    if x2.shape[0]:
+        _norm_quant_kernel[(x2.shape[0],)](
+            x2, r2, weight, summed, q, s, scale if scale is not None else s,
+            x2.stride(0), r2.stride(0), summed.stride(0), k, n_groups, eps,
+            ADD=residual is not None, STATIC=scale is not None, NG=ng, G=g, ROUND_IN_FP32=ROUND_IN_FP32,
+            num_warps=_num_warps(ng * g),
+        )  # fmt: skip
+    lead = x.shape[:-1]
+    return (
+        q.view(*lead, k),
+        s.view(*lead, n_groups) if scale is None else None,
+        summed.view(x.shape) if residual is not None else None,
+    )
+
+
+def _rows_quant(x, scale, group_size, silu: bool):
+    k = x.shape[-1] // 2 if silu else x.shape[-1]
+    tile = _tile(k, group_size, whole_row=False)
+    if tile is None:
+        return None
+    ng, g = tile
+    x2 = _rows(x)
+    q, s, n_groups = _outputs(x2, k, group_size)
+    if x2.shape[0]:
+        grid = (x2.shape[0], triton.cdiv(k, ng * g))
+        _rows_quant_kernel[grid](
+            x2, q, s, scale if scale is not None else s, x2.stride(0), k, n_groups,
+            SILU=silu, STATIC=scale is not None, NG=ng, G=g, ROUND_IN_FP32=ROUND_IN_FP32, num_warps=_num_warps(ng * g),
+        )  # fmt: skip
+    lead = x.shape[:-1]
+    return q.view(*lead, k), s.view(*lead, n_groups)
+
+
+# ---- the ops' bodies (atomc/kernels/triton/fp8.py binds them) ----
+
+
+def quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return _rows_quant(x, scale.float(), None, silu=False)[0]
+
+
+def quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if group_size == 0:  # one scale for the tensor: its amax first (a torch reduction), then the static kernel
+        scale = (x.abs().amax().float() / FP8_MAX).clamp(min=MIN_SCALE).reshape(1)
+        return quant_static(x, scale), scale
+    out = _rows_quant(x, None, group_size, silu=False)
+    return out if out is not None else ref.fp8_quant_dynamic(x, group_size)
+
+
+def silu_and_mul_quant(x: torch.Tensor, scale: torch.Tensor | None, group_size: int | None):
+    """(q, scale [.., groups]) of silu(gate) * up, or None where the kernel does not apply."""
+    return _rows_quant(x, None if scale is None else scale.float(), group_size, silu=True)
+
+
+def rms_norm_quant(x, residual, weight, eps: float, scale: torch.Tensor | None, group_size: int | None):
+    """(q, dynamic scale or None, x + residual or None), or None where the kernel does not apply."""
+    return _norm_quant(x, residual, weight, eps, None if scale is None else scale.float(), group_size)

@@ -1,0 +1,292 @@
+"""The Triton FP8 kernels (GEMV, GEMM, fused quants) against the atomc ops' references, on CPU
+through the Triton interpreter. The interpreter handles float8e4nv loads, stores, casts and tl.dot
+(checked first in `test_interpreter_handles_e4m3`), so the kernels run on real e4m3 tensors here.
+
+Tolerances: the GEMMs multiply the same e4m3 values as the reference and accumulate in fp32, in
+another order: fp32 round-off only (rel 1e-5). The quant kernels compute the value the unfused ops
+compute, then the same division and rounding: the e4m3 bytes may differ only where the two fp32
+values straddle a rounding boundary (a different summation order in the norm), so at most a few
+values may differ, by one e4m3 step; scales to fp32 round-off.
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():  # the interpreter setting is process-wide; test_triton_fp8_gpu.py covers CUDA
+    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+import atomc.ops  # noqa: E402, F401
+from atomc.kernels import registry  # noqa: E402
+from atomc.kernels.triton import fp8 as backend  # noqa: E402
+from atomc.kernels.triton import fp8_quant  # noqa: E402
+from atomc.kernels.triton.fp8_gemm import fp8_gemm  # noqa: E402
+from atomc.kernels.triton.fp8_gemv import fp8_gemv  # noqa: E402
+from atomc.ops import fp8 as ref  # noqa: E402
+
+FP8 = torch.float8_e4m3fn
+ops = torch.ops.atomc
+
+
+def _fp8(shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 64).clamp(-448, 448).to(FP8)
+
+
+def _rand(shape, seed=0, scale=1.0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def close(got, want, rel=1e-5):
+    err = (got.float() - want.float()).norm() / want.float().norm().clamp(min=1e-30)
+    assert err < rel, f"relative error {err:.3g}"
+
+
+def fp8_close(q_got, q_want, max_flips=4):
+    """e4m3 tensors equal but for a few values one step apart (rounding-boundary flips)."""
+    assert q_got.dtype == FP8 and q_got.shape == q_want.shape
+    a, b = q_got.float(), q_want.float()
+    diff = (a - b).abs()
+    flips = int((diff > 0).sum())
+    assert flips <= max_flips, f"{flips} e4m3 values differ"
+    # one e4m3 step at the value's magnitude: 2^-3 relative (normal values)
+    assert (diff <= 0.125 * torch.maximum(a.abs(), b.abs()) + 2**-9).all()
+
+
+@triton.jit
+def _e4m3_probe(x_ptr, w_ptr, y_ptr, q_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tile = offs[:, None] * N + offs[None, :]
+    x = tl.load(x_ptr + tile)
+    acc = tl.dot(x, tl.trans(tl.load(w_ptr + tile)))
+    tl.store(y_ptr + tile, acc)
+    tl.store(q_ptr + tile, (x.to(tl.float32) * 1.37).to(q_ptr.dtype.element_ty))
+
+
+def test_interpreter_handles_e4m3():
+    x, w = _fp8((16, 16)), _fp8((16, 16), 1)
+    y, q = torch.empty(16, 16), torch.empty(16, 16, dtype=FP8)
+    _e4m3_probe[(1,)](x, w, y, q, N=16)
+    assert torch.equal(y, x.float() @ w.float().t())  # small integers times powers of two: exact
+    assert torch.equal(q.view(torch.uint8), (x.float() * 1.37).to(FP8).view(torch.uint8))
+
+
+# ---- GEMV (one row) ----
+
+
+@pytest.mark.parametrize("n,k", [(48, 256), (37, 200), (64, 96)])
+@pytest.mark.parametrize("scales", ["tensor", "channel"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_gemv_per_tensor_and_channel(n, k, scales, out_dtype):
+    xq, w = _fp8((1, k)), _fp8((n, k), 1)
+    xs = torch.rand(1, 1) / 100
+    ws = torch.rand(n) / 100 if scales == "channel" else torch.rand(1) / 100
+    bias = _rand(n, 2)
+    got = fp8_gemv(xq, xs, w, ws, bias, out_dtype, block_n=4, block_k=64)
+    close(got, ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32), 1e-5 if out_dtype == torch.float32 else 1e-3)
+    assert got.shape == (1, n) and got.dtype == out_dtype
+
+
+@pytest.mark.parametrize("n,bn", [(200, 128), (64, 16), (48, 32)])
+@pytest.mark.parametrize("groups_per_step", [1, 2, 4])
+def test_gemv_block_scales(n, bn, groups_per_step):
+    k, bk = 384, 64  # 6 groups: a step of 4 has a ragged last step
+    xq, w = _fp8((1, k)), _fp8((n, k), 1)
+    xs = torch.rand(1, k // bk) / 100
+    ws = torch.rand(-(-n // bn), k // bk) / 100
+    got = fp8_gemv(xq, xs, w, ws, None, torch.float32, block=(bn, bk), block_n=8, groups_per_step=groups_per_step)
+    close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32))
+
+
+# ---- GEMM ----
+
+GEMM_CONFIG = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
+
+
+@pytest.mark.parametrize("m", [1, 5, 33])
+@pytest.mark.parametrize("scales", ["tensor", "rows"])
+def test_gemm_row_scales(m, scales):
+    n, k = 72, 80  # neither a multiple of the tiles: masked edges
+    xq, w = _fp8((m, k)), _fp8((n, k), 1)
+    xs, ws = (torch.rand(m, 1) / 100, torch.rand(n) / 100) if scales == "rows" else (torch.rand(1), torch.rand(1))
+    bias = _rand(n, 3)
+    got = fp8_gemm(xq, xs, w, ws, bias, torch.float32, config=GEMM_CONFIG)
+    close(got, ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32))
+
+
+@pytest.mark.parametrize("m", [1, 7, 40])
+@pytest.mark.parametrize("n,bn", [(200, 128), (96, 32)])
+def test_block_gemm(m, n, bn):
+    k, bk = 192, 64
+    xq, w = _fp8((m, k)), _fp8((n, k), 1)
+    xs, ws = torch.rand(m, k // bk) / 100, torch.rand(-(-n // bn), k // bk) / 100
+    got = fp8_gemm(xq, xs, w, ws, None, torch.float16, block=(bn, bk), config=GEMM_CONFIG)
+    close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32), 1e-3)
+    # a K step smaller than the group: two dots a group, each scaled by the group's scales
+    got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(bn, bk), config={**GEMM_CONFIG, "block_k": 32})
+    close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32))
+
+
+def test_block_gemm_3d_input():
+    xq, w = _fp8((2, 3, 128)), _fp8((64, 128), 1)
+    xs, ws = torch.rand(2, 3, 2) / 100, torch.rand(1, 2) / 100
+    got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(64, 64), config=GEMM_CONFIG)
+    assert got.shape == (2, 3, 64)
+    close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, 64, 64, None, torch.float32))
+
+
+# ---- quant kernels ----
+
+QUANT_DTYPES = [torch.float32, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES)
+@pytest.mark.parametrize("k,group", [(256, 256), (200, 200), (256, 64), (384, 128), (256, 0)])
+def test_dynamic_quant(dtype, k, group):
+    x = _rand((5, k), 0, 3).to(dtype)
+    x[1] = 0  # zeros quantise to zeros with the floor scale, not NaN
+    q, s = fp8_quant.quant_dynamic(x, group)
+    q_ref, s_ref = ref.fp8_quant_dynamic_reference(x, group)
+    assert s.shape == s_ref.shape
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+    fp8_close(q, q_ref, 0)  # the same division of the same values: identical bytes
+
+
+def test_static_quant_tiles_a_long_row():
+    x = _rand((3, 2500), 1, 10)  # 3 column tiles of 1024, the last one ragged; saturates above 448 * s
+    s = torch.tensor([0.02])
+    fp8_close(fp8_quant.quant_static(x, s), ref.to_fp8(x, s), 0)
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES)
+@pytest.mark.parametrize("group", [96, 32, None])  # per token (I = 96), per group of 32, static
+def test_silu_and_mul_quant(dtype, group):
+    x = _rand((6, 192), 2, 2).to(dtype)
+    from atomc.ops.fp8_fused import silu_and_mul_reference
+
+    y = silu_and_mul_reference(x)
+    if group is None:
+        scale = torch.tensor([0.005])
+        q, _ = fp8_quant.silu_and_mul_quant(x, scale, None)
+        fp8_close(q, ref.to_fp8(y, scale))
+    else:
+        q, s = fp8_quant.silu_and_mul_quant(x, None, group)
+        q_ref, s_ref = ref.fp8_quant_dynamic_reference(y, group)
+        torch.testing.assert_close(s, s_ref, rtol=2e-3 if dtype == torch.float16 else 1e-6, atol=0)
+        fp8_close(q, q_ref, max_flips=6)
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES)
+@pytest.mark.parametrize("group", [160, 32, None])
+@pytest.mark.parametrize("add", [False, True])
+def test_rms_norm_quant(dtype, group, add):
+    from atomc.ops.norm import rms_norm_reference
+
+    x, r = _rand((7, 160), 3).to(dtype), _rand((7, 160), 4).to(dtype)
+    w = (1 + 0.5 * _rand(160, 5)).to(dtype)
+    scale = torch.tensor([0.01]) if group is None else None
+    q, s, summed = fp8_quant.rms_norm_quant(x, r if add else None, w, 1e-6, scale, group)
+    base = x + r if add else x
+    normed = rms_norm_reference(base, w, 1e-6)
+    if add:
+        torch.testing.assert_close(summed, base, rtol=0, atol=0)
+    else:
+        assert summed is None
+    if group is None:
+        assert s is None
+        fp8_close(q, ref.to_fp8(normed, scale), max_flips=8)
+    else:
+        q_ref, s_ref = ref.fp8_quant_dynamic_reference(normed, group)
+        torch.testing.assert_close(s, s_ref, rtol=2e-3 if dtype == torch.float16 else 1e-5, atol=0)
+        fp8_close(q, q_ref, max_flips=8)
+
+
+def test_quant_kernels_decline_what_they_cannot_tile():
+    x = _rand((2, 96), 0)
+    assert fp8_quant.silu_and_mul_quant(torch.cat([x, x], -1), None, 24) is None  # 24: not a power of two
+    assert fp8_quant.rms_norm_quant(x, None, torch.ones(96, dtype=torch.float16), 1e-6, None, 96) is None
+    q, s = fp8_quant.quant_dynamic(x, 24)  # the op body falls back to the reference
+    q_ref, s_ref = ref.fp8_quant_dynamic_reference(x, 24)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+
+
+# ---- the backend ops: the choice rule, and every op against its atomc op ----
+
+
+def test_choice_rule():
+    w = _fp8((64, 128))
+    assert backend.pick_gemm(_fp8((1, 128)), w, block=False) == "gemv"
+    assert backend.pick_gemm(_fp8((3, 128)), w, block=True) == "triton"
+    assert backend.pick_gemm(_fp8((3, 128)), w, block=False) == "triton"  # _scaled_mm is CUDA only
+    assert backend.pick_gemm(_fp8((1, 128)), w.t().contiguous().t(), block=False) == "reference"
+
+
+def test_backend_ops_match_the_atomc_ops():
+    tri = torch.ops.atomc_triton
+    registry.ensure_registered("cuda")
+    x = _rand((3, 128), 0, 2)
+    w, ws_row, ws_blk = _fp8((64, 128), 1), torch.rand(64) / 100, torch.rand(1, 2) / 100
+    for group in (0, 128, 64):
+        q, s = tri.fp8_quant_dynamic(x, group)
+        q_ref, s_ref = ops.fp8_quant_dynamic(x, group)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s, s_ref)
+    assert torch.equal(
+        tri.fp8_quant_static(x, torch.tensor([0.01])).float(), ops.fp8_quant_static(x, torch.tensor([0.01])).float()
+    )
+    for rows in (1, 3):
+        xq, xs = ops.fp8_quant_dynamic(x[:rows], 128)
+        close(
+            tri.fp8_gemm(xq, xs, w, ws_row, None, torch.float32), ops.fp8_gemm(xq, xs, w, ws_row, None, torch.float32)
+        )
+        xq, xs = ops.fp8_quant_dynamic(x[:rows], 64)
+        close(
+            tri.fp8_block_gemm(xq, xs, w, ws_blk, 64, 64, None, torch.float32),
+            ops.fp8_block_gemm(xq, xs, w, ws_blk, 64, 64, None, torch.float32),
+        )
+    nw, r = 1 + 0.1 * _rand(128, 7), _rand((3, 128), 8)
+    cases = [
+        ("rms_norm_fp8_quant_dynamic", (x, nw, 1e-6, 128)),
+        ("rms_norm_fp8_quant_static", (x, nw, 1e-6, torch.tensor([0.01]))),
+        ("fused_add_rms_norm_fp8_quant_dynamic", (x, r, nw, 1e-6, 64)),
+        ("fused_add_rms_norm_fp8_quant_static", (x, r, nw, 1e-6, torch.tensor([0.01]))),
+        ("silu_and_mul_fp8_quant_dynamic", (x, 64)),
+        ("silu_and_mul_fp8_quant_static", (x, torch.tensor([0.01]))),
+    ]
+    for name, args in cases:
+        got, want = getattr(tri, name)(*args), getattr(ops, name)(*args)
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        assert len(got) == len(want)
+        for g, w_ in zip(got, want, strict=True):
+            if g.dtype == FP8:
+                fp8_close(g, w_)
+            else:
+                torch.testing.assert_close(g, w_, rtol=1e-5, atol=0)
+
+
+@triton.jit
+def _grid_probe(x_ptr, q_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    q = fp8_quant._round_to_e4m3_grid(tl.load(x_ptr + offs))
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty))
+
+
+def test_interpreter_rounding_helper_is_torchs_cast():
+    """ROUND_IN_FP32 (interpreter only) against torch's cast: every e4m3 value, the midpoints between
+    neighbours (ties to even), values just off them, and subnormals."""
+    grid = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    grid = grid[grid.isfinite()].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    x = torch.cat([grid, mids, mids * (1 + 2**-20), mids * (1 - 2**-20), torch.linspace(-448, 448, 4096)])
+    n = triton.next_power_of_2(x.numel())
+    x = torch.cat([x, torch.zeros(n - x.numel())])
+    q = torch.empty(n, dtype=FP8)
+    _grid_probe[(1,)](x, q, N=n)
+    assert torch.equal(q.view(torch.uint8), x.to(FP8).view(torch.uint8))
