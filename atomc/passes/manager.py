@@ -31,15 +31,21 @@ def default_passes(platform: str) -> list[AtomcPass]:
     from atomc.passes.fuse_mla_latent_norm_rope import FuseMLALatentNormRope
     from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
     from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
+    from atomc.passes.fuse_rmsnorm_fp8_quant import FuseRMSNormFP8Quant
     from atomc.passes.fuse_silu_mul import FuseSiluMul
+    from atomc.passes.fuse_silu_mul_fp8_quant import FuseSiluMulFP8Quant
     from atomc.passes.lowering import Lowering
     from atomc.passes.noop_elimination import NoopElimination
+    from atomc.passes.share_fp8_quant import ShareFP8Quant
 
     return [
         NoopElimination(),
         Canonicalize(),
         FuseAddRMSNorm(),
         FuseSiluMul(),
+        ShareFP8Quant(),
+        FuseRMSNormFP8Quant(),
+        FuseSiluMulFP8Quant(),
         FuseRopeKVWrite(),
         FuseQKNormRope(),
         FuseMLALatentNormRope(),

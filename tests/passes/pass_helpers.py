@@ -132,3 +132,32 @@ def through(gm, *passes):
     for p in passes:
         _, gm = apply(p, gm)
     return gm
+
+
+class FP8Linear(torch.nn.Module):
+    """A linear with models/quant/fp8.py's method and random e4m3 weights: its forward is the
+    method's apply, so a traced graph holds the quant -> GEMM ops a quantised model emits.
+    `activation`: "static", "tensor", "token" (per-channel weights) or "group" (128x128 blocks)."""
+
+    def __init__(self, n: int, k: int, activation: str = "token", seed: int = 0):
+        super().__init__()
+        from models.quant.fp8 import method_for
+        from models.quant.spec import FP8Scheme
+
+        g = torch.Generator().manual_seed(seed)
+        if activation == "group":
+            scheme = FP8Scheme("block", "group", (128, 128))
+            scale_name, scale = "weight_scale_inv", torch.rand(-(-n // 128), k // 128, generator=g) / 50
+        else:
+            scheme = FP8Scheme("channel", activation)
+            scale_name, scale = "weight_scale", torch.rand(n, generator=g) / 50
+        self.method = method_for(scheme)
+        self.input_size_per_partition = k
+        w = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+        self.weight = torch.nn.Parameter(w, requires_grad=False)
+        self.register_parameter(scale_name, torch.nn.Parameter(scale, requires_grad=False))
+        if activation == "static":
+            self.input_scale = torch.nn.Parameter(torch.tensor([0.02]), requires_grad=False)
+
+    def forward(self, x):
+        return self.method.apply(self, x, None)

@@ -6,8 +6,8 @@ from atomc.passes.base import AtomcPass, PassResult
 from atomc.passes.noop_elimination import NoopElimination
 
 ORDER = [
-    "noop_elimination", "canonicalize", "fuse_add_rmsnorm", "fuse_silu_mul",
-    "fuse_rope_kv_write", "fuse_qk_norm_rope", "fuse_mla_latent_norm_rope", "decode_gemv", "lowering",
+    "noop_elimination", "canonicalize", "fuse_add_rmsnorm", "fuse_silu_mul", "share_fp8_quant",
+    "fuse_rmsnorm_fp8_quant", "fuse_silu_mul_fp8_quant", "fuse_rope_kv_write", "fuse_qk_norm_rope", "fuse_mla_latent_norm_rope", "decode_gemv", "lowering",
 ]  # fmt: skip
 
 
@@ -40,6 +40,13 @@ def test_source_files_name_what_each_pass_is_made_of():
     pm = PassManager.for_platform("cpu")
     files = {p.name: {f.name for f in p.source_files()} for p in pm.passes}
     assert files["fuse_silu_mul"] == {"fuse_silu_mul.py"}
+    # the FP8 passes name the matchers they share
+    assert files["fuse_silu_mul_fp8_quant"] == {
+        "fuse_silu_mul_fp8_quant.py",
+        "fuse_rmsnorm_fp8_quant.py",
+        "fp8_match.py",
+    }
+    assert files["share_fp8_quant"] == {"share_fp8_quant.py", "fp8_match.py"}
     assert {"canonicalize.py", "rope.py", "rms_norm.py", "__init__.py"} <= files["canonicalize"]
     assert {"lowering.py", "registry.py"} <= files["lowering"]
     assert set(pm.source_files()) == {f for p in pm.passes for f in p.source_files()}

@@ -13,6 +13,9 @@ EXPECTED = {
         "canonicalize": (19, 9),  # 8 linears (counted), 5 norms, 2 silu*mul, 2 ropes, 2 attention (counted)
         "fuse_add_rmsnorm": (4, 4),
         "fuse_silu_mul": (2, 2),
+        "share_fp8_quant": (0, 0),  # no FP8 linears (the FP8 pipeline: tests/quant/test_fp8_models.py)
+        "fuse_rmsnorm_fp8_quant": (0, 0),
+        "fuse_silu_mul_fp8_quant": (0, 0),
         "fuse_rope_kv_write": (2, 2),
         "fuse_qk_norm_rope": (2, 0),  # no q/k norms
         "fuse_mla_latent_norm_rope": (0, 0),  # no latent attention (DeepSeek's: test_fuse_mla_latent_norm_rope.py)
@@ -24,6 +27,9 @@ EXPECTED = {
         "canonicalize": (23, 13),
         "fuse_add_rmsnorm": (4, 4),
         "fuse_silu_mul": (2, 2),
+        "share_fp8_quant": (0, 0),
+        "fuse_rmsnorm_fp8_quant": (0, 0),
+        "fuse_silu_mul_fp8_quant": (0, 0),
         "fuse_rope_kv_write": (2, 2),
         "fuse_qk_norm_rope": (2, 2),  # 4 q/k norms folded into the 2 rope + KV writes
         "fuse_mla_latent_norm_rope": (0, 0),
