@@ -30,8 +30,8 @@ def default_passes(platform: str) -> list[AtomcPass]:
     from atomc.passes.fuse_add_rmsnorm import FuseAddRMSNorm
     from atomc.passes.fuse_mla_latent_norm_rope import FuseMLALatentNormRope
     from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
-    from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
     from atomc.passes.fuse_rmsnorm_fp8_quant import FuseRMSNormFP8Quant
+    from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
     from atomc.passes.fuse_silu_mul import FuseSiluMul
     from atomc.passes.fuse_silu_mul_fp8_quant import FuseSiluMulFP8Quant
     from atomc.passes.lowering import Lowering

@@ -1,0 +1,192 @@
+"""The Triton FP8 kernels on a GPU (sm_89+), at Llama-3.1-8B shapes, in bf16, against the references;
+the backend ops' choice rule; capture and replay in a CUDA graph. Skips without CUDA.
+
+Tolerances: the GEMMs read the same e4m3 values and accumulate in fp32 in another order, then round
+to bf16: ‖out − ref‖/‖ref‖ < 1e-2 (bf16 has 8 bits of mantissa: ~4e-3). The quants: the same values
+rounded by the hardware's cast (round to nearest even): at most 0.1% of the e4m3 values one step
+apart (the norm's sum in another order moves a value across a rounding boundary), scales within
+fp32 round-off of the reference's.
+"""
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+# Llama-3.1-8B, one GPU: (N, K)
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+@pytest.fixture(autouse=True)
+def _sm89():
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("e4m3 kernels need sm_89+")
+
+
+def _fp8(shape, seed=0):
+    g = torch.Generator("cuda").manual_seed(seed)
+    return (torch.randn(shape, generator=g, device="cuda") * 64).clamp(-448, 448).to(FP8)
+
+
+def rel(out, ref) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def few_flips(q, q_ref, frac=1e-3):
+    diff = (q.float() - q_ref.float()).abs()
+    assert (diff > 0).float().mean().item() <= frac
+    assert (diff <= 0.125 * torch.maximum(q.float().abs(), q_ref.float().abs()) + 2**-9).all()
+
+
+def _weights(n, k, scheme, seed=1):
+    w = _fp8((n, k), seed)
+    if scheme == "tensor":
+        return w, torch.rand(1, device="cuda") / 50
+    if scheme == "channel":
+        return w, torch.rand(n, device="cuda") / 50
+    return w, torch.rand(-(-n // 128), k // 128, device="cuda") / 50
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("scheme", ["tensor", "channel", "block"])
+def test_gemv_at_8b_shapes(shape, scheme):
+    from atomc.kernels.triton.fp8_gemv import fp8_gemv
+    from atomc.ops import fp8 as ref
+
+    n, k = SHAPES[shape]
+    w, ws = _weights(n, k, scheme)
+    xq = _fp8((1, k))
+    if scheme == "block":
+        xs = torch.rand(1, k // 128, device="cuda") / 50
+        got = fp8_gemv(xq, xs, w, ws, None, BF16, block=(128, 128))
+        want = ref.fp8_block_gemm_reference(xq, xs, w, ws, 128, 128, None, torch.float32)
+    else:
+        xs = torch.rand(1, 1, device="cuda") / 50
+        bias = torch.randn(n, device="cuda", dtype=BF16)
+        got = fp8_gemv(xq, xs, w, ws, bias, BF16)
+        want = ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32)
+    assert rel(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("m", [8, 64, 512, 4096])
+@pytest.mark.parametrize("shape", ["qkv", "down"])
+@pytest.mark.parametrize("scheme", ["channel", "block"])
+def test_gemm_at_8b_shapes(m, shape, scheme):
+    from atomc.kernels.triton.fp8_gemm import fp8_gemm
+    from atomc.ops import fp8 as ref
+
+    n, k = SHAPES[shape]
+    w, ws = _weights(n, k, scheme)
+    xq = _fp8((m, k))
+    if scheme == "block":
+        xs = torch.rand(m, k // 128, device="cuda") / 50
+        got = fp8_gemm(xq, xs, w, ws, None, BF16, block=(128, 128))
+        want = ref.fp8_block_gemm_reference(xq, xs, w, ws, 128, 128, None, torch.float32)
+    else:
+        xs = torch.rand(m, 1, device="cuda") / 50
+        got = fp8_gemm(xq, xs, w, ws, None, BF16)
+        want = ref.fp8_gemm_reference(xq, xs, w, ws, None, torch.float32)
+    assert rel(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("t", [1, 64, 4096])
+@pytest.mark.parametrize("group", [4096, 128])
+def test_norm_quant(t, group):
+    from atomc.kernels.triton import fp8_quant
+    from atomc.ops import fp8 as ref
+    from atomc.ops.norm import rms_norm_reference
+
+    x, r = torch.randn(t, 4096, device="cuda", dtype=BF16), torch.randn(t, 4096, device="cuda", dtype=BF16)
+    w = (1 + 0.3 * torch.randn(4096, device="cuda")).to(BF16)
+    q, s, summed = fp8_quant.rms_norm_quant(x, r, w, 1e-5, None, group)
+    assert torch.equal(summed, x + r)
+    q_ref, s_ref = ref.fp8_quant_dynamic_reference(rms_norm_reference(x + r, w, 1e-5), group)
+    torch.testing.assert_close(s, s_ref, rtol=1e-2, atol=0)  # an amax may round the other way in bf16
+    few_flips(q, q_ref)
+    scale = torch.tensor([0.01], device="cuda")
+    q, _, _ = fp8_quant.rms_norm_quant(x, None, w, 1e-5, scale, None)
+    few_flips(q, ref.to_fp8(rms_norm_reference(x, w, 1e-5), scale))
+
+
+@pytest.mark.parametrize("t", [1, 64, 4096])
+@pytest.mark.parametrize("group", [14336, 128, None])
+def test_silu_and_mul_quant(t, group):
+    from atomc.kernels.triton import fp8_quant
+    from atomc.ops import fp8 as ref
+
+    x = torch.randn(t, 2 * 14336, device="cuda", dtype=BF16)
+    gate, up = x.float().chunk(2, -1)
+    # the kernel rounds silu(g) * u once to bf16, as atomc's Triton silu_and_mul does (torch's
+    # F.silu(g) * u rounds twice): the reference here rounds the kernel's way
+    y = (torch.nn.functional.silu(gate) * up).to(BF16)
+    if group is None:
+        scale = torch.tensor([0.01], device="cuda")
+        few_flips(fp8_quant.silu_and_mul_quant(x, scale, None)[0], ref.to_fp8(y, scale))
+        return
+    q, s = fp8_quant.silu_and_mul_quant(x, None, group)
+    q_ref, s_ref = ref.fp8_quant_dynamic_reference(y, group)
+    torch.testing.assert_close(s, s_ref, rtol=1e-2, atol=0)
+    few_flips(q, q_ref)
+
+
+def test_choice_rule_on_cuda(monkeypatch):
+    from atomc.kernels import registry
+    from atomc.kernels.triton import fp8 as backend
+
+    registry.ensure_registered("cuda")
+    w, ws = _weights(4096, 4096, "channel")
+    assert backend.pick_gemm(_fp8((1, 4096)), w, block=False) == "gemv"
+    assert backend.pick_gemm(_fp8((8, 4096)), w, block=False) == "scaled_mm"
+    assert backend.pick_gemm(_fp8((8, 4096)), w, block=True) == "triton"
+    calls = []
+    real = backend.fp8_gemv
+    monkeypatch.setattr(backend, "fp8_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    xq, xs = torch.ops.atomc.fp8_quant_dynamic(torch.randn(1, 4096, device="cuda", dtype=BF16), 4096)
+    got = torch.ops.atomc_triton.fp8_gemm(xq, xs, w, ws, None, BF16)
+    assert calls == [1]
+    from atomc.ops.fp8 import fp8_gemm_reference
+
+    assert rel(got, fp8_gemm_reference(xq, xs, w, ws, None, torch.float32)) < 1e-2
+
+
+def test_fp8_ops_replay_in_a_cuda_graph():
+    """No host sync anywhere: quant (fused), GEMV and GEMM captured once, replayed on new inputs."""
+    tri = torch.ops.atomc_triton
+    from atomc.kernels import registry
+    from atomc.ops import fp8 as ref
+
+    registry.ensure_registered("cuda")
+    w, ws = _weights(6144, 4096, "channel")
+    wb, wsb = _weights(6144, 4096, "block")
+    nw = torch.ones(4096, device="cuda", dtype=BF16)
+    xs = {m: torch.randn(m, 4096, device="cuda", dtype=BF16) for m in (1, 16)}
+
+    def step():
+        out = []
+        for x in xs.values():
+            q, s = tri.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, 4096)
+            out.append(tri.fp8_gemm(q, s, w, ws, None, BF16))
+            qb, sb = tri.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, 128)
+            out.append(tri.fp8_block_gemm(qb, sb, wb, wsb, 128, 128, None, BF16))
+        return out
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for x in xs.values():
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, x in enumerate(xs.values()):
+        q, s = torch.ops.atomc.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, 4096)
+        assert rel(outs[2 * i], ref.fp8_gemm_reference(q, s, w, ws, None, torch.float32)) < 1e-2
+        qb, sb = torch.ops.atomc.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, 128)
+        want = ref.fp8_block_gemm_reference(qb, sb, wb, wsb, 128, 128, None, torch.float32)
+        assert rel(outs[2 * i + 1], want) < 1e-2
