@@ -1,9 +1,9 @@
 """FP8 (e4m3) linears as atomc ops: the activation quant and the scaled GEMM are separate ops.
 
 A quantised linear is `fp8_quant_* -> fp8_gemm` (or `fp8_block_gemm`) in the graph, never F.linear,
-so the passes that match F.linear leave it alone, and the quant is its own node: the fusions issue
-16 plans (RMSNorm -> quant, SiLU*mul -> quant, one quant for the linears that share an input) match
-and replace just that node, and the GEMM's backend does not change.
+so the passes that match F.linear leave it alone, and the quant is its own node: the FP8 passes
+(share_fp8_quant, fuse_rmsnorm_fp8_quant, fuse_silu_mul_fp8_quant; the fused ops are fp8_fused.py)
+match and replace just that node, and the GEMM's backend does not change.
 
 - `fp8_quant_static(x, scale)`: x / scale with a checkpoint's per-tensor scale.
 - `fp8_quant_dynamic(x, group_size)`: scales from x itself: `group_size` 0 -> one for the tensor
