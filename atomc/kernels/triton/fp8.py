@@ -34,6 +34,7 @@ from atomc.kernels.triton.fp8_gemv import fp8_gemv
 from atomc.kernels.triton.ops import custom
 from atomc.ops import fp8 as ref
 from atomc.ops import fp8_fused as fused_ref
+from atomc.ops.norm import rms_norm_reference
 
 # the choice rule (table above)
 GEMV_ONE_ROW = True  # a one-row call runs the Triton FP8 GEMV
@@ -157,8 +158,6 @@ def _norm(x, residual, weight, eps, scale, group_size):
     out = fp8_quant.rms_norm_quant(x, residual, weight, eps, scale, group_size) if kernels_run_on(x) else None
     if out is not None:
         return out
-    from atomc.ops.norm import rms_norm_reference
-
     summed = x + residual if residual is not None else None
     normed = rms_norm_reference(summed if summed is not None else x, weight, eps)
     if scale is not None:
