@@ -83,9 +83,10 @@ def _fp8_block_gemv_kernel(
 def gemv_config(n: int, k: int, block: bool) -> dict:
     """Untuned starting points (the H200 sweep of benchmarks/fp8_linear.py --sweep decides): the
     bf16 reduce GEMV's best tiles held the same bytes in flight per program, and an e4m3 value is
-    half a bf16 one, so the K tile doubles; block scales step two 128-groups at a time."""
+    half a bf16 one, so the K tile doubles; block scales step 8 groups of 128 on 4 rows (the same
+    4 KiB a step)."""
     if block:
-        return dict(block_n=4, groups_per_step=2, num_warps=4)
+        return dict(block_n=4, groups_per_step=8, num_warps=4)
     if n <= 4096:
         return dict(block_n=2, block_k=4096, num_warps=8)
     return dict(block_n=2, block_k=2048, num_warps=4)
