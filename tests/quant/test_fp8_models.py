@@ -121,7 +121,7 @@ def test_compiled_equals_eager(quantized, tmp_path):
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("fmt", ["hf-fp8-static", "hf-fp8-block-128"])
+@pytest.mark.parametrize("fmt", ["hf-fp8-static", "hf-fp8-block-128", "quark-ptpc"])
 def test_passes_leave_quantised_linears_as_atomc_ops(fmt, quantized):
     """The CPU pipeline on a traced FP8 model: no F.linear left for canonicalize/decode_gemv to
     match (lm_head is outside the forward), the FP8 ops lowered like any atomc op, logits unchanged."""
@@ -169,6 +169,40 @@ def test_passes_leave_quantised_linears_as_atomc_ops(fmt, quantized):
     attention = 2 * hidden * (2 * a.num_heads + 2 * a.num_kv_heads) * a.head_dim  # qkv and o projections
     assert flops["fp8_linear_share"] == 1.0 and flops["linear_per_token"] > a.num_layers * attention
     assert "of the linear layers' FLOPs in FP8 GEMMs" in format_report({"key": "k", "format": "aot_fn", "flops": flops})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "fmt", ["hf-fp8-static", "hf-fp8-block-128", "quark-ptpc", "hf-fp8-dynamic-transformers-names"]
+)
+def test_cuda_pipeline_runs_the_fp8_kernels(fmt, quantized):
+    """The FP8 Llama through the CUDA pipeline (fused norm / SiLU quants, Triton FP8 GEMV at one row,
+    _scaled_mm or the Triton GEMM above) against the CPU reference model, both fp32, prefill (9 rows)
+    and one row. Tolerance: FAKE_QUANT_ATOL (module docstring): both quantise every linear input the
+    same way, so they differ by rounding-boundary flips and fp32 summation order."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("e4m3 kernels need sm_89+")
+    _, qdir = quantized(fmt)
+    cpu = load_model(qdir, torch.float32, "cpu")
+    gpu = load_model(qdir, torch.float32, "cuda")
+    pm, reports = PassManager.for_platform("cuda"), []
+
+    def backend(gm, example_inputs):
+        reports[:] = pm.run(gm)
+        return gm
+
+    compiled = torch.compile(gpu.forward, backend=backend, fullgraph=True, dynamic=True)
+    for n in (9, 1):
+        ids, positions = torch.randint(0, 300, (n,)), torch.arange(n)
+        want = _logits(cpu, ids)
+        with torch.no_grad():
+            got = gpu.compute_logits(compiled(ids.cuda(), positions.cuda()))
+        torch.testing.assert_close(got.cpu(), want, atol=FAKE_QUANT_ATOL, rtol=0)
+    code = reports[-1].graph_after
+    assert "torch.ops.atomc." not in code.replace("torch.ops.atomc_triton.", "")  # every atomc op lowered
+    fused = "torch.ops.atomc_triton.silu_and_mul_fp8_quant"
+    assert (fused in code) == ("dynamic" not in fmt)  # per-tensor dynamic scales are not fused
 
 
 def _dequantised(layer) -> torch.Tensor:
