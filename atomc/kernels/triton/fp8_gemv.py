@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton.gemv import row_dot
+
 
 @triton.jit
 def _fp8_gemv_kernel(
@@ -32,15 +34,7 @@ def _fp8_gemv_kernel(
     """Per-tensor or per-row scales (WS_ROWS: w_scale has one value per output row)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
-    y = tl.sum(acc, 1) * tl.load(xs_ptr)
+    y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K) * tl.load(xs_ptr)
     if WS_ROWS:
         y = y * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)
     else:

@@ -63,13 +63,10 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _gemv_reduce_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,
-    N, K, stride_wn,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+def row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N] fp32: the one row x [K] times the weight rows offs_n, on the CUDA cores into a
+    [BLOCK_N, BLOCK_K] register tile summed once at the end (the reduce GEMV's loop; the FP8 GEMV
+    runs it on e4m3 weights)."""
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -78,7 +75,18 @@ def _gemv_reduce_kernel(
         x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc += w.to(tl.float32) * x[None, :]
-    y = tl.sum(acc, 1)
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _gemv_reduce_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    N, K, stride_wn,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
