@@ -20,7 +20,14 @@ import torch
 
 from atomc.passes import match
 from atomc.passes.base import FusionPass
-from atomc.passes.fp8_match import QUANTS, example_values, getitem_users, quant_args, quant_kind
+from atomc.passes.fp8_match import (
+    QUANTS,
+    example_values,
+    fusable_quant,
+    getitem_users,
+    quant_args,
+    replace_quant_outputs,
+)
 from atomc.passes.rewrite import call, erase_dead, getitems
 
 RMS_NORM = (torch.ops.atomc.rms_norm.default, torch.ops.atomc.rms_norm)
@@ -47,31 +54,6 @@ def norm_source(x):
     return None
 
 
-def group_ok(kind: str, arg, row: int | None) -> bool:
-    """A dynamic group the fused op takes, or a static scale that exists before the norm (the fused
-    op is placed where the norm was: the graph's inputs, a checkpoint scale, always are)."""
-    if kind == "static":
-        return isinstance(arg, torch.fx.Node) and arg.op in ("placeholder", "get_attr")
-    return isinstance(arg, int) and arg > 0 and row is not None and row % arg == 0
-
-
-def row_length(node) -> int | None:
-    v = match.val(node)
-    if v is None or not isinstance(v.shape[-1], int):
-        return None
-    return v.shape[-1]
-
-
-def replace_quant_outputs(quant, kind, new_q, new_s) -> None:
-    """Point every reader of the quant's q (and dynamic scale) at the new nodes."""
-    if kind == "static":
-        quant.replace_all_uses_with(new_q)
-        return
-    for index, items in getitem_users(quant).items():
-        for item in items:
-            item.replace_all_uses_with(new_q if index == 0 else new_s)
-
-
 class FuseRMSNormFP8Quant(FusionPass):
     name = "fuse_rmsnorm_fp8_quant"
     anchor = QUANTS
@@ -79,7 +61,7 @@ class FuseRMSNormFP8Quant(FusionPass):
     def source_files(self):
         # the FP8 matchers it shares with the other FP8 passes decide what it matches too
         here = super().source_files()[0]
-        return [here, *(here.with_name(name) for name in ("fp8_match.py",))]
+        return [here, here.with_name("fp8_match.py")]
 
     def match(self, quant):
         x = quant_args(quant)[0]
@@ -88,12 +70,10 @@ class FuseRMSNormFP8Quant(FusionPass):
 
     def rewrite(self, gm, m) -> bool:
         quant, normed, form, norm = m
-        kind = quant_kind(quant)
-        _, arg = quant_args(quant)
-        if set(normed.users) != {quant} or not group_ok(kind, arg, row_length(normed)):
+        fusable = fusable_quant(quant, normed)
+        if fusable is None:
             return False
-        if kind == "dynamic" and getitem_users(quant) is None:
-            return False
+        kind, arg = fusable
         if form == "add" and getitem_users(norm) is None:
             return False
         qvals = example_values(quant)  # (q, s) or (q,)

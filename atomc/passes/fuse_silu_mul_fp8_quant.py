@@ -13,8 +13,14 @@ from __future__ import annotations
 import torch
 
 from atomc.passes.base import FusionPass
-from atomc.passes.fp8_match import QUANTS, example_values, getitem_users, quant_args, quant_kind
-from atomc.passes.fuse_rmsnorm_fp8_quant import group_ok, replace_quant_outputs, row_length
+from atomc.passes.fp8_match import (
+    QUANTS,
+    example_values,
+    fusable_quant,
+    getitem_users,
+    quant_args,
+    replace_quant_outputs,
+)
 from atomc.passes.rewrite import call, erase_dead, getitems
 
 SILU_AND_MUL = (torch.ops.atomc.silu_and_mul.default, torch.ops.atomc.silu_and_mul)
@@ -31,16 +37,7 @@ class FuseSiluMulFP8Quant(FusionPass):
     def source_files(self):
         # the FP8 matchers it shares with the other FP8 passes decide what it matches too
         here = super().source_files()[0]
-        return [
-            here,
-            *(
-                here.with_name(name)
-                for name in (
-                    "fuse_rmsnorm_fp8_quant.py",
-                    "fp8_match.py",
-                )
-            ),
-        ]
+        return [here, here.with_name("fp8_match.py")]
 
     def match(self, quant):
         act = quant_args(quant)[0]
@@ -49,12 +46,10 @@ class FuseSiluMulFP8Quant(FusionPass):
 
     def rewrite(self, gm, m) -> bool:
         quant, act = m
-        kind = quant_kind(quant)
-        _, arg = quant_args(quant)
-        if set(act.users) != {quant} or not group_ok(kind, arg, row_length(act)):
+        fusable = fusable_quant(quant, act)
+        if fusable is None:
             return False
-        if kind == "dynamic" and getitem_users(quant) is None:
-            return False
+        kind, arg = fusable
         vals = example_values(quant)
         with gm.graph.inserting_before(act):
             new = call(gm.graph, OPS[kind], (act.args[0], arg), vals if kind == "dynamic" else vals[0])
