@@ -49,6 +49,8 @@ class ChatPrompt:
 
     messages: list[dict]
     chat_template: str | None = None
+    tools: list[dict] | None = None
+    template_kwargs: dict | None = None  # the request's chat_template_kwargs (enable_thinking, ...)
 
 
 class EngineDeadError(RuntimeError):
@@ -294,7 +296,9 @@ class AsyncEngine:
 
     def _render_chat(self, chat: ChatPrompt) -> str:
         try:
-            return self.engine.apply_chat_template(chat.messages, chat.chat_template)
+            return self.engine.apply_chat_template(
+                chat.messages, chat.chat_template, tools=chat.tools, **(chat.template_kwargs or {})
+            )
         except Exception as e:  # template errors (jinja's own, raise_exception) are the request's fault
             raise ValueError(f"cannot apply the chat template: {e}") from e
 
