@@ -134,7 +134,11 @@ def test_mistral_v3_array():
 
 
 def test_mistral_v11_name_args_form():
-    text = "[TOOL_CALLS]get_current_weather[ARGS]" + json.dumps(WEATHER) + '[TOOL_CALLS]get_time[ARGS]{"timezone": "Europe/Paris"}'
+    text = (
+        "[TOOL_CALLS]get_current_weather[ARGS]"
+        + json.dumps(WEATHER)
+        + '[TOOL_CALLS]get_time[ARGS]{"timezone": "Europe/Paris"}'
+    )
     check_format("mistral", text, None, [("get_current_weather", WEATHER), ("get_time", TIME)])
 
 
@@ -156,7 +160,9 @@ def _ds_call(name: str, args: dict) -> str:
 def test_deepseek_v3_calls():
     text = CALLS_BEGIN + _ds_call("get_current_weather", WEATHER) + _ds_call("get_time", TIME) + CALLS_END
     check_format("deepseek_v3", text, None, [("get_current_weather", WEATHER), ("get_time", TIME)])
-    check_format("deepseek_v3", "Checking.\n\n" + text, "Checking.", [("get_current_weather", WEATHER), ("get_time", TIME)])
+    check_format(
+        "deepseek_v3", "Checking.\n\n" + text, "Checking.", [("get_current_weather", WEATHER), ("get_time", TIME)]
+    )
 
 
 def test_deepseek_v31_short_block():
@@ -237,7 +243,9 @@ def test_required_schema_and_parser():
         {"const": "get_time"},
     ]
     assert required_schema(tools, parallel=False)["maxItems"] == 1
-    text = json.dumps([{"name": "get_current_weather", "parameters": WEATHER}, {"name": "get_time", "parameters": TIME}])
+    text = json.dumps(
+        [{"name": "get_current_weather", "parameters": WEATHER}, {"name": "get_time", "parameters": TIME}]
+    )
     p = ChoiceParser(None, RequiredCallsParser(tools), reports_reasoning=False)
     msg = p.message(text, [])
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == [
