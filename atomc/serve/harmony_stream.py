@@ -28,8 +28,10 @@ class HarmonyMessage:
 
 @cache
 def harmony_encoding():
-    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
-
+    try:
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+    except ImportError:
+        raise RuntimeError("the openai (harmony) parsers need openai-harmony: pip install 'atomc[harmony]'") from None
     try:
         return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     except Exception as e:
