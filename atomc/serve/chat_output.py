@@ -31,6 +31,7 @@ class ChatOutputSetup:
     tool_parser: str | None = None
     function_name: str | None = None  # the named function
     tools: list[dict] = field(default_factory=list)
+    parallel_tool_calls: bool = True  # False: only the first call is kept
 
     @property
     def active(self) -> bool:
@@ -49,7 +50,8 @@ class ChatOutputSetup:
             tools = RequiredCallsParser(self.tools)
         elif self.tool_mode == "named":
             tools = NamedFunctionParser(self.function_name)
-        return ChoiceParser(reasoning, tools, reports_reasoning=self.reasoning_parser is not None)
+        max_calls = None if self.parallel_tool_calls else 1
+        return ChoiceParser(reasoning, tools, reports_reasoning=self.reasoning_parser is not None, max_calls=max_calls)
 
 
 @dataclass
@@ -60,8 +62,15 @@ class _Sent:
 
 
 class ChoiceParser:
-    def __init__(self, reasoning: ReasoningParser | None, tools: ToolParser | None, reports_reasoning: bool):
+    def __init__(
+        self,
+        reasoning: ReasoningParser | None,
+        tools: ToolParser | None,
+        reports_reasoning: bool,
+        max_calls: int | None = None,
+    ):
         self.reasoning, self.tools, self.reports_reasoning = reasoning, tools, reports_reasoning
+        self.max_calls = max_calls
         self.sent = _Sent()
 
     @property
@@ -81,7 +90,7 @@ class ChoiceParser:
         if self.tools is not None:
             try:
                 parsed = self.tools.parse(content, ids, final)
-                content, calls = parsed.content, parsed.calls
+                content, calls = parsed.content, parsed.calls[: self.max_calls]
             except ValueError:  # not calls after all: what was not sent as a call is content
                 pass
         out: dict = {}
@@ -127,6 +136,7 @@ class ChoiceParser:
         calls: list[ToolCall] = []
         if self.tools is not None:
             content, calls = self.tools.extract(content, ids)
+            calls = calls[: self.max_calls]
         msg: dict = {"role": "assistant", "content": content}
         if self.reports_reasoning:
             msg["reasoning_content"] = msg["reasoning"] = reasoning
@@ -134,5 +144,5 @@ class ChoiceParser:
             msg["tool_calls"] = [c.to_dict() for c in calls]
             if not content.strip():
                 msg["content"] = None
-            self.sent.calls = [[c.id, c.name, len(c.arguments)] for c in calls]
+            self.sent.calls = [[c.id, c.name, len(c.arguments)] for c in calls]  # for made_calls
         return msg

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from atomc.config import ServeConfig
 
 MAX_N = 128  # choices per prompt; larger fan-outs are more likely mistakes than workloads
-MAX_JSON_DEPTH = 32  # the deepest valid request (chat content parts) is 5 levels
+MAX_JSON_DEPTH = 32  # chat content parts are 5 levels; a tool schema adds two per nested object
 _SEED_RANGE = dict(ge=-(2**63), le=2**63 - 1)  # int64, as vLLM; seed + sample index still fits manual_seed
 
 
@@ -297,6 +297,7 @@ class ChatCompletionRequest(_SamplingRequest):
             tool_parser=serve.tool_call_parser if mode == "auto" else None,
             function_name=name,
             tools=tools,
+            parallel_tool_calls=self.parallel_tool_calls is not False,
         )
 
     def _tool_mode(self) -> tuple[str | None, str | None]:

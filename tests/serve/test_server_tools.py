@@ -202,6 +202,16 @@ def test_auto_streamed_parallel_calls(server):
     assert len({c["id"] for c in calls}) == 2
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call(server):
+    reply = hermes("get_weather", {"city": "Paris"}) + "\n" + hermes("get_time", {"tz": "CET"})
+    r = chat(server, reply, tools=TOOLS, parallel_tool_calls=False)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
+    out = collect(chat(server, reply, tools=TOOLS, parallel_tool_calls=False, stream=True))
+    assert [c["name"] for c in out["calls"].values()] == ["get_weather"]
+    r = chat(server, reply, tools=TOOLS)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather", "get_time"]
+
+
 def test_plain_reply_and_malformed_call_are_content(server):
     r = chat(server, "It is sunny in Paris.", tools=TOOLS)
     assert r.choices[0].message.content == "It is sunny in Paris." and r.choices[0].finish_reason == "stop"

@@ -18,6 +18,7 @@ from atomc.serve.tool_parsers.base import CallDraft, ToolParse, ToolParser
 
 class HarmonyToolParser(ToolParser):
     name = "openai"
+    keeps_special_tokens = False  # it reads the ids; the text is only the fallback content
 
     def __init__(self, tools: list[dict] | None = None):
         super().__init__(tools)
