@@ -373,3 +373,15 @@ def test_chat_template_kwargs_reach_the_template(thinking_server):
     r = chat(thinking_server, "Noon.", extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert thinking_server.engine.prompts[-1].endswith("<think>\n\n</think>\n\n")
     assert r.choices[0].message.content == "Noon." and r.choices[0].message.model_extra["reasoning_content"] is None
+
+
+def test_harmony_parsers_fail_at_start_up_when_their_encoding_cannot_load(tmp_path, monkeypatch):
+    from atomc.serve.harmony_stream import harmony_encoding
+
+    # an empty vocabulary folder: the package reads only there (no download is tried)
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))
+    harmony_encoding.cache_clear()
+    cfg = EngineConfig().serve
+    cfg.reasoning_parser = "openai"
+    with pytest.raises(RuntimeError, match="TIKTOKEN_ENCODINGS_BASE"):
+        check_output_parsers(cfg)
