@@ -349,6 +349,33 @@ def test_start_up_checks_parser_names():
         check_output_parsers(cfg)
 
 
+# ---------------------------------------------------------------- the APIs translated into chat
+
+
+def test_responses_api_function_calls(server):
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER_TOOL["function"]["parameters"]}
+    server.engine.reply = hermes("get_weather", {"city": "Paris"})
+    r = server.client.responses.create(model="scripted", input="Weather in Paris?", tools=[tool])
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    events = list(server.client.responses.create(model="scripted", input="Weather?", tools=[tool], stream=True))
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert json.loads(args) == {"city": "Paris"}
+
+
+def test_anthropic_messages_tool_use(server):
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0, timeout=30)
+    tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
+    server.engine.reply = "Checking.\n" + hermes("get_weather", {"city": "Paris"})
+    msg = client.messages.create(
+        model="scripted", max_tokens=64, tools=[tool], messages=[{"role": "user", "content": "Weather in Paris?"}]
+    )
+    assert msg.stop_reason == "tool_use"
+    assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.content[0].text == "Checking."
+    assert msg.content[1].name == "get_weather" and msg.content[1].input == {"city": "Paris"}
+
+
 # ---------------------------------------------------------------- reasoning
 
 
