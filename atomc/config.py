@@ -93,6 +93,11 @@ class ServeConfig:
     # the engine loop in its own process (HTTP/SSE work then never holds the GIL the engine needs):
     # "on", "off", or "auto" = on when the engine runs on a GPU (see docs/serving.md for why not on CPU)
     engine_process: str = "auto"
+    # tool calls and reasoning output (vLLM's flags; atomc/serve/tool_parsers, reasoning_parsers):
+    # tool_choice "auto" (the default when a request has tools) needs both of the first two
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None  # hermes | llama3_json | mistral | deepseek_v3 | openai
+    reasoning_parser: str | None = None  # deepseek_r1 | qwen3 | openai
 
 
 @dataclass

@@ -166,6 +166,18 @@ def serve(
     drain_timeout: Annotated[
         float, typer.Option("--drain-timeout", help="seconds in-flight requests may finish after SIGTERM")
     ] = ServeConfig.drain_timeout_s,
+    enable_auto_tool_choice: Annotated[
+        bool,
+        typer.Option("--enable-auto-tool-choice", help='let the model choose tool calls (tool_choice "auto")'),
+    ] = ServeConfig.enable_auto_tool_choice,
+    tool_call_parser: Annotated[
+        str | None,
+        typer.Option("--tool-call-parser", help="hermes | llama3_json | mistral | deepseek_v3 | openai"),
+    ] = None,
+    reasoning_parser: Annotated[
+        str | None,
+        typer.Option("--reasoning-parser", help="deepseek_r1 | qwen3 | openai: reasoning_content apart"),
+    ] = None,
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     from pathlib import Path
@@ -184,6 +196,8 @@ def serve(
     cfg.serve.request_header_timeout_s = request_header_timeout
     cfg.serve.timeout_keep_alive_s = timeout_keep_alive
     cfg.serve.drain_timeout_s = drain_timeout
+    cfg.serve.enable_auto_tool_choice = enable_auto_tool_choice
+    cfg.serve.tool_call_parser, cfg.serve.reasoning_parser = tool_call_parser, reasoning_parser
     cfg.model.served_model_name = served_model_name
     if chat_template is not None:
         path = Path(chat_template)

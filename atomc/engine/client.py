@@ -35,8 +35,10 @@ class EngineClient(Protocol):
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         return self.inputs.tokenize(prompt, add_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None) -> str:
-        return self.inputs.apply_chat_template(messages, chat_template)
+    def apply_chat_template(
+        self, messages: list[dict], chat_template: str | None = None, tools: list[dict] | None = None, **kwargs
+    ) -> str:
+        return self.inputs.apply_chat_template(messages, chat_template, tools=tools, **kwargs)
 
     # -- what each side implements ------------------------------------------------------------------
 

@@ -21,12 +21,16 @@ class InputProcessor:
     def tokenize(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
 
-    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], chat_template: str | None = None, tools: list[dict] | None = None, **kwargs
+    ) -> str:
+        """The prompt text; `tools` (OpenAI's tool definitions) and `kwargs` (a request's
+        chat_template_kwargs, such as enable_thinking) reach the template as its variables."""
         template = chat_template or self.chat_template
         if template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; pass one with --chat-template")
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=True
+            messages, chat_template=template, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
         )
 
     def prompt_ids(self, prompt: str | list[int], params: SamplingParams, add_special_tokens: bool = True) -> list[int]:

@@ -49,6 +49,8 @@ class ChatPrompt:
 
     messages: list[dict]
     chat_template: str | None = None
+    tools: list[dict] | None = None
+    template_kwargs: dict | None = None  # the request's chat_template_kwargs (enable_thinking, ...)
 
 
 class EngineDeadError(RuntimeError):
@@ -294,7 +296,12 @@ class AsyncEngine:
 
     def _render_chat(self, chat: ChatPrompt) -> str:
         try:
-            return self.engine.apply_chat_template(chat.messages, chat.chat_template)
+            # tools and template variables only when the request has them, so an EngineClient
+            # with the plain (messages, chat_template) signature serves every other request
+            extra = dict(chat.template_kwargs or {})
+            if chat.tools:
+                extra["tools"] = chat.tools
+            return self.engine.apply_chat_template(chat.messages, chat.chat_template, **extra)
         except Exception as e:  # template errors (jinja's own, raise_exception) are the request's fault
             raise ValueError(f"cannot apply the chat template: {e}") from e
 

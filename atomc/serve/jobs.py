@@ -30,6 +30,7 @@ from atomc.serve.async_engine import (
     RequestFailedError,
     ShuttingDownError,
 )
+from atomc.serve.chat_output import ChatOutputSetup, ChoiceParser
 from atomc.serve.metrics import RequestTracker, ServerMetrics
 from atomc.serve.protocol import (
     APIError,
@@ -118,14 +119,15 @@ class ServerState:
     async def start_chat(self, req: ChatCompletionRequest, request_id: str) -> ChatJob:
         """Check a chat request, render it and submit it: the one way into the engine for
         /v1/chat/completions and for the APIs translated into chat (/v1/responses, /v1/messages), so
-        whatever chat learns (tools in the template, tool-call parsing) they get too: tool calling
-        connects here (the request's `tools` / `tool_choice` arrive in chat's own shape)."""
+        whatever chat knows (tools in the template, tool-call and reasoning parsing, the constraint
+        of tool_choice "required" / a named function) they get too, from chat's own fields."""
         self.check_model(req.model)
-        params = req.sampling_params(self.engine.sampling_defaults)
+        setup = req.output_setup(self.config.serve)
+        params = req.sampling_params(self.engine.sampling_defaults, setup)
         self.limits.check([None], params)
-        prompt = ChatPrompt(req.template_messages(), self.chat_template)
+        prompt = ChatPrompt(req.template_messages(), self.chat_template, req.template_tools(), req.template_kwargs())
         stream = await self.submit(request_id, [prompt], params)
-        return ChatJob(self, req, request_id, stream, params)
+        return ChatJob(self, req, request_id, stream, params, setup)
 
     async def submit(self, base_id: str, prompts: list, params) -> OutputStream:
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
@@ -147,6 +149,7 @@ class _ChoiceState:
     offset: int = 0  # running text_offset for legacy logprobs
     started: bool = False
     done: bool = False
+    parser: ChoiceParser | None = None  # chat choices read for reasoning / tool calls
 
 
 class _Job:
@@ -297,6 +300,12 @@ class CompletionJob(_Job):
 class ChatJob(_Job):
     object_full, object_chunk = "chat.completion", "chat.completion.chunk"
 
+    def __init__(self, srv, req, request_id, stream, params: SamplingParams, setup: ChatOutputSetup | None = None):
+        super().__init__(srv, req, request_id, stream, params)
+        self.setup = setup if setup is not None and setup.active else None
+        # the EOS token's text ends the output when special tokens are decoded for a tool parser
+        self.decodes_special = not params.skip_special_tokens
+
     def choice(self, i: int, out: RequestOutput, c: CompletionOutput, st: _ChoiceState, final: bool) -> dict:
         first = not st.started
         text, ids, lps = self._advance(c, st)
@@ -304,17 +313,42 @@ class ChatJob(_Job):
         if self.req.logprobs:
             top_n = self.req.top_logprobs or 0
             logprobs = {"content": chat_logprobs(ids, lps, self.srv.token_str, top_n)}
-        if final:
-            key, msg = "message", {"role": "assistant", "content": text}
-        else:  # the role rides on the first content delta, so the first chunk marks the first token
-            key, msg = "delta", ({"role": "assistant", "content": text} if first else {"content": text})
+        finish_reason = c.finish_reason
+        if self.setup is None:
+            if final:
+                key, msg = "message", {"role": "assistant", "content": text}
+            else:  # the role rides on the first content delta, so the first chunk marks the first token
+                key, msg = "delta", ({"role": "assistant", "content": text} if first else {"content": text})
+        else:
+            if st.parser is None:
+                st.parser = self.setup.choice_parser(out.prompt if isinstance(out.prompt, str) else None)
+            seen_text, seen_ids = self._parsed_output(c, st)
+            if final:
+                key, msg = "message", st.parser.message(seen_text, seen_ids)
+            else:
+                key, msg = "delta", st.parser.delta(seen_text, seen_ids, st.done)
+                if first:
+                    msg = {"role": "assistant", **msg}
+                if not msg:
+                    msg = {"content": ""}
+            if st.parser.made_calls and finish_reason == "stop" and self.setup.tool_mode != "named":
+                finish_reason = "tool_calls"  # as OpenAI: a forced named function still says "stop"
         return {
             "index": i * self.n + c.index,
             key: msg,
             "logprobs": logprobs,
-            "finish_reason": c.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": c.stop_reason,
         }
+
+    def _parsed_output(self, c: CompletionOutput, st: _ChoiceState) -> tuple[str, list[int]]:
+        """The text and ids sent so far, cumulative (parsers read the whole output)."""
+        text, ids = c.text[: st.text_len], c.token_ids[: st.ntok]
+        if st.done and self.decodes_special and c.finish_reason == "stop" and c.stop_reason is None and ids:
+            eos = self.srv.token_str(ids[-1])
+            if eos and text.endswith(eos):
+                text = text[: -len(eos)]
+        return text, ids
 
 
 def engine_error(e: Exception) -> APIError:

@@ -1,7 +1,10 @@
 """OpenAI request models, their validation into `SamplingParams`, and the error shape.
 
 Unknown fields are ignored (as vLLM does) so newer clients keep working; fields we cannot honour
-(`suffix`, `logit_bias`, tools, non-text content) are rejected with 400 rather than silently dropped.
+(`suffix`, `logit_bias`, non-text content) are rejected with 400 rather than silently dropped.
+Tools: `tools`, `tool_choice` and `parallel_tool_calls` resolve into a `ChatOutputSetup` (which
+parser reads the output, atomc/serve/chat_output.py) and, for `required` and a named function, a
+JSON-schema constraint in `SamplingParams.structured_outputs` (tool_parsers/constrained.py).
 Wrong types, bad values and bodies that are not JSON are 400 `invalid_request_error` (OpenAI's and
 vLLM's code). Before the models see a body, `check_json_body` refuses what would break later stages:
 nesting deeper than `MAX_JSON_DEPTH` and strings holding lone UTF-16 surrogates (not UTF-8, so the
@@ -10,16 +13,25 @@ tokenizer cannot take them). `RequestLimits` bounds the work one request may ask
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from atomc.sampling_params import SamplingParams
+from atomc.sampling_params import SamplingParams, StructuredOutputsParams
+from atomc.serve.chat_output import ChatOutputSetup
+from atomc.serve.tool_parsers import tool_parser_class
+from atomc.serve.tool_parsers.constrained import named_schema, required_schema
+
+if TYPE_CHECKING:
+    from atomc.config import ServeConfig
 
 MAX_N = 128  # choices per prompt; larger fan-outs are more likely mistakes than workloads
-MAX_JSON_DEPTH = 32  # the deepest valid request (chat content parts) is 5 levels
+MAX_JSON_DEPTH = 32  # chat content parts are 5 levels; a tool schema adds two per nested object
 _SEED_RANGE = dict(ge=-(2**63), le=2**63 - 1)  # int64, as vLLM; seed + sample index still fits manual_seed
 
 
@@ -83,7 +95,12 @@ class _SamplingRequest(BaseModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     def _sampling_params(
-        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None, defaults: dict
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None,
+        defaults: dict,
+        **extra: Any,
     ):
         """`defaults`: the model's values for fields the request leaves unset (generation_config.json)."""
         if self.n is not None and not 1 <= self.n <= MAX_N:
@@ -112,6 +129,7 @@ class _SamplingRequest(BaseModel):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
         )
+        kw.update(extra)
         if any(t < 0 for t in kw["stop_token_ids"] or []):
             raise bad_request("stop_token_ids must be non-negative", "stop_token_ids")
         try:
@@ -161,19 +179,75 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str
+
+
+class ToolCallItem(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... pass through to the template
+    model_config = ConfigDict(extra="allow")  # name, reasoning_content, ... pass through to the template
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: str | None = None
 
     def to_template(self) -> dict:
+        if self.role == "tool" and not self.tool_call_id:
+            raise bad_request("a message with role 'tool' needs its tool_call_id", "messages")
         msg = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
             if any(p.type != "text" or p.text is None for p in self.content):
                 raise bad_request("only text content parts are supported", "messages")
             msg["content"] = "".join(p.text for p in self.content)
         msg.setdefault("content", "")
+        for call in msg.get("tool_calls", []):
+            # chat templates expect the arguments as a mapping (transformers' convention), where
+            # OpenAI's history carries their JSON text
+            call["function"]["arguments"] = _arguments_for_template(call["function"]["arguments"])
         return msg
+
+
+def _arguments_for_template(arguments: str):
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+# apply_chat_template's own arguments: chat_template_kwargs may not replace them
+_TEMPLATE_ARGS = frozenset(
+    {"conversation", "messages", "tools", "documents", "chat_template", "tokenize", "add_generation_prompt",
+     "continue_final_message", "return_dict", "return_tensors", "tokenizer_kwargs"}
+)  # fmt: skip
+
+
+@cache
+def constrained_decoding_available() -> bool:
+    """Whether this atomc has the grammar engine that enforces `SamplingParams.structured_outputs`."""
+    return importlib.util.find_spec("atomc.engine.structured_outputs") is not None
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -181,7 +255,10 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    tools: list[dict] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = True
+    chat_template_kwargs: dict[str, Any] | None = None
     response_format: dict | None = None
 
     def template_messages(self) -> list[dict]:
@@ -189,9 +266,76 @@ class ChatCompletionRequest(_SamplingRequest):
             raise bad_request("messages must not be empty", "messages")
         return [m.to_template() for m in self.messages]
 
-    def sampling_params(self, defaults: dict | None = None) -> SamplingParams:
-        if self.tools:
-            raise bad_request("tools are not supported", "tools")
+    def template_tools(self) -> list[dict] | None:
+        """The tools as the chat template gets them (also for tool_choice "none", as vLLM renders them)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def template_kwargs(self) -> dict:
+        kwargs = dict(self.chat_template_kwargs or {})
+        clash = sorted(set(kwargs) & _TEMPLATE_ARGS)
+        if clash:
+            raise bad_request(f"chat_template_kwargs may not set {', '.join(clash)}", "chat_template_kwargs")
+        return kwargs
+
+    def output_setup(self, serve: ServeConfig) -> ChatOutputSetup:
+        """Which parsers read this request's output; 400 for a tool_choice this server cannot honour."""
+        mode, name = self._tool_mode()
+        if mode == "auto" and not (serve.enable_auto_tool_choice and serve.tool_call_parser):
+            raise bad_request(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                "tool_choice",
+            )
+        if mode in ("required", "named") and not constrained_decoding_available():
+            raise bad_request(
+                f"tool_choice {self.tool_choice!r} needs constrained decoding, which this server does not have",
+                "tool_choice",
+            )
+        tools = self.template_tools() or []
+        return ChatOutputSetup(
+            reasoning_parser=serve.reasoning_parser,
+            tool_mode=mode,
+            tool_parser=serve.tool_call_parser if mode == "auto" else None,
+            function_name=name,
+            tools=tools,
+            parallel_tool_calls=self.parallel_tool_calls is not False,
+        )
+
+    def _tool_mode(self) -> tuple[str | None, str | None]:
+        """(None | "auto" | "required" | "named", the named function)."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice not in (None, "none"):
+                raise bad_request("tool_choice is only allowed when tools are given", "tool_choice")
+            return None, None
+        if choice is None or choice == "auto":
+            return "auto", None
+        if choice == "none":
+            return None, None
+        if choice == "required":
+            return "required", None
+        if isinstance(choice, dict):
+            fn = choice.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if choice.get("type") != "function" or not isinstance(name, str):
+                raise bad_request(
+                    'tool_choice must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
+                    "tool_choice",
+                )
+            if name not in {t.function.name for t in self.tools}:
+                raise bad_request(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
+            return "named", name
+        message = f'tool_choice {choice!r} is not one of "auto", "none", "required" or a function'
+        raise bad_request(message, "tool_choice")
+
+    def _tool_constraint(self, setup: ChatOutputSetup) -> StructuredOutputsParams | None:
+        if setup.tool_mode == "named":
+            tool = next(t for t in setup.tools if t["function"]["name"] == setup.function_name)
+            return StructuredOutputsParams(json=named_schema(tool))
+        if setup.tool_mode == "required":
+            return StructuredOutputsParams(json=required_schema(setup.tools, self.parallel_tool_calls is not False))
+        return None
+
+    def sampling_params(self, defaults: dict | None = None, setup: ChatOutputSetup | None = None) -> SamplingParams:
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise bad_request("only response_format type 'text' is supported", "response_format")
         if self.top_logprobs is not None and not self.logprobs:
@@ -201,8 +345,18 @@ class ChatCompletionRequest(_SamplingRequest):
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+        extra: dict[str, Any] = {}
+        if setup is not None:
+            constraint = self._tool_constraint(setup)
+            if constraint is not None:
+                extra["structured_outputs"] = constraint
+            # a format whose markers are special tokens is read with them decoded (as vLLM does),
+            # unless the request asked otherwise
+            if setup.tool_mode == "auto" and "skip_special_tokens" not in self.model_fields_set:
+                if tool_parser_class(setup.tool_parser).keeps_special_tokens:
+                    extra["skip_special_tokens"] = False
         try:
-            return self._sampling_params(max_tokens, logprobs, None, defaults or {})
+            return self._sampling_params(max_tokens, logprobs, None, defaults or {}, **extra)
         except APIError as e:
             if e.param == "max_tokens":
                 e.param = param

@@ -79,6 +79,25 @@ def check_serve_config(config: EngineConfig) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
     if s.request_body_timeout_s <= 0 or s.request_header_timeout_s <= 0 or s.drain_timeout_s < 0:
         raise ValueError("--request-body-timeout and --request-header-timeout must be > 0, --drain-timeout >= 0")
+    check_output_parsers(s)
+
+
+def check_output_parsers(s) -> None:
+    """Unknown parser names and --enable-auto-tool-choice without a parser fail at start-up, and
+    the harmony parsers load their encoding now rather than on the first request."""
+    from atomc.serve.reasoning_parsers import reasoning_parser_class
+    from atomc.serve.tool_parsers import tool_parser_class
+
+    if s.enable_auto_tool_choice and not s.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME")
+    if s.tool_call_parser is not None:
+        tool_parser_class(s.tool_call_parser)
+    if s.reasoning_parser is not None:
+        reasoning_parser_class(s.reasoning_parser)
+    if "openai" in (s.tool_call_parser, s.reasoning_parser):
+        from atomc.serve.harmony_stream import harmony_encoding
+
+        harmony_encoding()
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

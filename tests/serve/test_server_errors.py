@@ -143,7 +143,10 @@ CHAT_CASES = [
     ({"max_tokens": 500}, "messages"),  # prompt + max_tokens over the context
     ({"temperature": -1}, "temperature"),
     ({"n": 0}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    # tools default to tool_choice "auto", which this server (no --enable-auto-tool-choice) refuses
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": ""}}], "tool_choice": "none"}, "tools"),
+    ({"messages": [{"role": "tool", "content": "18 C"}]}, "messages"),
 ]
 
 

@@ -150,12 +150,12 @@ def test_responses_unknown_model_and_key(client, server):
 
 
 def test_responses_tools_reach_chat(client, model):
-    """The tools translate and reach chat's own check. Chat on this branch refuses tools, so the
-    answer is chat's 400 on `tools`; once chat takes tools (merge), this becomes a tool-call test."""
+    """The tools translate and reach chat's own check: this server has no --enable-auto-tool-choice,
+    so tool_choice "auto" is chat's 400 (tool calls themselves: tests/serve/test_server_tools.py)."""
     tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=model, input=PROMPT, tools=[tool], max_output_tokens=4)
-    assert e.value.body["param"] == "tools" and "tools are not supported" in e.value.body["message"]
+    assert e.value.body["param"] == "tool_choice" and "--enable-auto-tool-choice" in e.value.body["message"]
 
 
 # ---------------------------------------------------------------- /v1/messages
