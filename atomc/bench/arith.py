@@ -22,10 +22,38 @@ TASK_DIR = Path(__file__).parent / "lm_eval_tasks"
 # the shipped splits: (file name, seed, number of problems); few-shot examples come from `train`
 SPLITS = {"test": ("atomc_arith_test.jsonl", 0, 200), "train": ("atomc_arith_train.jsonl", 1, 16)}
 
-NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kemal", "Lena",
-         "Mateo", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara"]  # fmt: skip
-ITEMS = [("apples", "basket"), ("marbles", "bag"), ("stickers", "sheet"), ("pencils", "box"),
-         ("cookies", "tray"), ("books", "shelf"), ("shells", "bucket"), ("cards", "pack")]  # fmt: skip
+NAMES = [
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Dev",
+    "Elena",
+    "Farid",
+    "Grace",
+    "Hugo",
+    "Ines",
+    "Jonas",
+    "Kemal",
+    "Lena",
+    "Mateo",
+    "Nadia",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+]
+ITEMS = [
+    ("apples", "basket"),
+    ("marbles", "bag"),
+    ("stickers", "sheet"),
+    ("pencils", "box"),
+    ("cookies", "tray"),
+    ("books", "shelf"),
+    ("shells", "bucket"),
+    ("cards", "pack"),
+]
 
 
 def _buy_give(rng: random.Random) -> tuple[str, list[str], int]:
@@ -39,8 +67,11 @@ def _buy_give(rng: random.Random) -> tuple[str, list[str], int]:
         f"{name} has {start} {item}. {name} buys {packs} {unit}s with {per} {item} in each {unit}, "
         f"then gives {given} {item} to a friend. How many {item} does {name} have now?"
     )
-    steps = [f"{name} buys {packs} * {per} = {bought} {item}.", f"{name} then has {start} + {bought} = {total} {item}.",
-             f"After giving {given} away, {name} has {total} - {given} = {answer} {item}."]  # fmt: skip
+    steps = [
+        f"{name} buys {packs} * {per} = {bought} {item}.",
+        f"{name} then has {start} + {bought} = {total} {item}.",
+        f"After giving {given} away, {name} has {total} - {given} = {answer} {item}.",
+    ]
     return question, steps, answer
 
 
@@ -55,9 +86,11 @@ def _earn_spend(rng: random.Random) -> tuple[str, list[str], int]:
         f"{name} earns ${rate} an hour and works {hours} hours a day for {days} days. "
         f"{name} spends ${spent} on a gift. How many dollars does {name} have left?"
     )
-    steps = [f"Each day {name} earns {rate} * {hours} = {per_day} dollars.",
-             f"In {days} days that is {per_day} * {days} = {earned} dollars.",
-             f"After the gift, {name} has {earned} - {spent} = {answer} dollars."]  # fmt: skip
+    steps = [
+        f"Each day {name} earns {rate} * {hours} = {per_day} dollars.",
+        f"In {days} days that is {per_day} * {days} = {earned} dollars.",
+        f"After the gift, {name} has {earned} - {spent} = {answer} dollars.",
+    ]
     return question, steps, answer
 
 
@@ -71,8 +104,10 @@ def _share(rng: random.Random) -> tuple[str, list[str], int]:
         f"{name} had {total} {item}, kept {extra} of them, and shared the rest equally among "
         f"{friends} friends. How many {item} did each friend get?"
     )
-    steps = [f"{name} shared {total} - {extra} = {shared} {item}.",
-             f"Each friend got {shared} / {friends} = {answer} {item}."]  # fmt: skip
+    steps = [
+        f"{name} shared {total} - {extra} = {shared} {item}.",
+        f"Each friend got {shared} / {friends} = {answer} {item}.",
+    ]
     return question, steps, answer
 
 
@@ -86,9 +121,11 @@ def _rows(rng: random.Random) -> tuple[str, list[str], int]:
         f"{name} plants {rows} rows of tulips with {per_row} tulips in each row. {dead} tulips do not "
         f"grow, and later {name} plants {planted} more. How many tulips are growing now?"
     )
-    steps = [f"{name} planted {rows} * {per_row} = {grown} tulips.",
-             f"{grown} - {dead} = {alive} of them grow.",
-             f"With {planted} more there are {alive} + {planted} = {answer} tulips."]  # fmt: skip
+    steps = [
+        f"{name} planted {rows} * {per_row} = {grown} tulips.",
+        f"{grown} - {dead} = {alive} of them grow.",
+        f"With {planted} more there are {alive} + {planted} = {answer} tulips.",
+    ]
     return question, steps, answer
 
 

@@ -42,12 +42,37 @@ MODELS = ("local-completions", "local-chat-completions")
 # the CVS AccuracyTask fields; `backend` and `device` are accepted and unused (API models run on
 # the server, not here), `tokenizer` is atomc's
 FIELDS = {
-    "id", "task", "tasks", "backend", "lm_eval_model", "extra_model_args", "num_concurrent", "num_fewshot",
-    "batch_size", "max_batch_size", "device", "gen_kwargs", "limit", "samples", "use_cache", "cache_requests",
-    "check_integrity", "system_instruction", "apply_chat_template", "fewshot_as_multiturn", "include_path",
-    "predict_only", "seed", "trust_remote_code", "confirm_run_unsafe_code", "metadata", "exec_timeout_sec",
-    "tokenizer", "max_retries", "timeout",
-}  # fmt: skip
+    "id",
+    "task",
+    "tasks",
+    "backend",
+    "lm_eval_model",
+    "extra_model_args",
+    "num_concurrent",
+    "num_fewshot",
+    "batch_size",
+    "max_batch_size",
+    "device",
+    "gen_kwargs",
+    "limit",
+    "samples",
+    "use_cache",
+    "cache_requests",
+    "check_integrity",
+    "system_instruction",
+    "apply_chat_template",
+    "fewshot_as_multiturn",
+    "include_path",
+    "predict_only",
+    "seed",
+    "trust_remote_code",
+    "confirm_run_unsafe_code",
+    "metadata",
+    "exec_timeout_sec",
+    "tokenizer",
+    "max_retries",
+    "timeout",
+}
 DEFAULT_TIMEOUT_S = 4 * 60 * 60  # CVS's exec_timeout_sec
 
 
@@ -60,6 +85,7 @@ class AccuracySpecError(ValueError):
 
 def task_names(task: dict) -> list[str]:
     """`tasks` (a list or a comma-separated string) or the legacy `task`; they must agree."""
+
     def split(v) -> list[str]:
         if isinstance(v, list):
             return [str(x).strip() for x in v if str(x).strip()]
@@ -205,8 +231,16 @@ def project(results: dict) -> dict[str, float]:
 def gate_task(task_id: str, metrics: dict[str, float], specs) -> list[dict]:
     """One row per gated metric of a task; a task without specs gets one INFO row."""
     if not isinstance(specs, dict) or not any(not k.startswith("_") for k in specs):
-        return [{"task": task_id, "metric": "-", "threshold": "-", "actual": None,
-                 "status": str(Status.INFO), "reason": "no thresholds for task: recorded only"}]  # fmt: skip
+        return [
+            {
+                "task": task_id,
+                "metric": "-",
+                "threshold": "-",
+                "actual": None,
+                "status": str(Status.INFO),
+                "reason": "no thresholds for task: recorded only",
+            }
+        ]
     rows = []
     for metric, spec in specs.items():
         if metric.startswith("_"):
@@ -216,9 +250,16 @@ def gate_task(task_id: str, metrics: dict[str, float], specs) -> list[dict]:
             verdict = Verdict(Status.FAIL, f"the task produced no {metric!r}; it produced: {produced}")
         else:
             verdict = evaluate(spec, metrics.get(metric), metrics)
-        rows.append({"task": task_id, "metric": metric, "threshold": describe_threshold(spec),
-                     "actual": metrics.get(metric), "status": str(verdict.status),
-                     "reason": verdict.reason})  # fmt: skip
+        rows.append(
+            {
+                "task": task_id,
+                "metric": metric,
+                "threshold": describe_threshold(spec),
+                "actual": metrics.get(metric),
+                "status": str(verdict.status),
+                "reason": verdict.reason,
+            }
+        )
     return rows
 
 
@@ -246,8 +287,12 @@ def run_lm_eval(request: dict, work_dir: Path, timeout_s: float, log) -> dict:
     req_path, out_path = work_dir / "request.json", work_dir / "lm_eval_results.json"
     log_path = work_dir / "lm_eval.log"
     req_path.write_text(json.dumps(request, indent=1) + "\n")
-    env = {**os.environ, "HF_DATASETS_OFFLINE": os.environ.get("HF_DATASETS_OFFLINE", "1"),
-           "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": os.environ.get("HF_DATASETS_OFFLINE", "1"),
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     cmd = [sys.executable, "-m", "atomc.bench.lm_eval_run", str(req_path), str(out_path)]
     log(f"accuracy: lm-eval {','.join(request['tasks'])} against {request['model_args']['base_url']} (log: {log_path})")
     with open(log_path, "wb") as log_file:
@@ -291,8 +336,12 @@ def run(spec: dict, ctx: SuiteContext) -> BlockResult:
         row = {"id": task_id, "tasks": request["tasks"], "model": request["model"], "metrics": {}, "gates": []}
         t0 = time.monotonic()
         try:
-            out = run_lm_eval(request, ctx.out_dir / "accuracy" / task_id,
-                              float(task.get("exec_timeout_sec", DEFAULT_TIMEOUT_S)), ctx.log)  # fmt: skip
+            out = run_lm_eval(
+                request,
+                ctx.out_dir / "accuracy" / task_id,
+                float(task.get("exec_timeout_sec", DEFAULT_TIMEOUT_S)),
+                ctx.log,
+            )
         except RuntimeError as exc:
             row.update(status="ERROR", error=str(exc), duration_s=round(time.monotonic() - t0, 2))
             rows.append(row)
@@ -301,8 +350,12 @@ def run(spec: dict, ctx: SuiteContext) -> BlockResult:
         # block metrics carry the task id: two tasks may run one lm-eval task (CVS's gsm8k_flex and
         # gsm8k_strict), and their figures must not overwrite each other
         metrics.update({f"{task_id}/{k}": v for k, v in task_metrics.items()})
-        row.update(metrics=task_metrics, gates=gate_task(task_id, task_metrics, thresholds.get(task_id)),
-                   n_samples=out.get("n-samples"), duration_s=round(time.monotonic() - t0, 2))  # fmt: skip
+        row.update(
+            metrics=task_metrics,
+            gates=gate_task(task_id, task_metrics, thresholds.get(task_id)),
+            n_samples=out.get("n-samples"),
+            duration_s=round(time.monotonic() - t0, 2),
+        )
         row["status"] = worst(g["status"] for g in row["gates"])
         (ctx.out_dir / "accuracy" / task_id / "samples.json").write_text(
             json.dumps(out.get("samples") or {}, indent=1, default=str) + "\n"

@@ -39,17 +39,66 @@ BLOCK = "long_context_accuracy"
 FIELDS = {"id", "isl", "osl", "num_prompts", "seed", "lengths", "depths", "endpoint", "num_concurrent"}
 CHARS_PER_TOKEN = 4.0  # the estimate when the server cannot count
 
-CITIES = ["Lisbon", "Oslo", "Nairobi", "Lima", "Hanoi", "Quito", "Tbilisi", "Dakar", "Perth", "Bergen",
-          "Cusco", "Accra", "Riga", "Porto", "Kyoto", "Tunis"]  # fmt: skip
-SUBJECTS = ["The old ferry", "A quiet library", "The morning market", "A narrow bridge", "The river valley",
-            "A village bakery", "The tram line", "A stone lighthouse", "The hill garden",
-            "A small orchestra"]  # fmt: skip
-VERBS = ["opened", "closed", "was repainted", "welcomed visitors", "stayed busy", "grew quieter",
-         "was repaired", "changed its hours", "drew a crowd", "was photographed"]  # fmt: skip
-TIMES = ["early in spring", "after the long rains", "during the festival", "on a windy afternoon",
-         "late in the evening", "before the harvest", "in the first week of winter", "at dawn"]  # fmt: skip
-DETAILS = ["People talked about it for days.", "Nobody seemed to mind.", "The weather stayed mild.",
-           "Tea was served outside.", "A few children watched from the steps.", "The bells rang twice."]  # fmt: skip
+CITIES = [
+    "Lisbon",
+    "Oslo",
+    "Nairobi",
+    "Lima",
+    "Hanoi",
+    "Quito",
+    "Tbilisi",
+    "Dakar",
+    "Perth",
+    "Bergen",
+    "Cusco",
+    "Accra",
+    "Riga",
+    "Porto",
+    "Kyoto",
+    "Tunis",
+]
+SUBJECTS = [
+    "The old ferry",
+    "A quiet library",
+    "The morning market",
+    "A narrow bridge",
+    "The river valley",
+    "A village bakery",
+    "The tram line",
+    "A stone lighthouse",
+    "The hill garden",
+    "A small orchestra",
+]
+VERBS = [
+    "opened",
+    "closed",
+    "was repainted",
+    "welcomed visitors",
+    "stayed busy",
+    "grew quieter",
+    "was repaired",
+    "changed its hours",
+    "drew a crowd",
+    "was photographed",
+]
+TIMES = [
+    "early in spring",
+    "after the long rains",
+    "during the festival",
+    "on a windy afternoon",
+    "late in the evening",
+    "before the harvest",
+    "in the first week of winter",
+    "at dawn",
+]
+DETAILS = [
+    "People talked about it for days.",
+    "Nobody seemed to mind.",
+    "The weather stayed mild.",
+    "Tea was served outside.",
+    "A few children watched from the steps.",
+    "The bells rang twice.",
+]
 INSTRUCTION = "Find the secret number in this text.\n\n"
 
 
@@ -282,17 +331,31 @@ def run_cell(cell: dict, client: httpx.Client, ctx: SuiteContext, counter: Token
             if not mine:
                 continue
             used = [a[2] for a in mine if a[2] is not None]
-            grid.append({
-                "length": length, "depth": depth, "prompts": len(mine), "retrieved": sum(a[1] for a in mine),
-                "pass_rate": sum(a[1] for a in mine) / len(mine), "length_source": counter.source,
-                "measured_tokens": measured, "prompt_tokens": round(sum(used) / len(used)) if used else None,
-                "errors": [a[4] for a in mine if a[4]], "example_answer": mine[0][3][:120],
-            })  # fmt: skip
+            grid.append(
+                {
+                    "length": length,
+                    "depth": depth,
+                    "prompts": len(mine),
+                    "retrieved": sum(a[1] for a in mine),
+                    "pass_rate": sum(a[1] for a in mine) / len(mine),
+                    "length_source": counter.source,
+                    "measured_tokens": measured,
+                    "prompt_tokens": round(sum(used) / len(used)) if used else None,
+                    "errors": [a[4] for a in mine if a[4]],
+                    "example_answer": mine[0][3][:120],
+                }
+            )
     ran = [g for g in grid if "pass_rate" in g]
     prompts = sum(g["prompts"] for g in ran)
     errors = [e for g in ran for e in g["errors"]]
-    row = {"id": cell["id"], "lengths": cell_lengths(cell), "depths": depths, "grid": grid, "prompts": prompts,
-           "length_source": counter.source}  # fmt: skip
+    row = {
+        "id": cell["id"],
+        "lengths": cell_lengths(cell),
+        "depths": depths,
+        "grid": grid,
+        "prompts": prompts,
+        "length_source": counter.source,
+    }
     not_run = [g for g in grid if "pass_rate" not in g]
     if not_run:
         row["reason"] = "; ".join(f"length {g['length']}: {g['reason']}" for g in not_run)
@@ -314,8 +377,15 @@ def metric_name(cell_id: str) -> str:
 def gate_cell(row: dict, specs) -> list[dict]:
     name = metric_name(row["id"])
     if not isinstance(specs, dict) or not any(not k.startswith("_") for k in specs):
-        return [{"metric": "-", "threshold": "-", "actual": row.get("pass_rate"), "status": "INFO",
-                 "reason": "no thresholds for cell: recorded only"}]  # fmt: skip
+        return [
+            {
+                "metric": "-",
+                "threshold": "-",
+                "actual": row.get("pass_rate"),
+                "status": "INFO",
+                "reason": "no thresholds for cell: recorded only",
+            }
+        ]
     out = []
     for metric, spec in specs.items():
         if metric.startswith("_"):
@@ -326,8 +396,15 @@ def gate_cell(row: dict, specs) -> list[dict]:
         else:
             v = evaluate(spec, actual)
             verdict_status, reason = v.status, v.reason
-        out.append({"metric": metric, "threshold": describe_threshold(spec), "actual": actual,
-                    "status": str(verdict_status), "reason": reason})  # fmt: skip
+        out.append(
+            {
+                "metric": metric,
+                "threshold": describe_threshold(spec),
+                "actual": actual,
+                "status": str(verdict_status),
+                "reason": reason,
+            }
+        )
     return out
 
 
