@@ -17,13 +17,14 @@ import json
 import sys
 from pathlib import Path
 
-SAMPLES_KEPT = 20  # per task, for the report: enough to see what the model answered
+SAMPLES_KEPT = 40  # rows per task (a row per doc and filter): enough to see what the model answered
 
 
 def _sample_row(sample: dict) -> dict:
     doc = sample.get("doc") or {}
     return {
         "doc_id": sample.get("doc_id"),
+        "filter": sample.get("filter"),  # one row per doc and filter (strict-match, flexible-extract)
         "prompt": doc.get("question", doc) if isinstance(doc, dict) else doc,
         "target": sample.get("target"),
         "response": sample.get("filtered_resps"),
