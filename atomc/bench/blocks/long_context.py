@@ -202,7 +202,11 @@ def fit_filler(target: int, seed: int, count: Callable[[str], int | None], chat:
     """The longest seeded filler whose prompt (a needle in the middle) is at most `target` tokens,
     and that prompt's length: a linear guess from a short calibration, then guesses from the
     measured error, bisecting once a length was too long (or refused)."""
-    city, _number, sentence = needle(random.Random(seed))
+    # measured with the longest city name (it appears up to three times), so the real prompts,
+    # each with its own needle, come out at or just under the target
+    _city, number, _sentence = needle(random.Random(seed))
+    city = max(CITIES, key=len)
+    sentence = f"The secret number of {city} is {number}."
 
     def measure(k: int) -> int | None:
         return count(build_prompt(filler_sentences(seed, k), 0.5, sentence, city, chat))
@@ -218,14 +222,21 @@ def fit_filler(target: int, seed: int, count: Callable[[str], int | None], chat:
         n = measure(k)
         if n is not None and n <= target:
             lo, lo_n = k, n
+            per = max((n - fixed) / k, 1e-3)  # the average over many sentences: a better rate
         else:
             hi = k
         if hi is not None and hi - lo <= 1:
             break
         if hi is None and target - lo_n < per:
             break  # one more sentence would not fit
-        guess = lo + max(1, int((target - lo_n) / per))
-        k = guess if hi is None else min(max(guess, lo + 1), hi - 1) if n is not None else (lo + hi) // 2
+        # step from the last measurement by its error; bisect when refused or when the step
+        # would leave the bracket (lo fits, hi does not)
+        guess = k + math.floor((target - n) / per) if n is not None else (lo + (hi or 2 * k)) // 2
+        if guess <= lo:
+            guess = lo + 1
+        if hi is not None and guess >= hi:
+            guess = (lo + hi) // 2
+        k = guess
     return filler_sentences(seed, lo), lo_n
 
 
