@@ -179,3 +179,19 @@ def test_the_browser_renders_the_plots(browser, tmp_path):
     assert out.returncode == 0 and shot.is_file(), out.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a blank page compresses to a few kB
+
+
+def test_bench_deck_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from atomc.bench.cli import bench_app
+
+    prev, _parity = write_inputs(tmp_path)
+    path = tmp_path / "sweep_results.json"
+    path.write_text(json.dumps(report()))
+    out = CliRunner().invoke(bench_app, ["deck", str(path), "--prev-report", str(prev)])
+    assert out.exit_code == 0, out.output
+    assert "run deck:" in out.output and (tmp_path / deck.HTML_FILE).is_file()
+    assert "prev_run" in json.loads((tmp_path / deck.JSON_FILE).read_text())["panels"]
+    out = CliRunner().invoke(bench_app, ["deck", str(path), "--prev-report", str(tmp_path / "nope.json")])
+    assert "run deck not written" in out.output and "previous report" in out.output
