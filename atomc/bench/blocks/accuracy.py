@@ -20,7 +20,7 @@ is always on the include path; any task the user has locally is usable by name, 
 
 The client sends text, not token ids (`tokenized_requests=False`, no tokenizer): generation
 tasks then need nothing but the server. Log-likelihood tasks need a tokenizer: set `tokenizer`
-(a local Hugging Face folder) and the server must return prompt logprobs (`echo`).
+(a local Hugging Face folder), and the server must score prompts (`echo` with `logprobs`).
 """
 
 from __future__ import annotations
