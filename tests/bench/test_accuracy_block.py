@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,53 @@ def test_an_oracle_scores_one_and_passes(tmp_path):
     rows = samples["atomc_arith"]
     assert len(rows) == 8 and {r["filter"] for r in rows} == {"strict-match", "flexible-extract"}
     assert all(r["response"] == [arith.final_answer(r["target"])] for r in rows)
+
+
+USER_TASK = """task: my_sums
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: generate_until
+test_split: test
+doc_to_text: "Q: {{{{question}}}}\\nA:"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: exact_match
+generation_kwargs:
+  until: ["Q:"]
+  max_gen_toks: 8
+"""
+
+
+def sums_app():
+    """Answers "Q: what is a plus b?" with the sum, except for the last question."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        a, b = map(int, re.findall(r"(\d+) plus (\d+)", (await request.json())["prompt"])[-1])
+        return completion("0" if a == 3 else str(a + b))  # exact match: no leading space
+
+    return app
+
+
+@needs_lm_eval
+def test_a_users_own_task_runs_by_name_from_include_path(tmp_path):
+    """A task lm-eval does not ship, in a folder next to the config, found by its name."""
+    tasks = tmp_path / "my_tasks"
+    tasks.mkdir()
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"question": f"what is {a} plus {a}?", "answer": str(2 * a)}) + "\n"
+                            for a in (1, 2, 3, 4)))  # fmt: skip
+    (tasks / "my_sums.yaml").write_text(USER_TASK.format(data=data))
+    thresholds = {"accuracy": {"mine": {"my_sums.exact_match__none": {"kind": "min", "value": 0.8}}}}
+    with fake_server(sums_app()) as url:
+        spec = {"tasks": [{"id": "mine", "task": "my_sums", "include_path": "my_tasks"}]}
+        result = accuracy.run(spec, ctx_for(tmp_path, url, "m", thresholds))
+    assert result.verdict == "FAIL", result.reason
+    assert result.metrics["mine/my_sums.exact_match__none"] == 0.75  # 3 of 4
+    assert "0.75 not >= 0.8" in result.reason
 
 
 @needs_lm_eval
