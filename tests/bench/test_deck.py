@@ -195,3 +195,16 @@ def test_bench_deck_command(tmp_path):
     assert "prev_run" in json.loads((tmp_path / deck.JSON_FILE).read_text())["panels"]
     out = CliRunner().invoke(bench_app, ["deck", str(path), "--prev-report", str(tmp_path / "nope.json")])
     assert "run deck not written" in out.output and "previous report" in out.output
+
+
+def test_the_comparison_inputs_are_read_in_env_and_are_no_graph_factor(monkeypatch, tmp_path):
+    from atomc import env
+
+    monkeypatch.delenv("CVS_INFERENCE_PREV_REPORT_JSON", raising=False)
+    assert env.prev_report_json() is None
+    monkeypatch.setenv("CVS_INFERENCE_PREV_REPORT_JSON", str(tmp_path / "p.json"))
+    monkeypatch.setenv("CVS_ATOM_PARITY_REF_JSON", "~/ref.json")
+    assert env.prev_report_json() == tmp_path / "p.json"
+    assert env.parity_ref_json() == Path("~/ref.json").expanduser()
+    assert {"CVS_INFERENCE_PREV_REPORT_JSON", "CVS_ATOM_PARITY_REF_JSON"} <= set(env.snapshot())
+    assert not {"CVS_INFERENCE_PREV_REPORT_JSON", "CVS_ATOM_PARITY_REF_JSON"} & set(env.graph_snapshot())

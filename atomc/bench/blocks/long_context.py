@@ -38,6 +38,7 @@ from atomc.bench.thresholds import Status, describe_threshold, evaluate
 BLOCK = "long_context_accuracy"
 FIELDS = {"id", "isl", "osl", "num_prompts", "seed", "lengths", "depths", "endpoint", "num_concurrent"}
 CHARS_PER_TOKEN = 4.0  # the estimate when the server cannot count
+REQUEST_TIMEOUT_S = 600.0  # one answer: a long prefill on a loaded server, not a hang
 
 CITIES = [
     "Lisbon",
@@ -429,7 +430,7 @@ def run(spec: dict, ctx: SuiteContext) -> BlockResult:
     thresholds = (ctx.thresholds or {}).get("long_context_accuracy") or {}
     config_max = ctx.params.get("max_model_length")
     rows, metrics = [], {}
-    timeout = httpx.Timeout(float(ctx.params.get("niah_request_timeout_s", 600)), connect=30.0)
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
     with httpx.Client(timeout=timeout, headers=auth_headers(ctx.api_key), trust_env=False) as client:
         counter = TokenCounter(client, ctx.base_url, ctx.model)
         max_len = server_max_len(client, ctx.base_url.rstrip("/"), ctx.model)
