@@ -208,3 +208,16 @@ def test_the_comparison_inputs_are_read_in_env_and_are_no_graph_factor(monkeypat
     assert env.parity_ref_json() == Path("~/ref.json").expanduser()
     assert {"CVS_INFERENCE_PREV_REPORT_JSON", "CVS_ATOM_PARITY_REF_JSON"} <= set(env.snapshot())
     assert not {"CVS_INFERENCE_PREV_REPORT_JSON", "CVS_ATOM_PARITY_REF_JSON"} & set(env.graph_snapshot())
+
+
+def test_errored_tasks_and_skipped_cells_render_with_their_reasons():
+    r = report()
+    acc, niah = r["blocks"][0], r["blocks"][1]
+    acc["rows"].append({"id": "broken", "tasks": ["gsm8k"], "metrics": {}, "gates": [], "status": "ERROR",
+                        "error": "lm-eval exited with code 3"})  # fmt: skip
+    niah["rows"].append({"id": "128k", "grid": [{"length": 131072, "status": "SKIP", "reason": "too long"}],
+                         "pass_rate": None, "status": "SKIP", "reason": "length 131072: too long",
+                         "gates": []})  # fmt: skip
+    html = deck.render_html(r)
+    assert "lm-eval exited with code 3" in html and "length 131072: too long" in html
+    assert parse(html).count("td", "heat") == 6  # the skipped cell adds no grid
