@@ -182,10 +182,12 @@ def summary_section(report: dict) -> str:
     gates = report.get("gates") or []
     counts = {s: sum(g.get("status") == s for g in gates) for s in ("PASS", "FAIL", "SKIP", "INFO")}
     blocks = report.get("blocks") or []
+    profile = f" (profile {fmt(report['profile'])})" if report.get("profile") else ""
     items = [
         ("model", fmt(report.get("model"))),
         ("server", fmt(report.get("base_url"))),
-        ("config", fmt(report.get("config"))),
+        ("config", fmt(report.get("config")) + profile),
+        *((k.replace("_", " "), fmt(report[k])) for k in ("driver", "started_at", "finished_at") if report.get(k)),
         ("thresholds", fmt(report.get("threshold_file"))),
         ("mode", "enforced" if report.get("enforce_thresholds") else "record-only"),
         ("gates", " ".join(f"{badge(s)} {n}" for s, n in counts.items())),

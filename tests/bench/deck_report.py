@@ -159,4 +159,6 @@ def report(scale: float = 1.0, arith: float = 0.62, niah: float = 0.75) -> dict:
         "gates": gates,
         "blocks": [accuracy, niah_block, platform],
         "exit_code": 1,
+        "profile": "perf",
+        "driver": "atom",
     }

@@ -120,6 +120,7 @@ def test_page_has_every_part_and_loads_nothing(tmp_path):
     assert sorted({float(p["data-x"]) for p in perf_points}) == [1, 2, 4, 8, 16]
     assert page.count("td", "heat") == 6  # the NIAH grid: 2 lengths x 3 depths
     assert html.count('class="badge fail"') >= 2  # the failed throughput gate and the accuracy gate
+    assert "(profile perf)" in html and ">driver<" in html
 
 
 def test_text_from_the_report_is_escaped(tmp_path):
