@@ -218,20 +218,38 @@ def gates_section(report: dict) -> str:
     )
 
 
-def perf_section(report: dict) -> str:
+def shape_key(key: str) -> str:
+    """The shape part of a cell key (all but CONC): how cells of two reports are matched."""
+    return ",".join(f"{k}={v}" for k, v in parse_cell_key(key).items() if k != "CONC")
+
+
+def by_shape(cells: dict) -> dict[str, list[tuple[int, dict]]]:
+    out: dict[str, list[tuple[int, dict]]] = {}
+    for key, cell in cells.items():
+        conc = parse_cell_key(key).get("CONC")
+        if conc is not None and conc.isdigit():
+            out.setdefault(shape_key(key), []).append((int(conc), cell))
+    return out
+
+
+def perf_section(report: dict, overlays: dict[str, dict] | None = None) -> str:
+    """Per shape, each metric against concurrency; `overlays` ({label: report}) add the same
+    shape's cells of other runs (the previous run, the parity reference) as more lines."""
     cells = report.get("cells") or {}
     if not cells:
         return section("Performance", "<p>No sweep cells.</p>", "perf")
-    shapes: dict[str, list[tuple[int, dict]]] = {}
-    for key, cell in cells.items():
-        label, conc = shape_of(key, cell)
-        if conc is not None:
-            shapes.setdefault(label, []).append((conc, cell))
+    shapes = by_shape(cells)
+    others = {label: by_shape(r.get("cells") or {}) for label, r in (overlays or {}).items()}
     parts = []
-    for label, points in shapes.items():
+    for shape, points in shapes.items():
+        combo = next((c.get("combo") for _, c in points if c.get("combo")), None)
+        label = f"{combo} ({shape})" if combo else shape
         charts = []
         for metric, title, unit in PERF_PLOTS:
-            series = [(metric, [(c, _num(cell.get(metric))) for c, cell in points])]
+            series = [("this run" if others else metric, [(c, _num(cell.get(metric))) for c, cell in points])]
+            for name, other in others.items():
+                if other.get(shape):
+                    series.append((name, [(c, _num(cell.get(metric))) for c, cell in other[shape]]))
             charts.append(line_chart(series, title, "concurrency", unit, log2_x=True))
         parts.append(f'<div class="shape"><h3>{escape(label)}</h3><div class="charts">{"".join(charts)}</div></div>')
     headers = ["cell", "ok/total", "out tok/s", "mean TTFT ms", "p99 TTFT ms", "mean TPOT ms", "mean ITL ms"]
@@ -441,14 +459,14 @@ td.heat{text-align:center;color:#fff;font-weight:600;min-width:44px}
 """
 
 
-def render_html(report: dict, panels: dict | None = None) -> str:
+def render_html(report: dict, panels: dict | None = None, overlays: dict[str, dict] | None = None) -> str:
     panels = panels if panels is not None else report.get("panels") or {}
     title = f"atomc run deck: {report.get('model') or 'run'}"
     body = "".join(
         [
             summary_section(report),
             gates_section(report),
-            perf_section(report),
+            perf_section(report, overlays),
             blocks_section(report),
             accuracy_section(report),
             long_context_section(report),
@@ -484,5 +502,10 @@ def write_deck(
         full.setdefault("panels_inputs", {})["parity_ref"] = str(parity_path)
     json_path, html_path = out_dir / JSON_FILE, out_dir / HTML_FILE
     json_path.write_text(json.dumps(full, indent=2, default=str) + "\n")
-    html_path.write_text(render_html(full, panels))
+    overlays = {}
+    if prev is not None:
+        overlays["previous run"] = prev
+    if parity is not None:
+        overlays[str(panels["framework_parity"]["reference"])] = parity
+    html_path.write_text(render_html(full, panels, overlays))
     return html_path, json_path

@@ -113,10 +113,13 @@ def test_page_has_every_part_and_loads_nothing(tmp_path):
     assert "https://" not in html
     # 3 perf charts per shape + 3 platform charts (power, clock, temperature)
     assert page.count("svg", "chart") == SHAPES * PERF_METRICS + 3
-    perf_points = [
-        p for p in page.points() if p["data-series"] in ("output_throughput", "mean_ttft_ms", "mean_tpot_ms")
-    ]
+    # with comparison inputs each perf chart has three lines: this run, the previous run, vllm's
+    perf_points = [p for p in page.points() if p["data-series"] == "this run"]
     assert len(perf_points) == SHAPES * PERF_METRICS * CONCS
+    for other in ("previous run", "vllm"):
+        assert sum(p["data-series"] == other for p in page.points()) == SHAPES * PERF_METRICS * CONCS
+    prev_tput = [float(p["data-y"]) for p in page.points() if p["data-series"] == "previous run"][:CONCS]
+    assert prev_tput == pytest.approx([1.25 * 120.0 * c**0.8 for c in (1, 2, 4, 8, 16)], rel=1e-3)
     assert sorted({float(p["data-x"]) for p in perf_points}) == [1, 2, 4, 8, 16]
     assert page.count("td", "heat") == 6  # the NIAH grid: 2 lengths x 3 depths
     assert html.count('class="badge fail"') >= 2  # the failed throughput gate and the accuracy gate
