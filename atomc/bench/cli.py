@@ -168,4 +168,37 @@ def sweep(
         summary += f", {counts['blocks_failed']} blocks FAIL/ERROR"
     mode = "enforced" if report["enforce_thresholds"] else "record-only"
     typer.echo(f"\n{summary} ({mode}); report: {outcome.report_path}")
+    _write_deck(report, output_dir)
     raise typer.Exit(outcome.exit_code)
+
+
+def _write_deck(results: dict, output_dir: Path, prev: Path | None = None, parity: Path | None = None) -> None:
+    from atomc.bench.deck import write_deck
+
+    try:
+        html_path, json_path = write_deck(results, output_dir, prev, parity)
+    except ValueError as exc:  # an unreadable comparison input: the run's own results stand
+        typer.echo(f"run deck not written: {exc}", err=True)
+        return
+    typer.echo(f"run deck: {html_path} (and {json_path.name})")
+
+
+@bench_app.command("deck")
+def deck(
+    report: Path = typer.Argument(..., exists=True, dir_okay=False, help="A run's report JSON (report.json)."),
+    output_dir: Path = typer.Option(None, help="Where run_deck.html and run_deck.json go; default: beside REPORT."),
+    prev_report: Path = typer.Option(
+        None, help="A previous run's report, for the prev-run panels; default: $CVS_INFERENCE_PREV_REPORT_JSON."
+    ),
+    parity_ref: Path = typer.Option(
+        None, help="Another framework's report of the same cells; default: $CVS_ATOM_PARITY_REF_JSON."
+    ),
+) -> None:
+    """Render a run's report as the run deck: one self-contained HTML page and its JSON."""
+    try:
+        data = json.loads(report.read_text())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{report} is not JSON: {exc}", param_hint="REPORT") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{report} is not a report object", param_hint="REPORT")
+    _write_deck(data, output_dir or report.parent, prev_report, parity_ref)

@@ -26,6 +26,10 @@ class SuiteContext:
     api_key: str | None = None
     params: dict = field(default_factory=dict)  # the config's `params`
     log: Callable[[str], None] = print
+    # the whole threshold file: a block gates against its own top-level key (`accuracy`,
+    # `long_context_accuracy`, `mtp_quality`), keyed by the task or cell id of its config
+    # (last, so positional construction of the fields above keeps working)
+    thresholds: dict = field(default_factory=dict)
 
 
 @dataclass
