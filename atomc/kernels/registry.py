@@ -16,6 +16,7 @@ import torch
 
 import atomc.ops  # noqa: F401  (the atomc ops and their reference bodies)
 from atomc.kv_spec import KVCacheSpec
+from atomc.ops.fp8_fused import FUSED_QUANT_OPS
 
 BACKENDS = ("torch", "triton", "aiter")
 # preference order per platform; "torch" is always last so every op has an implementation
@@ -40,12 +41,7 @@ OPS = (
     "fp8_quant_dynamic",
     "fp8_gemm",
     "fp8_block_gemm",
-    "rms_norm_fp8_quant_dynamic",
-    "rms_norm_fp8_quant_static",
-    "fused_add_rms_norm_fp8_quant_dynamic",
-    "fused_add_rms_norm_fp8_quant_static",
-    "silu_and_mul_fp8_quant_dynamic",
-    "silu_and_mul_fp8_quant_static",
+    *FUSED_QUANT_OPS,
 )
 # ops with a torch body only: every other backend falls back to it (silu_mul: Inductor fuses the
 # separate gate/up itself). The FP8 ops' CUDA backends (Triton kernels and torch._scaled_mm, and the
