@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from atomc.config import CacheConfig, CompileConfig, EngineConfig, ModelConfig, SchedulerConfig
 from atomc.engine.llm_engine import LLMEngine
-from atomc.outputs import RequestOutput
+from atomc.outputs import RequestOutput, best_of
 from atomc.sampling_params import SamplingParams
 
 PromptType = str | dict
@@ -66,7 +66,7 @@ class LLM:
         params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
-        order = []
+        order: dict[str, int] = {}  # request id -> the n samples it returns (best_of may run more)
         for prompt, p in zip(prompts, params_list, strict=True):
             rid = str(next(self._ids))
             if isinstance(prompt, dict):
@@ -75,7 +75,7 @@ class LLM:
                 self.engine.add_request(rid, list(prompt["prompt_token_ids"]), _copy(p))
             else:
                 self.engine.add_request(rid, prompt, _copy(p))
-            order.append(rid)
+            order[rid] = p.n
         return self._run(order, use_tqdm)
 
     def chat(
@@ -87,16 +87,16 @@ class LLM:
     ) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         params = sampling_params or self.engine.default_sampling_params()
-        order = []
+        order: dict[str, int] = {}
         for conv in conversations:
             text = self.engine.apply_chat_template(conv, chat_template)
             rid = str(next(self._ids))
             # the template already holds any BOS text; adding special tokens again would double it
             self.engine.add_request(rid, text, _copy(params), add_special_tokens=False)
-            order.append(rid)
+            order[rid] = params.n
         return self._run(order, use_tqdm)
 
-    def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, order: dict[str, int], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(order), desc="generating", disable=not use_tqdm)
         try:
@@ -111,7 +111,7 @@ class LLM:
             raise
         finally:
             bar.close()
-        return [done[rid] for rid in order]
+        return [best_of(done[rid], n) for rid, n in order.items()]
 
 
 def _copy(p: SamplingParams) -> SamplingParams:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 # One generated position: {token_id: logprob} holding the sampled token and the top-N.
@@ -31,8 +32,20 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     prompt_logprobs: list[Logprobs | None] | None = None
-    metrics: dict = field(
-        default_factory=dict
-    )  # arrival, first-token and finish times (perf_counter seconds)
+    metrics: dict = field(default_factory=dict)  # arrival, first-token and finish times (perf_counter seconds)
     # set when the engine failed this request (a step it was in raised); the text is for the log only
     error: str | None = None
+
+
+def best_of(out: RequestOutput, n: int) -> RequestOutput:
+    """`out` with only its `n` samples of highest cumulative logprob, re-indexed 0..n-1 in that order
+    (`best_of` > n: the engine ran every sample; this picks what the caller returns). Ties keep the
+    sample order; a sample without a cumulative logprob (aborted before its first token) ranks last."""
+    if len(out.outputs) <= n:
+        return out
+    ranked = sorted(
+        out.outputs,
+        key=lambda c: (c.cumulative_logprob is None, -(c.cumulative_logprob or 0.0), c.index),
+    )[:n]
+    kept = [dataclasses.replace(c, index=i) for i, c in enumerate(ranked)]
+    return dataclasses.replace(out, outputs=kept)

@@ -74,6 +74,10 @@ def runner_phases(runner) -> str:
     return ", ".join(parts)
 
 
+def _tracks_logprob(p: SamplingParams) -> bool:
+    return p.logprobs is not None or p.ranks_samples
+
+
 class _Request:
     def __init__(self, request_id: str, prompt: str | None, seqs: list[Sequence], arrival: float, tokenizer):
         self.request_id, self.prompt, self.seqs = request_id, prompt, seqs
@@ -183,7 +187,7 @@ class LLMEngine(EngineClient):
         ids = self.inputs.prompt_ids(prompt, params, add_special_tokens)
         params.eos_token_ids = self.eos_token_ids
         seqs = []
-        for i in range(params.n):
+        for i in range(params.num_samples):  # best_of samples when set; the best n are returned
             seq = Sequence(next(self._seq_ids), request_id, i, list(ids), len(ids), params)
             seq.max_num_tokens = self.max_model_len
             if params.max_tokens is not None:
@@ -318,8 +322,9 @@ class LLMEngine(EngineClient):
             if not 0 <= token < vocab:  # never feed the next step an id the embedding cannot look up
                 raise RuntimeError(f"the sampler returned token id {token}, outside the vocabulary [0, {vocab})")
             seq.token_ids.append(token)
-            if sampled.logprobs[k] is not None:
-                seq.logprobs.append(sampled.logprobs[k])
+            if sampled.logprobs[k] is not None:  # asked for, or to rank best_of samples
+                if seq.params.logprobs is not None:
+                    seq.logprobs.append(sampled.logprobs[k])
                 seq.cumulative_logprob += sampled.logprobs[k][token]
             req.metrics.setdefault("first_token_time", now)
             checked = len(seq.text)
@@ -377,7 +382,7 @@ class LLMEngine(EngineClient):
                     finish_reason=s.finish_reason,
                     stop_reason=s.stop_reason,
                     logprobs=list(s.logprobs) if s.params.logprobs is not None else None,
-                    cumulative_logprob=s.cumulative_logprob if s.params.logprobs is not None else None,
+                    cumulative_logprob=s.cumulative_logprob if _tracks_logprob(s.params) else None,
                 )
                 for s in req.seqs
             ],

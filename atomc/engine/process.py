@@ -331,7 +331,7 @@ class EngineProcessClient(EngineClient):
         text = prompt if isinstance(prompt, str) else None
         self._conn.send(("add", request_id, ids, params, arrival_time or time.perf_counter()))
         self._unacked += 1
-        self._live[request_id] = _Assembly(request_id, text, ids, params.n)
+        self._live[request_id] = _Assembly(request_id, text, ids, params.num_samples)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self._live.pop(request_id, None)

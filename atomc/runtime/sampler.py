@@ -1,7 +1,7 @@
 """Token sampling for one engine step, with vLLM's semantics.
 
-Order per row: penalties -> min_tokens mask -> greedy argmax, or temperature -> top-k -> top-p -> min-p ->
-draw. Logprobs come from the raw logits (vLLM's default "raw_logprobs"). Mask work is batched; only the
+Order per row: logit edits (allowed_token_ids, bad_words, logit_bias; logit_edits.py) -> penalties ->
+min_tokens mask -> greedy argmax, or temperature -> top-k -> top-p -> min-p -> draw. Logprobs come from the raw logits (vLLM's default "raw_logprobs"). Mask work is batched; only the
 random draws loop per row, each on CPU with the row's own generator, so a seeded row reproduces exactly
 whatever else is in the batch and whatever device the logits live on.
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from atomc.runtime.logit_edits import apply_logit_edits
 from atomc.runtime.transfer import to_device, to_host_async
 from atomc.sampling_params import SamplingParams
 
@@ -37,8 +38,21 @@ class SamplingBatch:
 
 
 def _plain_greedy(p: SamplingParams, num_outputs: int) -> bool:
-    """Greedy with nothing that edits the logits first (penalties, min_tokens) and no logprobs."""
-    return p.greedy and p.logprobs is None and not p.has_penalties and num_outputs >= p.min_tokens
+    """Greedy with nothing that edits the logits first (penalties, min_tokens, logit edits) and no
+    logprobs (nor a best_of ranking, which reads the sampled token's)."""
+    return (
+        p.greedy
+        and p.logprobs is None
+        and not p.has_penalties
+        and num_outputs >= p.min_tokens
+        and not p.edits_logits
+        and not p.ranks_samples
+    )
+
+
+def _wants_logprob(p: SamplingParams) -> bool:
+    """The sampled token's logprob comes back: asked for, or to rank best_of samples."""
+    return p.logprobs is not None or p.ranks_samples
 
 
 @dataclass
@@ -257,6 +271,7 @@ class Sampler:
             return PendingSample(logits.argmax(dim=-1), [], [], [])
         device = logits.device
         x = logits.to(torch.float32, copy=True)  # never modify the caller's logits (logprobs need them raw)
+        x = apply_logit_edits(x, params, batch.output_token_ids)
 
         pen = [i for i, p in enumerate(params) if p.has_penalties]
         if pen:
@@ -303,13 +318,13 @@ class Sampler:
         fallbacks: torch.Tensor | None = None,
     ) -> PendingSample:
         """Logprobs from the raw logits for the rows that asked: the sampled token's, and the top N."""
-        rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        rows = [i for i, p in enumerate(params) if _wants_logprob(p)]
         if not rows:
             return PendingSample(tokens, [], [], [], fallbacks)
         idx = to_device(rows, torch.long, logits.device)
         lp = torch.log_softmax(logits[idx].float(), dim=-1)
         sampled = lp.gather(-1, tokens[idx].reshape(-1, 1)).reshape(-1)
-        n = [params[i].logprobs for i in rows]
+        n = [params[i].logprobs or 0 for i in rows]
         if max(n) <= 0:
             return PendingSample(tokens, rows, n, [sampled], fallbacks)
         top = lp.topk(min(max(n), lp.shape[-1]), dim=-1)

@@ -125,7 +125,7 @@ async def create_completion(request: Request) -> Response:
     srv.check_model(req.model)
     params = req.sampling_params(srv.engine.sampling_defaults)
     prompts = req.prompts()
-    srv.limits.check(prompts, params, echo=req.echo)
+    srv.limits.check(prompts, params)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     stream = await srv.submit(request_id, prompts, params)
     return await respond(request, CompletionJob(srv, req, request_id, stream, params))

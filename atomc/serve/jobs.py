@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from atomc.config import EngineConfig
-from atomc.outputs import CompletionOutput, RequestOutput
+from atomc.outputs import CompletionOutput, RequestOutput, best_of
 from atomc.sampling_params import SamplingParams
 from atomc.serve.async_engine import (
     AsyncEngine,
@@ -40,10 +40,14 @@ from atomc.serve.protocol import (
     chat_logprobs,
     legacy_logprobs,
     merge_legacy,
+    prompt_logprobs_json,
     usage,
 )
 
 logger = logging.getLogger("atomc.serve")
+
+# request fields the engine's input processor checks (atomc/engine/inputs.py): a 400 names them
+_TOKEN_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "truncate_prompt_tokens")
 
 
 def _version() -> str:
@@ -133,8 +137,12 @@ class ServerState:
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]
         try:
             return await self.aengine.submit([(rid, p, params) for rid, p in zip(ids, prompts, strict=True)])
-        except ValueError as e:  # the engine's verdict on the prompt: empty, too long, bad ids
-            raise bad_request(str(e), "messages" if isinstance(prompts[0], ChatPrompt) else "prompt") from None
+        except ValueError as e:  # the engine's verdict on the prompt (empty, too long, bad ids) or on a
+            # field it checks against the vocabulary or the tokenizer (its message starts with the name)
+            field = str(e).split(" ", 1)[0].rstrip(":")
+            if field not in _TOKEN_FIELDS:
+                field = "messages" if isinstance(prompts[0], ChatPrompt) else "prompt"
+            raise bad_request(str(e), field) from None
         except EngineDeadError as e:
             raise APIError(503, str(e), type="server_error", code="engine_unavailable") from None
 
@@ -207,13 +215,16 @@ class _Job:
                 pass
         except (EngineDeadError, RequestFailedError) as e:
             raise engine_error(e) from None
-        choices = [
-            self.choice(i, out, c, _ChoiceState(), final=True)
-            for i, out in sorted(self.latest.items())
-            for c in sorted(out.outputs, key=lambda c: c.index)
-        ]
+        choices = []
+        for i, out in sorted(self.latest.items()):
+            returned = best_of(out, self.n)  # best_of > n: the n samples of highest cumulative logprob
+            choices.extend(
+                self.choice(i, returned, c, _ChoiceState(), final=True)
+                for c in sorted(returned.outputs, key=lambda c: c.index)
+            )
         body = self._envelope(self.object_full, choices)
-        body["usage"] = self.usage()
+        self.add_response_fields(body)
+        body["usage"] = self.usage()  # every sample's tokens, best_of's unreturned ones included
         return body
 
     async def response(self) -> JSONResponse:
@@ -230,6 +241,13 @@ class _Job:
                 body = self._envelope(self.object_chunk, [self.choice(i, out, c, st, final=False)])
                 body["usage"] = None
                 yield body
+
+    def add_response_fields(self, body: dict) -> None:
+        """Fields of a whole (non-streamed) response beyond the choices; none by default."""
+
+    def prompt_logprobs(self, out: RequestOutput) -> list | None:
+        top_n = self.req.prompt_logprobs or 0
+        return prompt_logprobs_json(out.prompt_token_ids, out.prompt_logprobs, top_n, self.srv.token_str)
 
     async def events(self) -> AsyncIterator[str]:
         try:
@@ -282,13 +300,16 @@ class CompletionJob(_Job):
                 logprobs = self._legacy(out.prompt_token_ids, plps, st)
         if self.req.logprobs is not None:
             logprobs = merge_legacy(logprobs, self._legacy(ids, lps, st))
-        return {
+        body = {
             "index": i * self.n + c.index,
             "text": text,
             "logprobs": logprobs,
             "finish_reason": c.finish_reason,
             "stop_reason": c.stop_reason,
         }
+        if final and self.req.prompt_logprobs is not None:  # vLLM's field, per choice in completions
+            body["prompt_logprobs"] = self.prompt_logprobs(out)
+        return body
 
     def _legacy(self, ids: list[int], lps: list, st: _ChoiceState) -> dict:
         d = legacy_logprobs(ids, lps, self.srv.token_str, st.offset)
@@ -305,6 +326,10 @@ class ChatJob(_Job):
         self.setup = setup if setup is not None and setup.active else None
         # the EOS token's text ends the output when special tokens are decoded for a tool parser
         self.decodes_special = not params.skip_special_tokens
+
+    def add_response_fields(self, body: dict) -> None:
+        if self.req.prompt_logprobs is not None and self.latest:  # vLLM's field, once per chat response
+            body["prompt_logprobs"] = self.prompt_logprobs(self.latest[0])
 
     def choice(self, i: int, out: RequestOutput, c: CompletionOutput, st: _ChoiceState, final: bool) -> dict:
         first = not st.started

@@ -1,7 +1,7 @@
 """OpenAI request models, their validation into `SamplingParams`, and the error shape.
 
 Unknown fields are ignored (as vLLM does) so newer clients keep working; fields we cannot honour
-(`suffix`, `logit_bias`, non-text content) are rejected with 400 rather than silently dropped.
+(`suffix`, non-text content) are rejected with 400 rather than silently dropped.
 Tools: `tools`, `tool_choice` and `parallel_tool_calls` resolve into a `ChatOutputSetup` (which
 parser reads the output, atomc/serve/chat_output.py) and, for `required` and a named function, a
 JSON-schema constraint in `SamplingParams.structured_outputs` (tool_parsers/constrained.py).
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from atomc.sampling_params import SamplingParams, StructuredOutputsParams
+from atomc.sampling_params import LOGIT_BIAS_RANGE, SamplingParams, StructuredOutputsParams
 from atomc.serve.chat_output import ChatOutputSetup
 from atomc.serve.tool_parsers import tool_parser_class
 from atomc.serve.tool_parsers.constrained import named_schema, required_schema
@@ -89,6 +89,12 @@ class _SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # vLLM's extra sampling fields (openai SDK: extra_body)
+    best_of: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -105,10 +111,9 @@ class _SamplingRequest(BaseModel):
         """`defaults`: the model's values for fields the request leaves unset (generation_config.json)."""
         if self.n is not None and not 1 <= self.n <= MAX_N:
             raise bad_request(f"n must be in [1, {MAX_N}], got {self.n}", "n")
-        if self.logit_bias:
-            raise bad_request("logit_bias is not supported", "logit_bias")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        self._check_stream_fields()
         kw: dict[str, Any] = dict(
             n=self.n if self.n is not None else 1,
             temperature=_default(self.temperature, defaults.get("temperature", 1.0)),
@@ -128,6 +133,11 @@ class _SamplingRequest(BaseModel):
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=_logit_bias(self.logit_bias),
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words,
+            best_of=self.best_of,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
         )
         kw.update(extra)
         if any(t < 0 for t in kw["stop_token_ids"] or []):
@@ -138,9 +148,37 @@ class _SamplingRequest(BaseModel):
             first = str(e).split(" ", 1)[0]
             raise bad_request(str(e), first if first in kw else None) from None
 
+    def _check_stream_fields(self) -> None:
+        """What cannot stream, refused as vLLM refuses it: best_of > n (the best are known only at
+        the end) and prompt logprobs (vLLM sends them in no chunk)."""
+        if not self.stream:
+            return
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise bad_request(
+                "best_of must equal n when stream is true (the best samples are known only at the end)", "best_of"
+            )
+        if self.prompt_logprobs is not None and self.prompt_logprobs > 0:
+            raise bad_request("prompt_logprobs are not available when stream is true", "prompt_logprobs")
+
 
 def _default(value, default):
     return default if value is None else value
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias} as {id: bias}, each bias clamped to [-100, 100] as vLLM does."""
+    if not bias:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+        if token < 0:
+            raise bad_request(f"logit_bias keys must be token ids >= 0, got {key!r}", "logit_bias")
+        out[token] = min(LOGIT_BIAS_RANGE, max(-LOGIT_BIAS_RANGE, value))
+    return out
 
 
 class CompletionRequest(_SamplingRequest):
@@ -149,7 +187,6 @@ class CompletionRequest(_SamplingRequest):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -166,10 +203,10 @@ class CompletionRequest(_SamplingRequest):
     def sampling_params(self, defaults: dict | None = None) -> SamplingParams:
         if self.suffix:
             raise bad_request("suffix is not supported", "suffix")
-        if self.best_of is not None and self.best_of != (self.n or 1):
-            raise bad_request("best_of other than n is not supported", "best_of")
         # echo + logprobs also scores the prompt tokens (what lm-eval's loglikelihood reads)
-        prompt_lp = self.logprobs if self.echo and self.logprobs is not None else None
+        prompt_lp = self.prompt_logprobs
+        if prompt_lp is None and self.echo and self.logprobs is not None:
+            prompt_lp = self.logprobs
         return self._sampling_params(self.max_tokens, self.logprobs, prompt_lp, defaults or {})
 
 
@@ -356,11 +393,55 @@ class ChatCompletionRequest(_SamplingRequest):
                 if tool_parser_class(setup.tool_parser).keeps_special_tokens:
                     extra["skip_special_tokens"] = False
         try:
-            return self._sampling_params(max_tokens, logprobs, None, defaults or {}, **extra)
+            return self._sampling_params(max_tokens, logprobs, self.prompt_logprobs, defaults or {}, **extra)
         except APIError as e:
             if e.param == "max_tokens":
                 e.param = param
             raise
+
+
+class TokenizeCompletionRequest(BaseModel):
+    """POST /tokenize with a prompt (vLLM's shape)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(BaseModel):
+    """POST /tokenize with chat messages, rendered by the chat template first (vLLM's shape)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # the template writes BOS and friends itself
+    return_token_strs: bool | None = False
+
+    def template_messages(self) -> list[dict]:
+        if not self.messages:
+            raise bad_request("messages must not be empty", "messages")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise bad_request(
+                "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message"
+            )
+        return [m.to_template() for m in self.messages]
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's shape): token ids in, `{"prompt": text}` out."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]
+
+
+def tokenize_request_model(data: Any) -> type[BaseModel]:
+    """/tokenize takes either shape; `messages` picks the chat one, as vLLM's union does."""
+    return TokenizeChatRequest if isinstance(data, dict) and "messages" in data else TokenizeCompletionRequest
 
 
 def check_json_body(data: Any) -> None:
@@ -406,32 +487,38 @@ class RequestLimits:
     max_logprob_entries: int
     max_model_len: int
 
-    def check(self, prompts: list, params: SamplingParams, echo: bool = False) -> None:
+    def check(self, prompts: list, params: SamplingParams) -> None:
         if len(prompts) > self.max_prompts:
             raise bad_request(
                 f"{len(prompts)} prompts in one request; at most {self.max_prompts} (--max-prompts-per-request)",
                 "prompt",
             )
-        seqs = len(prompts) * params.n
+        samples = params.num_samples  # best_of runs more sequences than it returns
+        seqs = len(prompts) * samples
         if seqs > self.max_seqs:
             raise bad_request(
-                f"{len(prompts)} prompts x n={params.n} = {seqs} sequences; at most {self.max_seqs} "
-                "(--max-seqs-per-request)",
-                "n",
+                f"{len(prompts)} prompts x {'best_of' if params.best_of else 'n'}={samples} = {seqs} sequences; "
+                f"at most {self.max_seqs} (--max-seqs-per-request)",
+                "best_of" if params.best_of else "n",
             )
-        if params.logprobs is None:
-            return
-        per_token = params.logprobs + 1  # the sampled token and the top-N
-        generated = params.max_tokens if params.max_tokens is not None else self.max_model_len
-        tokens = seqs * min(generated, self.max_model_len)
-        if echo:  # every choice scores its prompt again; a prompt has at most one token per UTF-8 byte
-            tokens += params.n * sum(min(_token_bound(p), self.max_model_len) for p in prompts)
-        if tokens * per_token > self.max_logprob_entries:
+        entries, tokens, per_token = 0, 0, 0
+        if params.logprobs is not None:
+            per_token = params.logprobs + 1  # the sampled token and the top-N
+            generated = params.max_tokens if params.max_tokens is not None else self.max_model_len
+            tokens = len(prompts) * params.n * min(generated, self.max_model_len)
+            entries += tokens * per_token
+        if params.prompt_logprobs is not None:
+            # every choice carries its prompt's scores; a prompt has at most one token per UTF-8 byte
+            scored = params.n * sum(min(_token_bound(p), self.max_model_len) for p in prompts)
+            tokens += scored
+            per_token = max(per_token, params.prompt_logprobs + 1)
+            entries += scored * (params.prompt_logprobs + 1)
+        if entries > self.max_logprob_entries:
             raise bad_request(
-                f"the response could carry {tokens * per_token} logprob entries ({tokens} tokens x "
+                f"the response could carry {entries} logprob entries ({tokens} tokens x up to "
                 f"{per_token}); at most {self.max_logprob_entries} (--max-logprob-entries-per-request): "
-                "lower logprobs, max_tokens, n or the number of prompts",
-                "logprobs",
+                "lower logprobs, prompt_logprobs, max_tokens, n or the number of prompts",
+                "logprobs" if params.logprobs is not None else "prompt_logprobs",
             )
 
 
@@ -503,6 +590,35 @@ def merge_legacy(a: dict | None, b: dict) -> dict:
     if a is None:
         return b
     return {k: a[k] + b[k] for k in a}
+
+
+def prompt_logprobs_json(
+    token_ids: list[int], logprobs: list[dict[int, float] | None] | None, top_n: int, token_str: TokenStr
+) -> list[dict | None] | None:
+    """vLLM's `prompt_logprobs`: per prompt token, None for the first (nothing before it to score),
+    else {"id": {"logprob", "rank", "decoded_token"}} for the token itself and the `top_n` most
+    likely. A rank is the place among those (1 = the most likely); the prompt token's own is null
+    when it is not among them (its place is not computed)."""
+    if logprobs is None:
+        return None
+    out: list[dict | None] = []
+    for tid, lp in zip(token_ids, logprobs, strict=False):
+        if lp is None:
+            out.append(None)
+            continue
+        in_top = len(lp) <= top_n  # the scored token is one of the top N (else it was added to them)
+        ranked = [t for t, _ in _ranked(lp) if in_top or t != tid]
+        out.append(
+            {
+                str(t): {
+                    "logprob": _lp(v),
+                    "rank": ranked.index(t) + 1 if t in ranked else None,
+                    "decoded_token": token_str(t),
+                }
+                for t, v in lp.items()
+            }
+        )
+    return out
 
 
 def chat_logprobs(
