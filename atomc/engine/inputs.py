@@ -3,9 +3,9 @@
 One place for the checks a prompt must pass (not empty, ids in the vocabulary, fits the context with
 its max_tokens), shared by the engine and by the server's front end. Here too, where the tokenizer
 and the vocabulary are known: `truncate_prompt_tokens` (keep the last k prompt tokens), the ids of
-`logit_bias` and `allowed_token_ids` checked against the vocabulary, and `bad_words` tokenized. With the engine in its own
-process, the front end runs them before anything crosses the pipe, so a bad prompt is a 400 at
-once and the engine process only ever sees good ones.
+`logit_bias` and `allowed_token_ids` checked against the vocabulary, and `bad_words` tokenized.
+With the engine in its own process, the front end runs them before anything crosses the pipe, so a
+bad prompt is a 400 at once and the engine process only ever sees good ones.
 """
 
 from __future__ import annotations
