@@ -3,7 +3,8 @@
 Order per row: logit edits (allowed_token_ids, bad_words, logit_bias; logit_edits.py) -> penalties ->
 min_tokens mask -> greedy argmax, or temperature -> top-k -> top-p -> min-p -> draw. Logprobs come from
 the raw logits (vLLM's default "raw_logprobs"). Mask work is batched; only the random draws loop per
-row, each on CPU with the row's own generator, so a seeded row reproduces exactly whatever else is in the batch and whatever device the logits live on.
+row, each on CPU with the row's own generator, so a seeded row reproduces exactly whatever else is in
+the batch and whatever device the logits live on.
 
 The sampler never returns an id outside [0, vocab): a drawn row with no finite probability mass left
 (inf or NaN logits, every token masked) takes the argmax of its logits before the masks, NaN read as
