@@ -98,6 +98,9 @@ class ServeConfig:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None  # hermes | llama3_json | mistral | deepseek_v3 | openai
     reasoning_parser: str | None = None  # deepseek_r1 | qwen3 | openai
+    # access-log noise (vLLM's flags): no access log at all, or none for these paths (health probes)
+    disable_uvicorn_access_log: bool = False
+    disable_access_log_for_endpoints: list[str] = field(default_factory=list)
 
 
 @dataclass

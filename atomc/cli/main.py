@@ -178,10 +178,21 @@ def serve(
         str | None,
         typer.Option("--reasoning-parser", help="deepseek_r1 | qwen3 | openai: reasoning_content apart"),
     ] = None,
+    disable_uvicorn_access_log: Annotated[
+        bool, typer.Option("--disable-uvicorn-access-log", help="no access log lines at all")
+    ] = ServeConfig.disable_uvicorn_access_log,
+    disable_access_log_for_endpoints: Annotated[
+        str | None,
+        typer.Option(
+            "--disable-access-log-for-endpoints",
+            help="comma-separated paths whose requests are not access-logged, e.g. /health,/metrics",
+        ),
+    ] = None,
 ) -> None:
     """Serve an OpenAI-compatible API (completions, chat, models, health, metrics)."""
     from pathlib import Path
 
+    from atomc.serve.access_log import parse_endpoints
     from atomc.serve.server import run_server
 
     cfg = config_from(locals())
@@ -198,6 +209,11 @@ def serve(
     cfg.serve.drain_timeout_s = drain_timeout
     cfg.serve.enable_auto_tool_choice = enable_auto_tool_choice
     cfg.serve.tool_call_parser, cfg.serve.reasoning_parser = tool_call_parser, reasoning_parser
+    cfg.serve.disable_uvicorn_access_log = disable_uvicorn_access_log
+    try:
+        cfg.serve.disable_access_log_for_endpoints = parse_endpoints(disable_access_log_for_endpoints)
+    except ValueError as e:
+        raise fail(str(e)) from None
     cfg.model.served_model_name = served_model_name
     if chat_template is not None:
         path = Path(chat_template)

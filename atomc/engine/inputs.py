@@ -24,15 +24,30 @@ class InputProcessor:
         return self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
 
     def apply_chat_template(
-        self, messages: list[dict], chat_template: str | None = None, tools: list[dict] | None = None, **kwargs
+        self,
+        messages: list[dict],
+        chat_template: str | None = None,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **kwargs,
     ) -> str:
         """The prompt text; `tools` (OpenAI's tool definitions) and `kwargs` (a request's
-        chat_template_kwargs, such as enable_thinking) reach the template as its variables."""
+        chat_template_kwargs, such as enable_thinking) reach the template as its variables;
+        `continue_final_message` leaves the last message open (no end-of-turn), so the model
+        continues it (/tokenize's option, as vLLM's)."""
         template = chat_template or self.chat_template
         if template is None and not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model has no chat template; pass one with --chat-template")
+        extra = {"continue_final_message": True} if continue_final_message else {}
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=template, tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
+            messages,
+            chat_template=template,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+            **kwargs,
         )
 
     def prompt_ids(self, prompt: str | list[int], params: SamplingParams, add_special_tokens: bool = True) -> list[int]:

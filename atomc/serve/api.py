@@ -26,15 +26,19 @@ from starlette.requests import ClientDisconnect
 from atomc.config import EngineConfig
 from atomc.serve import anthropic_api, responses_api
 from atomc.serve.anthropic_api import AnthropicMessagesRequest, MessagesStream
-from atomc.serve.async_engine import AsyncEngine
+from atomc.serve.async_engine import AsyncEngine, EngineDeadError
 from atomc.serve.jobs import VERSION, CompletionJob, ServerState, respond
 from atomc.serve.metrics import HTTPMetricsMiddleware
 from atomc.serve.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     bad_request,
     parse_request,
+    tokenize_request_model,
 )
 from atomc.serve.responses_api import ResponseShell, ResponsesRequest, ResponsesStream
 from atomc.serve.translated_job import TranslatedJob
@@ -76,8 +80,12 @@ async def read_json(request: Request, limit: int, timeout_s: float | None = None
 
 
 async def _read_body(request: Request, model):
+    """The body validated by `model`, or by `model(data)` when the shape picks the model."""
     cfg = _srv(request).config.serve
-    return parse_request(model, await read_json(request, cfg.max_request_bytes, cfg.request_body_timeout_s))
+    data = await read_json(request, cfg.max_request_bytes, cfg.request_body_timeout_s)
+    if not isinstance(model, type):
+        model = model(data)
+    return parse_request(model, data)
 
 
 def _srv(request: Request) -> ServerState:
@@ -111,11 +119,24 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(_check_api_key)])
 anthropic_v1 = APIRouter(prefix="/v1", dependencies=[Depends(_check_anthropic_api_key)])
 
 
-def _body_schema(model) -> dict:
-    """`openapi_extra` for a route that reads its own body: the request model as its requestBody
-    (the schemas themselves are added to the document's components by `_openapi`)."""
-    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+def _body_schema(*models) -> dict:
+    """`openapi_extra` for a route that reads its own body: the request model (or one of several)
+    as its requestBody (the schemas themselves are added to the document's components by `_openapi`)."""
+    refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in models]
+    schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+# every request model the routes read, declared in the OpenAPI document
+REQUEST_MODELS = (
+    CompletionRequest,
+    ChatCompletionRequest,
+    TokenizeCompletionRequest,
+    TokenizeChatRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    AnthropicMessagesRequest,
+)
 
 
 @v1.post("/completions", openapi_extra=_body_schema(CompletionRequest))
@@ -172,10 +193,8 @@ async def create_message(request: Request) -> Response:
     return await respond(request, TranslatedJob(job, req, whole, lambda: MessagesStream(msg_id, model)))
 
 
-@v1.get("/models")
-async def list_models(request: Request) -> dict:
-    srv = _srv(request)
-    card = {
+def _model_card(srv: ServerState) -> dict:
+    return {
         "id": srv.model_name,
         "object": "model",
         "created": srv.created,
@@ -183,7 +202,86 @@ async def list_models(request: Request) -> dict:
         "root": srv.model_name,  # never the checkpoint's path on this machine
         "max_model_len": srv.engine.max_model_len,
     }
-    return {"object": "list", "data": [card]}
+
+
+@v1.get("/models")
+async def list_models(request: Request) -> dict:
+    return {"object": "list", "data": [_model_card(_srv(request))]}
+
+
+@v1.get("/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str) -> dict:
+    """OpenAI's models.retrieve: the served model's card; 404 (model_not_found) for any other id."""
+    srv = _srv(request)
+    srv.check_model(model_id)
+    return _model_card(srv)
+
+
+# vLLM's tokenizer routes, beside /v1 as vLLM serves them; behind --api-key like /v1/*
+tokenizer_routes = APIRouter(dependencies=[Depends(_check_api_key)])
+
+
+@tokenizer_routes.post("/tokenize", openapi_extra=_body_schema(TokenizeCompletionRequest, TokenizeChatRequest))
+async def tokenize(request: Request) -> dict:
+    """A prompt (or chat messages, rendered by the chat template) as the engine tokenizes it."""
+    srv = _srv(request)
+    req = await _read_body(request, tokenize_request_model)
+    srv.check_model(req.model)
+    inputs = srv.engine.inputs
+    if isinstance(req, TokenizeChatRequest):
+        messages, field = req.template_messages(), "messages"
+
+        def run() -> tuple[list[int], list[str] | None]:
+            try:
+                text = inputs.apply_chat_template(
+                    messages,
+                    srv.chat_template,
+                    tools=req.tools or None,
+                    add_generation_prompt=req.add_generation_prompt,
+                    continue_final_message=req.continue_final_message,
+                    **(req.chat_template_kwargs or {}),
+                )
+            except Exception as e:  # template errors (jinja's own, raise_exception) are the request's fault
+                raise ValueError(f"cannot apply the chat template: {e}") from e
+            return _tokens(inputs, text, req)
+    else:
+        field = "prompt"
+
+        def run() -> tuple[list[int], list[str] | None]:
+            return _tokens(inputs, req.prompt, req)
+
+    ids, strs = await _on_engine_thread(srv, run, field)
+    body: dict = {"count": len(ids), "max_model_len": srv.engine.max_model_len, "tokens": ids}
+    if strs is not None:
+        body["token_strs"] = strs
+    return body
+
+
+def _tokens(inputs, text: str, req) -> tuple[list[int], list[str] | None]:
+    ids = inputs.tokenize(text, req.add_special_tokens)
+    strs = inputs.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+    return ids, strs
+
+
+@tokenizer_routes.post("/detokenize", openapi_extra=_body_schema(DetokenizeRequest))
+async def detokenize(request: Request) -> dict:
+    srv = _srv(request)
+    req = await _read_body(request, DetokenizeRequest)
+    srv.check_model(req.model)
+    vocab = srv.engine.inputs.vocab_size
+    bad = [t for t in req.tokens if not 0 <= t < vocab]
+    if bad:
+        raise bad_request(f"tokens must be token ids in [0, {vocab}); got {bad[:5]}", "tokens")
+    return {"prompt": await _on_engine_thread(srv, lambda: srv.decode(req.tokens), "tokens")}
+
+
+async def _on_engine_thread(srv: ServerState, fn, field: str):
+    try:
+        return await srv.aengine.call(fn)
+    except ValueError as e:
+        raise bad_request(str(e), field) from None
+    except EngineDeadError as e:
+        raise APIError(503, str(e), type="server_error", code="engine_unavailable") from None
 
 
 ops = APIRouter()
@@ -191,11 +289,12 @@ ops = APIRouter()
 
 @ops.get("/health")
 async def health(request: Request) -> Response:
+    """200 {"status": "ok"} while the engine loop takes requests; 503 (OpenAI's error shape) else."""
     aengine = _srv(request).aengine
     if not aengine.healthy:
         reason = "the engine failed; see the server log" if aengine.error else "the engine is not running"
         raise APIError(503, reason, type="server_error", code="engine_unavailable")
-    return Response(status_code=200)
+    return JSONResponse({"status": "ok"})
 
 
 @ops.get("/version")
@@ -216,7 +315,7 @@ def _openapi(app: FastAPI) -> dict:
 
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in (CompletionRequest, ChatCompletionRequest, ResponsesRequest, AnthropicMessagesRequest):
+        for model in REQUEST_MODELS:
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
@@ -289,6 +388,7 @@ def build_app(async_engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     app.state.atomc = srv = ServerState(async_engine, config)
     app.include_router(v1)
     app.include_router(anthropic_v1)
+    app.include_router(tokenizer_routes)
     app.include_router(ops)
     app.openapi = lambda: _openapi(app)
     app.include_router(_docs_router(app))

@@ -228,6 +228,23 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the engine thread, between steps (the tokenizer and the chat template are
+        used from that thread only: transformers' tokenizers are not safe to share across threads);
+        its exception, a ValueError for a bad input, is raised here."""
+        if self._stopping:
+            raise EngineDeadError("server is shutting down")
+        self.check_alive()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # a caller that left never reads it
+        self._commands.put(("call", fn, args, done, loop))
+        while True:  # wake now and then so a dead engine thread cannot strand us
+            try:
+                return await asyncio.wait_for(asyncio.shield(done), _READER_WAKE_S)
+            except TimeoutError:
+                self.check_alive()
+
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
         engine = self.engine
@@ -271,6 +288,13 @@ class AsyncEngine:
                 self._stats = dict(self.engine.stats())
         elif kind == "add":
             self._add(*cmd[1:])
+        elif kind == "call":
+            _, fn, args, done, loop = cmd
+            try:
+                result, error = fn(*args), None
+            except Exception as e:  # the caller's to handle (a bad input is its 400)
+                result, error = None, e
+            _call_soon(loop, _settle, done, result, error)
 
     def _add(self, stream: OutputStream, requests: list, arrival: float) -> None:
         added: list[str] = []
@@ -341,6 +365,8 @@ class AsyncEngine:
                 return
             if cmd[0] == "add":
                 cmd[1]._deliver(cmd[1]._post_added, dead)
+            elif cmd[0] == "call":
+                _call_soon(cmd[4], _settle, cmd[3], None, dead)
 
     def _shutdown_engine(self) -> None:
         """On stop: abort what is left so its blocks go back, and fail the readers (503)."""
@@ -371,3 +397,12 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args: Any) -> Non
 def _post_outputs(items: list[tuple[OutputStream, RequestOutput]]) -> None:
     for stream, out in items:
         stream._post_output(out)
+
+
+def _settle(done: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if done.done():
+        return
+    if error is None:
+        done.set_result(result)
+    else:
+        done.set_exception(error)

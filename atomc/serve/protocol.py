@@ -420,6 +420,8 @@ class TokenizeChatRequest(BaseModel):
     continue_final_message: bool = False
     add_special_tokens: bool = False  # the template writes BOS and friends itself
     return_token_strs: bool | None = False
+    tools: list[dict] | None = None  # rendered by the template as chat renders them
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (enable_thinking, ...)
 
     def template_messages(self) -> list[dict]:
         if not self.messages:
@@ -523,6 +525,8 @@ class RequestLimits:
 
 
 def _token_bound(prompt) -> int:
+    if prompt is None:  # a chat prompt, not rendered yet: the context bounds it
+        return 2**31
     if isinstance(prompt, str):
         return len(prompt.encode("utf-8")) + 2  # byte-level vocabularies; + BOS / EOS
     return len(prompt)

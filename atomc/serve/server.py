@@ -33,6 +33,7 @@ import time
 import uvicorn
 
 from atomc.config import EngineConfig
+from atomc.serve.access_log import uvicorn_log_config
 from atomc.serve.http_protocol import header_timeout_protocol
 
 logger = logging.getLogger("atomc.serve")
@@ -156,6 +157,8 @@ def make_server(app, config: EngineConfig, **overrides) -> DrainingServer:
 
 
 def uvicorn_config(app, config: EngineConfig, **overrides) -> uvicorn.Config:
+    serve = config.serve
+    log_config = uvicorn_log_config(serve.disable_access_log_for_endpoints)
     kw = dict(
         host=config.serve.host,
         port=config.serve.port,
@@ -166,7 +169,10 @@ def uvicorn_config(app, config: EngineConfig, **overrides) -> uvicorn.Config:
         http=header_timeout_protocol(config.serve.request_header_timeout_s),
         log_level="info",
         lifespan="on",
+        access_log=not serve.disable_uvicorn_access_log,
     )
+    if log_config is not None:
+        kw["log_config"] = log_config
     kw.update(overrides)
     return uvicorn.Config(app, **kw)
 
@@ -300,12 +306,12 @@ class ServerThread:
     SIGTERM does.
     """
 
-    def __init__(self, app, config: EngineConfig, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, app, config: EngineConfig, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
-        self.server = make_server(app, config, host=host, port=self.port, log_level="warning")
+        self.server = make_server(app, config, host=host, port=self.port, log_level=log_level)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, name="atomc-uvicorn", daemon=True
         )
