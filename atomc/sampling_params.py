@@ -188,7 +188,10 @@ class SamplingParams:
         """Does sampling read this row's earlier tokens (penalties, min_tokens, a bad word of more
         than one token)? Such a row cannot be sampled before the previous step's token is back on
         the host."""
-        return self.has_penalties or self.min_tokens > 0 or any(len(w) > 1 for w in self.bad_words_token_ids)
+        if self.has_penalties or self.min_tokens > 0:
+            return True
+        # checked per row every step: the common case (no bad words) must not build a generator
+        return bool(self.bad_words_token_ids) and any(len(w) > 1 for w in self.bad_words_token_ids)
 
     @property
     def edits_logits(self) -> bool:

@@ -44,6 +44,7 @@ FIELD_NAMES = [
     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
     "ignore_eos", "min_tokens", "skip_special_tokens", "include_stop_str_in_output", "stream",
     "stream_options", "logit_bias", "logprobs", "top_logprobs", "echo", "best_of", "user", "response_format",
+    "allowed_token_ids", "bad_words", "prompt_logprobs", "truncate_prompt_tokens", "suffix", "tools",
 ]  # fmt: skip
 EXTRA = st.dictionaries(st.sampled_from(FIELD_NAMES), VALUE, max_size=3)
 PROMPTS = st.sampled_from(["hi", ["a", "b"], [1, 2, 3], [[5, 6], [7]], "\ud800", ""]) | ANY_JSON
@@ -192,6 +193,7 @@ def test_fuzz_messages(base_url, body):
 SAMPLING_FIELDS = [
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "n", "max_tokens", "min_tokens", "logprobs", "seed",
+    "best_of", "prompt_logprobs", "truncate_prompt_tokens",
 ]  # fmt: skip
 
 
@@ -203,5 +205,64 @@ def test_fuzz_one_sampling_field(base_url, field, value, stream):
         _post(client, "/v1/completions", {**BASE, "prompt": "hi", "stream": stream, field: value})
 
 
+# token-level values: ids in and out of the vocabulary, huge and negative, any bias
+TOKEN_ID = st.integers(min_value=-3, max_value=300) | st.sampled_from([2**31, 2**63, 10**9]) | ANY_JSON
+TOKEN_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "logit_bias": st.dictionaries(st.text(max_size=4) | TOKEN_ID.map(str), NUMBERS, max_size=3) | ANY_JSON,
+        "allowed_token_ids": st.lists(TOKEN_ID, max_size=4) | ANY_JSON,
+        "bad_words": st.lists(st.text(max_size=6), max_size=3) | ANY_JSON,
+        "stream": st.booleans(),
+    },
+)
+
+
+@FUZZ
+@given(fields=TOKEN_FIELDS)
+def test_fuzz_token_fields(base_url, fields):
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        _post(client, "/v1/completions", {**BASE, "prompt": "hi", **fields})
+
+
+TOKENIZE_FIELDS = {
+    "prompt": st.text(max_size=20) | ANY_JSON,
+    "messages": MESSAGES | ANY_JSON,
+    "add_special_tokens": st.booleans() | ANY_JSON,
+    "add_generation_prompt": st.booleans() | ANY_JSON,
+    "continue_final_message": st.booleans() | ANY_JSON,
+    "return_token_strs": st.booleans() | ANY_JSON,
+    "model": st.sampled_from(["llama", "nope"]) | ANY_JSON,
+}
+TOKENIZE = st.fixed_dictionaries({}, optional=TOKENIZE_FIELDS)
+
+
+@FUZZ
+@given(body=TOKENIZE | ANY_JSON)
+def test_fuzz_tokenize(base_url, body):
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        _post(client, "/tokenize", body)
+
+
+@FUZZ
+@given(body=st.fixed_dictionaries({"tokens": st.lists(TOKEN_ID, max_size=6) | ANY_JSON}) | ANY_JSON)
+def test_fuzz_detokenize(base_url, body):
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        _post(client, "/detokenize", body)
+
+
 def test_still_healthy_after_the_fuzz(base_url):
     assert httpx.get(base_url + "/health").status_code == 200
+
+
+def test_the_fuzz_covers_every_declared_field(base_url):
+    """Every field the OpenAPI document declares for a route is one the fuzz above draws: a new
+    request field (or model) cannot land without being fuzzed."""
+    schemas = httpx.get(base_url + "/openapi.json").json()["components"]["schemas"]
+    generation = set(schemas["CompletionRequest"]["properties"]) | set(schemas["ChatCompletionRequest"]["properties"])
+    assert generation - {"prompt", "messages"} <= set(FIELD_NAMES)
+    tokenize = set(schemas["TokenizeCompletionRequest"]["properties"]) | set(
+        schemas["TokenizeChatRequest"]["properties"]
+    )
+    assert tokenize <= set(TOKENIZE_FIELDS)
+    assert set(schemas["DetokenizeRequest"]["properties"]) <= {"model", "tokens"}

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from atomc.config import EngineConfig
+from atomc.serve.access_log import AccessLogFilter
 from atomc.serve.server import ServerThread, build_server_app
 
 MAX_MODEL_LEN = 128
@@ -354,7 +355,8 @@ def test_health_answers_json(server):
 def test_access_log_skips_the_excluded_paths(server):
     """The server logs at info with /health excluded: uvicorn's access handler (the one uvicorn set up
     from atomc's log config) writes the /version line and drops the /health one."""
-    (handler,) = logging.getLogger("uvicorn.access").handlers
+    (handler,) = [h for h in logging.getLogger("uvicorn.access").handlers if h.filters]
+    assert any(isinstance(f, AccessLogFilter) for f in handler.filters)
     out = io.StringIO()
     old = handler.setStream(out)
     try:

@@ -116,8 +116,17 @@ COMPLETION_CASES = [
     ({"prompt": [-1]}, "prompt"),
     ({"prompt": None}, "prompt"),
     ({"suffix": "tail"}, "suffix"),
-    ({"best_of": 4}, "best_of"),
-    ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"best_of": 1, "n": 2}, "best_of"),  # fewer samples than it returns
+    ({"best_of": 2, "stream": True}, "best_of"),  # the best are known only at the end
+    ({"logit_bias": {"10000000": 10}}, "logit_bias"),  # not a token id of this vocabulary
+    ({"logit_bias": {"x": 10}}, "logit_bias"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"),
+    ({"allowed_token_ids": [10**9]}, "allowed_token_ids"),
+    ({"bad_words": [""]}, "bad_words"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),  # past the context
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stop_token_ids": [-4]}, "stop_token_ids"),
 ]
@@ -147,6 +156,8 @@ CHAT_CASES = [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": ""}}], "tool_choice": "none"}, "tools"),
     ({"messages": [{"role": "tool", "content": "18 C"}]}, "messages"),
+    ({"logit_bias": {"10000000": 1}}, "logit_bias"),
+    ({"best_of": 1, "n": 2}, "best_of"),
 ]
 
 
