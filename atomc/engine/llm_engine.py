@@ -356,6 +356,7 @@ class LLMEngine(EngineClient):
                 return self.scheduler.finish(seq, "stop")
             if token in p.stop_token_ids:
                 return self.scheduler.finish(seq, "stop", token)
+        if n_out > p.min_tokens:  # as vLLM: no stop string ends in the first min_tokens tokens' text
             for stop in p.stop:
                 # a new match must overlap the new text: search from just before it
                 idx = seq.text.find(stop, max(0, checked - len(stop) + 1))

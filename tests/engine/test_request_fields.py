@@ -63,3 +63,23 @@ def test_token_ids_outside_the_vocabulary_are_refused(llm, field):
     with pytest.raises(ValueError, match=f"^{field} holds token ids outside the vocabulary"):
         llm.generate(PROMPTS[0], SamplingParams(max_tokens=2, **{field: value}))
     assert_pool_free(llm)
+
+
+def test_min_tokens_holds_stop_strings_back_as_vllm(llm):
+    """A stop string ending in the text of the first min_tokens tokens does not stop the output;
+    one ending in the next token's does (vLLM checks stop strings once min_tokens are out)."""
+    tok = llm.get_tokenizer()
+    base = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ids = llm.generate(PROMPTS[1], base)[0].outputs[0].token_ids
+    texts = [tok.decode(ids[: i + 1]) for i in range(len(ids))]
+    # the first position whose text adds something new that was not seen before: a stop string there
+    k = next(
+        i for i in range(1, len(ids)) if texts[i][len(texts[i - 1]) :].strip() and texts[i][-1] not in texts[i - 1]
+    )
+    stop = texts[k][-1]  # its last character, first seen in token k + 1's text
+    kw = dict(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop])
+    early = llm.generate(PROMPTS[1], SamplingParams(min_tokens=k, **kw))[0].outputs[0]
+    assert (early.finish_reason, early.stop_reason, len(early.token_ids)) == ("stop", stop, k + 1)
+    held = llm.generate(PROMPTS[1], SamplingParams(min_tokens=k + 1, **kw))[0].outputs[0]
+    assert len(held.token_ids) > k + 1 or held.finish_reason == "length"
+    assert held.text.startswith(texts[k])  # the stop string in token k + 1's text did not cut it
