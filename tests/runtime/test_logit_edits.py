@@ -196,3 +196,25 @@ def test_best_of_keeps_the_highest_cumulative_logprob():
     picked = best_of(RequestOutput("r", "p", [1], outs, True), 2)
     assert [c.text for c in picked.outputs] == ["t1", "t2"]
     assert [c.index for c in picked.outputs] == [0, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_edits_on_cuda_match_cpu_and_queue_no_sync():
+    """Same edits on CUDA logits as on CPU ones, queued without a device sync (a sync while async
+    scheduling overlaps steps would undo the overlap)."""
+    torch.manual_seed(0)
+    logits = torch.randn(8, 512)
+    p = SP(temperature=0.8, allowed_token_ids=list(range(0, 512, 3)), logit_bias={3: 5.0, 9: -100.0})
+    p.bad_words_token_ids = [[6], [1, 9]]
+    params = [p, SP(), p, SP(temperature=0)] * 2
+    history = [[1], [], [2], [], [1], [], [], []]
+    cpu = apply_logit_edits(logits.clone(), params, history)
+    dev = logits.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = apply_logit_edits(dev, params, history)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(out.cpu(), cpu)
