@@ -45,6 +45,7 @@ FIELD_NAMES = [
     "ignore_eos", "min_tokens", "skip_special_tokens", "include_stop_str_in_output", "stream",
     "stream_options", "logit_bias", "logprobs", "top_logprobs", "echo", "best_of", "user", "response_format",
     "allowed_token_ids", "bad_words", "prompt_logprobs", "truncate_prompt_tokens", "suffix", "tools",
+    "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
 ]  # fmt: skip
 EXTRA = st.dictionaries(st.sampled_from(FIELD_NAMES), VALUE, max_size=3)
 PROMPTS = st.sampled_from(["hi", ["a", "b"], [1, 2, 3], [[5, 6], [7]], "\ud800", ""]) | ANY_JSON
@@ -233,6 +234,8 @@ TOKENIZE_FIELDS = {
     "continue_final_message": st.booleans() | ANY_JSON,
     "return_token_strs": st.booleans() | ANY_JSON,
     "model": st.sampled_from(["llama", "nope"]) | ANY_JSON,
+    "tools": ANY_JSON,
+    "chat_template_kwargs": ANY_JSON,
 }
 TOKENIZE = st.fixed_dictionaries({}, optional=TOKENIZE_FIELDS)
 
