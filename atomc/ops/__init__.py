@@ -17,3 +17,7 @@ from atomc.ops import mla, mla_latent  # noqa: F401
 # FP8 linears (quantised checkpoints, --quantization fp8), and their activation quant fused into
 # RMSNorm / SiLU·mul (the passes rewrite to these)
 from atomc.ops import fp8, fp8_fused  # noqa: F401
+
+# isort: split
+# MoE blocks with quantised experts (MXFP4, FP8)
+from atomc.ops import moe_quant  # noqa: F401

@@ -124,8 +124,6 @@ class FusedMoE(nn.Module):
         self.local_intermediate = tp.split(spec.intermediate_size, "MoE intermediate size")
         e, i, h = self.num_local_experts, self.local_intermediate, hidden_size
         dtype = torch.get_default_dtype()
-        gate_up_ids = tuple((x, p) for x in range(spec.num_experts) for p in GATE_UP)
-        down_ids = tuple((x, "down") for x in range(spec.num_experts))
         shapes = {"w13_weight": (e, 2 * i, h), "w2_weight": (e, h, i)}
         if spec.expert_bias:
             shapes.update(w13_bias=(e, 2 * i), w2_bias=(e, h))
@@ -134,10 +132,29 @@ class FusedMoE(nn.Module):
                 self.register_parameter(name, None)
                 continue
             p = nn.Parameter(torch.empty(shapes[name], dtype=dtype), requires_grad=False)
-            ids = gate_up_ids if name.startswith("w13") else down_ids
-            set_weight_attrs(p, {"weight_loader": self.weight_loader, "shard_ids": ids, "moe_param": name})
+            attrs = {"weight_loader": self.weight_loader, "shard_ids": self.shard_ids_of(name), "moe_param": name}
+            set_weight_attrs(p, attrs)
             self.register_parameter(name, p)
         self.register_buffer("expert_map", self._expert_map() if ep.size > 1 else None, persistent=False)
+        self.moe_method = None  # None: dense experts, atomc::moe; else a quantised method (set_moe_method)
+        # the loader parameters created later (by a MoE method) get: a family reading another layout
+        # (GPT-OSS) replaces it, and the existing parameters' loaders, together
+        self.expert_loader = self.weight_loader
+
+    def shard_ids_of(self, name: str) -> tuple:
+        """Every (expert, part) shard a w13_* / w2_* parameter holds (for the loader's missing-tensor check)."""
+        if name.startswith("w13"):
+            return tuple((x, p) for x in range(self.num_experts) for p in GATE_UP)
+        return tuple((x, "down") for x in range(self.num_experts))
+
+    def set_moe_method(self, method) -> None:
+        """Store the experts as `method` says (models/quant/mxfp4.py): its parameters replace the dense
+        w13_weight / w2_weight; the biases stay. Called on the meta model, before loading."""
+        for name in ("w13_weight", "w2_weight"):
+            delattr(self, name)
+            self.register_parameter(name, None)
+        method.create_weights(self)
+        self.moe_method = method
 
     def _expert_map(self, device=None) -> torch.Tensor:
         m = torch.full((self.num_experts,), -1, dtype=torch.int32, device=device)
@@ -191,9 +208,10 @@ class FusedMoE(nn.Module):
             _check(src, 0, full, what)
             dst = dst.narrow(0, 0 if part == "gate" else n, n)
             src = src.narrow(0, self.tp.rank * n, n)
-        elif name == "w2_weight":  # [H, I]: this rank's columns of I
-            _check(src, 1, full, what)
-            src = src.narrow(1, self.tp.rank * n, n)
+        elif name != "w2_bias":  # [H, I]: this rank's columns of I (in bytes / scale groups when packed)
+            pack = getattr(param, "k_pack", 1)
+            _check(src, 1, full // pack, what)
+            src = src.narrow(1, self.tp.rank * n // pack, n // pack)
         if tuple(src.shape) != tuple(dst.shape):
             raise ValueError(f"has shape {tuple(src.shape)}, the model expects {tuple(dst.shape)}{what}")
         dst.copy_(src)
@@ -221,6 +239,8 @@ class FusedMoE(nn.Module):
 
     def partial_forward(self, x: torch.Tensor, router_logits: torch.Tensor, correction_bias=None) -> torch.Tensor:
         """This rank's share of the block: its experts, its slice of I (w2's bias on TP rank 0 only)."""
+        if self.moe_method is not None:
+            return self.moe_method.apply(self, x, router_logits, correction_bias)
         s = self.spec
         return torch.ops.atomc.moe(
             x,

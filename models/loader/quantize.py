@@ -3,8 +3,9 @@
 Runs on the meta model, before any tensor is read: a layer's method decides which parameters it has
 (fp8 weight + scales), so the checkpoint's tensors then load through the usual weight_loaders. The
 spec speaks of the checkpoint's module names, so a merged layer (qkv_proj, gate_up_proj) asks for
-each section's name (q_proj, k_proj, v_proj) and needs one answer. MoE routers stay unquantised;
-FP8 experts are not built yet, so a quantised MoE model is refused.
+each section's name (q_proj, k_proj, v_proj) and needs one answer. MoE routers stay unquantised.
+A spec with an experts format (MXFP4) gives each FusedMoE it does not skip that format's MoE method
+(models/quant/mxfp4.py); FP8 experts are not built yet, so an FP8 spec on a MoE model is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import nn
 from models.layers.linear import LinearBase
 from models.layers.moe import FusedMoE, SparseMoEBlock
 from models.quant.fp8 import method_for
+from models.quant.mxfp4 import MOE_METHODS
 from models.quant.spec import FP8Scheme, QuantConfigError, QuantSpec
 
 
@@ -22,7 +24,9 @@ def apply_quantization(model: nn.Module, spec: QuantSpec | None, naming) -> dict
     `naming` is the model's CheckpointNaming."""
     if spec is None:
         return {}
-    if any(isinstance(m, FusedMoE) for m in model.modules()):
+    if spec.experts is not None:
+        _set_expert_methods(model, spec, naming)
+    elif any(isinstance(m, FusedMoE) for m in model.modules()):
         raise QuantConfigError(
             f"{spec.method} quantisation of a mixture-of-experts model: FP8 experts are not supported yet"
         )
@@ -49,3 +53,18 @@ def apply_quantization(model: nn.Module, spec: QuantSpec | None, naming) -> dict
     model.quant_tensor_aliases = aliases  # checkpoint tensor leaf name -> ours (load_weights)
     model.quant_schemes = chosen
     return chosen
+
+
+def _set_expert_methods(model: nn.Module, spec: QuantSpec, naming) -> None:
+    """Each FusedMoE the spec does not skip stores its experts in the spec's format."""
+    if not any(isinstance(m, FusedMoE) for m in model.modules()):
+        raise QuantConfigError(
+            f"quantization_config.quant_method {spec.method} quantises MoE experts, but this model has none"
+        )
+    for name, module in model.named_modules():
+        if not isinstance(module, FusedMoE):
+            continue
+        ckpt_name = naming.to_checkpoint(f"{name}.w13_weight", None, moe=True, hub=False).rpartition(".")[0]
+        fmt = spec.experts_format_for(ckpt_name)
+        if fmt is not None:
+            module.set_moe_method(MOE_METHODS[fmt]())

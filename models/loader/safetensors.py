@@ -153,6 +153,10 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             p.fill_(1.0)
         elif name.endswith(("_scale", "_scale_inv")):  # FP8 scales: fp8 values of about +-1 mean 0.02
             p.fill_(0.02)
+        elif name.endswith("_scales") and p.dtype == torch.uint8:  # MXFP4 exponents: 2^-7, values up to 0.05
+            p.fill_(120)
+        elif name.endswith("_blocks") and p.dtype == torch.uint8:  # MXFP4 codes: any byte is two values
+            p.copy_(torch.randint(0, 256, p.shape, device=p.device, generator=gen, dtype=torch.uint8))
         elif p.dtype == torch.float8_e4m3fn:
             p.copy_(torch.empty(p.shape, device=p.device).normal_(0.0, 1.0, generator=gen).to(p.dtype))
         elif p.is_floating_point():
@@ -161,9 +165,10 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 
 def process_weights_after_loading(model: nn.Module) -> None:
     for module in model.modules():
-        method = getattr(module, "linear_method", None)
-        if method is not None:
-            method.process_weights_after_loading(module)
+        for attr in ("linear_method", "moe_method"):
+            method = getattr(module, attr, None)
+            if method is not None:
+                method.process_weights_after_loading(module)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ Three on-disk dialects describe the same few schemes, so they are parsed into on
 - compressed-tensors (what llmcompressor writes): `config_groups` of `targets` + `weights` +
   `input_activations` (`type: float`, `num_bits: 8`, `strategy` tensor|channel|token|group|block,
   `dynamic`), `ignore` (names or `re:` patterns), format `float-quantized`.
+- transformers / GPT-OSS `quant_method: mxfp4`: MoE experts in MXFP4 (`experts`), linears as
+  stored; `modules_to_not_convert` (fnmatch patterns, a parent module's name covers its children).
 - AMD Quark: `global_quant_config`, per-name `layer_quant_config` (fnmatch patterns),
   `layer_type_quant_config`, `exclude`; `weight` / `input_tensors` with `dtype: fp8_e4m3`,
   `qscheme` per_tensor|per_channel, `is_dynamic` (per_channel input = per token).
@@ -79,6 +81,16 @@ class QuantSpec:
     rules: tuple[tuple[str, FP8Scheme | None], ...] = ()
     ignore: tuple[str, ...] = ()
     matcher: str = "exact"  # how patterns match: "exact" (+ re:), "fnmatch", "suffix"
+    experts: str | None = None  # MoE expert weight format (atomc::moe_quant's): "mxfp4"; None: dense
+
+    def experts_format_for(self, module: str) -> str | None:
+        """The weight format of the FusedMoE called `module` (checkpoint name), None to keep it dense:
+        a skip pattern naming it or any module above it keeps it dense."""
+        parts = module.split(".")
+        names = [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+        if any(_matches(p, name, self.matcher) for p in self.ignore for name in names):
+            return None
+        return self.experts
 
     def scheme_for(self, module: str) -> FP8Scheme | None:
         if any(_matches(p, module, self.matcher) for p in self.ignore):
@@ -90,7 +102,8 @@ class QuantSpec:
 
     def key(self) -> dict:
         """A JSON-able summary (compile-cache factor, reports)."""
-        return {"method": self.method, "default": self.default.describe() if self.default else None}
+        key = {"method": self.method, "default": self.default.describe() if self.default else None}
+        return key | ({"experts": self.experts} if self.experts else {})
 
 
 def _matches(pattern: str, name: str, matcher: str) -> bool:
@@ -126,7 +139,12 @@ def parse_quantization_config(qc: dict) -> QuantSpec:
     if not isinstance(qc, dict):
         raise QuantConfigError("quantization_config must be a JSON object")
     method = qc.get("quant_method")
-    parsers = {"fp8": _parse_hf_fp8, "compressed-tensors": _parse_compressed_tensors, "quark": _parse_quark}
+    parsers = {
+        "fp8": _parse_hf_fp8,
+        "compressed-tensors": _parse_compressed_tensors,
+        "quark": _parse_quark,
+        "mxfp4": _parse_mxfp4,
+    }
     if method not in parsers:
         raise QuantConfigError(
             f"quantization_config.quant_method {method!r} is not supported; atomc reads: {', '.join(parsers)}"
@@ -162,6 +180,18 @@ def _parse_hf_fp8(qc: dict) -> QuantSpec:
     aliases = (("weight_scale_inv", "weight_scale"), ("activation_scale", "input_scale"))
     scheme = FP8Scheme("tensor", "static" if act == "static" else "tensor", aliases=aliases)
     return QuantSpec("fp8", scheme, ignore=ignore, matcher="suffix")
+
+
+# ---- MXFP4 (GPT-OSS) ----
+
+
+def _parse_mxfp4(qc: dict) -> QuantSpec:
+    """transformers' Mxfp4Config: the MoE experts are MXFP4, every linear stays as the checkpoint
+    stores it (GPT-OSS lists its attention, router, embeddings and head in modules_to_not_convert)."""
+    skip = qc.get("modules_to_not_convert") or ()
+    if not isinstance(skip, list | tuple) or not all(isinstance(m, str) for m in skip):
+        raise QuantConfigError(f"quantization_config.modules_to_not_convert {skip!r} must be a list of module names")
+    return QuantSpec("mxfp4", None, ignore=tuple(skip), matcher="fnmatch", experts="mxfp4")
 
 
 # ---- compressed-tensors ----

@@ -1,0 +1,89 @@
+"""`atomc::moe_quant`: the MoE block of atomc::moe with quantised expert weights.
+
+The same routing and expert math as atomc/ops/moe.py; only the two stacked weights differ, each
+given as (packed weight, scale) in the layout `weight_format` names:
+
+- "mxfp4" (OCP microscaling FP4, as GPT-OSS ships its experts): `w13` uint8 [E, 2I, H/2] and `w2`
+  uint8 [E, H, I/2], two e2m1 values a byte along the input dim, the even-numbered value in the low
+  nibble; `w13_scale` uint8 [E, 2I, H/32], `w2_scale` uint8 [E, H, I/32], one e8m0 exponent (bias
+  127) per 32 consecutive input values. Value = e2m1(nibble) * 2^(scale - 127).
+
+Rows are FusedMoE's: w13 holds each expert's gate rows then its up rows. The reference dequantises
+the experts to x's dtype and runs `experts_reference` (every MXFP4 value is exact in bf16/fp16/fp32
+within their exponent ranges); kernels dequantise in registers (atomc/kernels/triton/moe_mxfp4.py).
+One op with a format argument, not one op per format, so FP8 experts join it without a new schema.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atomc.ops.moe import experts_reference, select_experts
+
+WEIGHT_FORMATS = ("mxfp4",)
+MXFP4_GROUP = 32  # values per e8m0 scale
+E8M0_BIAS = 127
+# e2m1 code -> value: bit 3 the sign, bits 2-1 the exponent (bias 1), bit 0 the mantissa
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """blocks uint8 [..., K/2], scales uint8 [..., K/32] -> [..., K] in `dtype`."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise ValueError(f"MXFP4 blocks and scales are uint8, got {blocks.dtype} and {scales.dtype}")
+    k = blocks.shape[-1] * 2
+    if scales.shape != (*blocks.shape[:-1], k // MXFP4_GROUP) or k % MXFP4_GROUP:
+        raise ValueError(
+            f"MXFP4 scales {tuple(scales.shape)} do not fit blocks {tuple(blocks.shape)} (one scale per 32 values)"
+        )
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=blocks.device)
+    values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1).flatten(-2)
+    exponent = scales.to(torch.int32) - E8M0_BIAS
+    groups = values.unflatten(-1, (k // MXFP4_GROUP, MXFP4_GROUP))
+    return torch.ldexp(groups, exponent[..., None].float()).flatten(-2).to(dtype)
+
+
+def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, weight_format: str, dtype: torch.dtype) -> torch.Tensor:
+    """A stacked quantised expert weight -> [E, N, K] in `dtype`."""
+    if weight_format == "mxfp4":
+        return dequantize_mxfp4(w, scale, dtype)
+    raise ValueError(f"MoE weight format {weight_format!r} is not supported (supported: {', '.join(WEIGHT_FORMATS)})")
+
+
+@torch.library.custom_op("atomc::moe_quant", mutates_args=())
+def moe_quant(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    expert_map: torch.Tensor | None,
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    weight_format: str,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    num_expert_group: int = 0,
+    topk_group: int = 0,
+    routed_scaling_factor: float = 1.0,
+    activation: str = "silu",
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+) -> torch.Tensor:
+    """x [T, H] -> [T, H]. Reference: dequantise every expert, then atomc::moe's reference body."""
+    weights, ids = select_experts(
+        router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
+        routed_scaling_factor,
+    )  # fmt: skip
+    w13_dense = dequantize_experts(w13, w13_scale, weight_format, x.dtype)
+    w2_dense = dequantize_experts(w2, w2_scale, weight_format, x.dtype)
+    return experts_reference(x, weights, ids, w13_dense, w2_dense, w13_bias, w2_bias, expert_map, activation,
+                             swiglu_alpha, swiglu_limit)  # fmt: skip
+
+
+@moe_quant.register_fake
+def _(x, router_logits, w13, w13_scale, w2, w2_scale, *args, **kwargs):
+    return torch.empty_like(x)
