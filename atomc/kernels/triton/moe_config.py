@@ -1,6 +1,7 @@
 """Tile configurations of the fused MoE: tuned JSON files per shape and device, and a default.
 
-A file under `configs/` is named by (experts, hidden, intermediate, top_k, dtype, device) and maps
+A file under `configs/` is named by (experts, hidden, intermediate, top_k, dtype, [weight format,]
+device) and maps
 M buckets (token counts) to a configuration; a call takes the bucket nearest its token count (the
 largest bucket <= M, else the smallest). A configuration:
 
@@ -32,9 +33,14 @@ SMALL_PATH_MAX_PAIRS = 64
 PATHS = ("gemv", "small", "sorted")
 
 
-def config_name(experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str) -> str:
+def config_name(
+    experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str, weight_format: str = ""
+) -> str:
+    """`weight_format` ("mxfp4"; "" for weights in the activation dtype) names quantised experts' own files."""
     dev = "".join(c if c.isalnum() or c in "-." else "_" for c in device_name)
-    return f"E={experts},H={hidden},I={inter},topk={top_k},dtype={str(dtype).removeprefix('torch.')},device={dev}.json"
+    weights = f",weights={weight_format}" if weight_format else ""
+    return (f"E={experts},H={hidden},I={inter},topk={top_k},dtype={str(dtype).removeprefix('torch.')}{weights},"
+            f"device={dev}.json")  # fmt: skip
 
 
 @functools.cache
@@ -79,11 +85,11 @@ def fits(path: str, tokens: int, top_k: int) -> bool:
 @functools.cache  # per (shape, token count): a dict lookup per call after the first
 def pick_config(
     tokens: int, experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str,
-    directory: Path = CONFIG_DIR,
+    directory: Path = CONFIG_DIR, weight_format: str = "",
 ) -> dict:  # fmt: skip
     """The tuned configuration for this shape and token count when a file has one, else the default;
     "path" always filled in. Callers must not modify the result (it is cached)."""
-    tuned = load_configs(config_name(experts, hidden, inter, top_k, dtype, device_name), directory)
+    tuned = load_configs(config_name(experts, hidden, inter, top_k, dtype, device_name, weight_format), directory)
     default = default_config(tokens, top_k, experts, inter)
     if not tuned:
         return default

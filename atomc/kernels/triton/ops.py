@@ -16,6 +16,7 @@ import torch
 from atomc.forward_context import layer_cache
 from atomc.kernels import triton as tk
 from atomc.kernels.binding import bind_as_atomc
+from atomc.kernels.triton.moe_mxfp4 import fused_moe_quant
 from atomc.ops.attention import attention_without_cache
 from atomc.ops.mla import mla_without_cache
 
@@ -148,6 +149,11 @@ def attention(
 @custom("moe")
 def moe(*args) -> torch.Tensor:
     return tk.fused_moe(*args)  # atomc::moe's arguments as the dispatcher passes them (defaults left out)
+
+
+@custom("moe_quant")
+def moe_quant(*args) -> torch.Tensor:
+    return fused_moe_quant(*args)  # atomc::moe_quant's arguments as the dispatcher passes them
 
 
 @custom("mla_attention", mutates=("out",))

@@ -1,0 +1,106 @@
+"""The Triton fused MoE with MXFP4 experts (atomc/kernels/triton/moe_mxfp4*.py) against atomc::moe_quant's
+reference (dequantise, then the per-expert loop) on CPU through the Triton interpreter, in fp32 and
+fp16 (the interpreter mishandles bf16): the one-token GEMV route, the few-pair and the sorted
+routes, both activations, biases, an expert map. H = 96 and I = 64 with byte steps that do not
+divide them, so the byte and scale-group masks are exercised."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():  # the interpreter setting is process-wide; the GPU file covers CUDA
+    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+
+triton = pytest.importorskip("triton")
+from triton_kernel_cases import make_moe, rel_err  # noqa: E402
+
+from atomc.kernels.triton.moe_mxfp4 import fused_experts_mxfp4, fused_moe_quant  # noqa: E402
+from atomc.ops.moe import experts_reference, select_experts  # noqa: E402
+from atomc.ops.moe_quant import dequantize_mxfp4  # noqa: E402
+from models.quant.mxfp4 import quantize_mxfp4  # noqa: E402
+
+E, H, INTER, K = 6, 96, 64, 2
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
+TILE = dict(block_m=16, block_n=16, block_k=64, num_warps=4, num_stages=2)
+SMALL = {"path": "small", "gate_up": dict(TILE), "down": dict(TILE)}
+SORTED = {"path": "sorted", "gate_up": dict(TILE), "down": dict(TILE)}
+GEMV = {"path": "gemv", "gate_up": dict(TILE, block_n=4, block_k=64), "down": dict(TILE, block_n=2, block_k=32)}
+
+
+def mxfp4_moe(t, dtype, *, bias=False, k=K, seed=0):
+    x, logits, w13, w2, b13, b2 = make_moe(t, E, H, INTER, k, dtype, "cpu", bias=bias, seed=seed)
+    q13, q2 = quantize_mxfp4(w13), quantize_mxfp4(w2)
+    return x, logits, q13, q2, b13, b2
+
+
+def check(t, dtype, config, *, activation="silu", bias=False, expert_map=None, k=K, seed=0):
+    x, logits, (w13, s13), (w2, s2), b13, b2 = mxfp4_moe(t, dtype, bias=bias, k=k, seed=seed)
+    weights, ids = select_experts(logits, k)
+    if expert_map is not None:  # this rank holds only the mapped experts' rows
+        n = int(expert_map.max()) + 1
+        w13, s13, w2, s2 = w13[:n], s13[:n], w2[:n], s2[:n]
+        b13, b2 = (None, None) if not bias else (b13[:n], b2[:n])
+    out = fused_experts_mxfp4(x, weights, ids, w13, s13, w2, s2, b13, b2, expert_map, activation, 1.702, 7.0,
+                              config=config)  # fmt: skip
+    dense13, dense2 = dequantize_mxfp4(w13, s13, dtype), dequantize_mxfp4(w2, s2, dtype)
+    ref = experts_reference(x, weights, ids, dense13, dense2, b13, b2, expert_map, activation, 1.702, 7.0)
+    assert out.shape == x.shape and out.dtype == dtype and not out.isnan().any()
+    assert rel_err(out, ref) < TOL[dtype], rel_err(out, ref)
+    return out, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("activation,bias", [("silu", False), ("swiglu_oai", True)])
+@pytest.mark.parametrize("k", [1, 4])
+def test_gemv_route_matches_reference(k, dtype, activation, bias):
+    check(1, dtype, GEMV, activation=activation, bias=bias, k=k, seed=k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("activation,bias", [("silu", False), ("swiglu_oai", True)])
+def test_small_route_matches_reference(dtype, activation, bias):
+    check(5, dtype, SMALL, activation=activation, bias=bias, seed=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("activation,bias", [("silu", False), ("swiglu_oai", True)])
+def test_sorted_route_matches_reference(dtype, activation, bias):
+    check(37, dtype, SORTED, activation=activation, bias=bias, seed=37)
+
+
+@pytest.mark.parametrize("config", [GEMV, SORTED], ids=["gemv", "sorted"])
+def test_expert_map_skips_other_ranks_experts(config):
+    """Experts 3.. live on another rank: their pairs add nothing (the reference agrees)."""
+    expert_map = torch.tensor([0, 1, 2, -1, -1, -1], dtype=torch.int32)
+    t = 1 if config is GEMV else 24
+    out, _ = check(t, torch.float32, config, expert_map=expert_map, bias=True, activation="swiglu_oai", seed=2)
+    assert out.abs().sum() > 0
+
+
+def test_default_configs_and_the_op_entry_point():
+    """No config given: the default tiles of each token count (GEMV at 1, small, sorted) through
+    fused_moe_quant (routing included), against atomc::moe_quant's reference body."""
+    for t in (1, 3, 40):
+        x, logits, (w13, s13), (w2, s2), b13, b2 = mxfp4_moe(t, torch.float32, bias=True, seed=t)
+        args = (x, logits, w13, s13, w2, s2, b13, b2, None, None, K, "mxfp4", "softmax", True, 0, 0, 1.0,
+                "swiglu_oai", 1.702, 7.0)  # fmt: skip
+        out = fused_moe_quant(*args)
+        ref = torch.ops.atomc.moe_quant(*args)
+        assert rel_err(out, ref) < 1e-5, (t, rel_err(out, ref))
+
+
+def test_bad_tiles_and_formats_are_refused():
+    x, logits, (w13, s13), (w2, s2), _, _ = mxfp4_moe(1, torch.float32)
+    weights, ids = select_experts(logits, K)
+    bad = {**GEMV, "gate_up": dict(GEMV["gate_up"], block_k=48)}
+    with pytest.raises(ValueError, match="block_k \\(48\\) must be a multiple of 32"):
+        fused_experts_mxfp4(x, weights, ids, w13, s13, w2, s2, config=bad)
+    with pytest.raises(ValueError, match="are not MXFP4 experts of this width"):
+        fused_experts_mxfp4(x[:, :64], weights, ids, w13, s13, w2, s2)
+    with pytest.raises(ValueError, match="'fp8_block' has no Triton kernel"):
+        fused_moe_quant(x, logits, w13, s13, w2, s2, None, None, None, None, K, "fp8_block")
