@@ -4,6 +4,11 @@ next to atomc's per-expert torch loop (`experts_reference`) and `torch._grouped_
 torch build has it).
 
     python benchmarks/moe_kernel.py --out results/moe_kernel.json [--shapes mixtral,qwen3_moe] [--tokens 1,8] [--routes]
+    python benchmarks/moe_kernel.py --weights mxfp4 --shapes gpt_oss --out results/moe_kernel_mxfp4.json
+
+`--weights mxfp4`: the experts are quantised to MXFP4 (models/quant/mxfp4.py) and every bf16 row
+runs their dequantised values (the same model); the row `atomc_triton_mxfp4` is the MXFP4 kernels
+(atomc/kernels/triton/moe_mxfp4.py), whose bytes are the packed weights and scales.
 
 Bytes are the weights actually read (the distinct experts the routing touches, w13 + w2 + biases)
 plus x and the output; FLOPs are 6 * M * top_k * H * I. Ours and grouped_mm are timed as CUDA-graph
@@ -75,7 +80,9 @@ def graph_time_us(fn, calls: list[tuple]) -> float:
     return do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3 / len(calls)
 
 
-def bench_shape(name: str, tokens: list[int], rows: list[dict], routes: bool = False) -> None:
+def bench_shape(
+    name: str, tokens: list[int], rows: list[dict], routes: bool = False, weights_fmt: str = "bf16"
+) -> None:
     e, h, inter, k, act, bias = SHAPES[name]
     g = torch.Generator(DEV).manual_seed(0)
     w13 = (torch.randn(e, 2 * inter, h, generator=g, device=DEV) / h**0.5).to(BF16)
@@ -83,6 +90,14 @@ def bench_shape(name: str, tokens: list[int], rows: list[dict], routes: bool = F
     b13 = (0.5 * torch.randn(e, 2 * inter, generator=g, device=DEV)).to(BF16) if bias else None
     b2 = (0.5 * torch.randn(e, h, generator=g, device=DEV)).to(BF16) if bias else None
     expert_bytes = (3 * h * inter + (3 * h if bias else 0)) * 2
+    if weights_fmt == "mxfp4":
+        from atomc.kernels.triton.moe_mxfp4 import fused_experts_mxfp4
+        from atomc.ops.moe_quant import dequantize_mxfp4
+        from models.quant.mxfp4 import quantize_mxfp4
+
+        (q13, s13), (q2, s2) = quantize_mxfp4(w13), quantize_mxfp4(w2)
+        w13, w2 = dequantize_mxfp4(q13, s13, BF16), dequantize_mxfp4(q2, s2, BF16)  # the bf16 rows' model
+        mx_bytes = 3 * h * inter * (0.5 + 1 / 32) + (3 * h * 2 if bias else 0)
     for t in tokens:
         reps = 8 if t <= 64 else 2
         calls = []
@@ -91,7 +106,6 @@ def bench_shape(name: str, tokens: list[int], rows: list[dict], routes: bool = F
             weights, ids = select_experts(torch.randn(t, e, generator=g, device=DEV), k)
             calls.append((x, weights, ids))
         touched = sum(ids.unique().numel() for _, _, ids in calls) / reps
-        nbytes = touched * expert_bytes + 2 * t * h * 2
         flops = 6 * t * k * h * inter
         x, weights, ids = calls[0]
         ref = experts_reference(x, weights, ids, w13, w2, b13, b2, None, act, 1.702, 7.0)
@@ -100,6 +114,10 @@ def bench_shape(name: str, tokens: list[int], rows: list[dict], routes: bool = F
             "atomc_triton": (lambda x, w, i: fused_experts(x, w, i, w13, w2, b13, b2, None, act), True),
             "torch_loop": (lambda x, w, i: experts_reference(x, w, i, w13, w2, b13, b2, None, act, 1.702, 7.0), False),
         }
+        if weights_fmt == "mxfp4":
+            impls["atomc_triton_mxfp4"] = (
+                lambda x, w, i: fused_experts_mxfp4(x, w, i, q13, s13, q2, s2, b13, b2, None, act), True
+            )
         if hasattr(torch, "_grouped_mm"):
             impls["grouped_mm"] = (lambda x, w, i: grouped_mm_moe(x, w, i, w13, w2, b13, b2, act), True)
         if routes:  # every other route that can take t tokens, at its default tiles: where each wins
@@ -109,6 +127,10 @@ def bench_shape(name: str, tokens: list[int], rows: list[dict], routes: bool = F
                     fn = lambda x, w, i, alt=alt: fused_experts(x, w, i, w13, w2, b13, b2, None, act, config=alt)  # noqa: E731
                     impls[f"atomc_triton[{path}]"] = (fn, True)
         for impl, (fn, graphed) in impls.items():
+            if impl == "atomc_triton_mxfp4":  # the packed weights and scales, not bf16 ones
+                nbytes = touched * mx_bytes + 2 * t * h * 2
+            else:
+                nbytes = touched * expert_bytes + 2 * t * h * 2
             row = dict(shape=name, tokens=t, impl=impl, experts_touched=round(touched, 2), bytes=int(nbytes))
             try:
                 row["rel_err"] = rel_err(fn(x, weights, ids), ref)
@@ -124,7 +146,7 @@ def bench_shape(name: str, tokens: list[int], rows: list[dict], routes: bool = F
                 continue
             row.update(us=round(us, 2), gbps=round(nbytes / us / 1e3, 1), tflops=round(flops / us / 1e6, 2))
             row["pct_peak_bw"] = round(100 * row["gbps"] / PEAK_GBPS, 1)
-            if impl == "atomc_triton":
+            if impl in ("atomc_triton", "atomc_triton_mxfp4"):
                 row["route"] = cfg["path"]
             rows.append(row)
             print(f"{name:10s} M={t:5d} {impl:13s} {us:9.1f} us {row['gbps']:8.1f} GB/s ({row['pct_peak_bw']:5.1f}%) "
@@ -137,13 +159,15 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--routes", action="store_true", help="also time each other route that can take M tokens")
+    ap.add_argument("--weights", choices=("bf16", "mxfp4"), default="bf16", help="expert weight format")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     rows: list[dict] = []
     for name in args.shapes.split(","):
-        bench_shape(name, tokens, rows, args.routes)
+        bench_shape(name, tokens, rows, args.routes, args.weights)
         torch.cuda.empty_cache()  # the shape's weights are gone with its frame
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version())
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
+                weights=args.weights)  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"wrote {args.out}")

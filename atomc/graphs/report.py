@@ -58,10 +58,19 @@ def _arg(node: torch.fx.Node, index: int, name: str):
 
 
 def moe_node(node: torch.fx.Node) -> dict | None:
-    """A MoE block's sizes from its node (atomc::moe's schema: x, router_logits, w13, w2, ..., top_k)."""
-    if _target_name(node).split("::")[-1] != "moe":
+    """A MoE block's sizes from its node (atomc::moe's schema: x, router_logits, w13, w2, ..., top_k;
+    atomc::moe_quant's: x, router_logits, w13, w13_scale, w2, w2_scale, ..., top_k, weight_format)."""
+    op = _target_name(node).split("::")[-1]
+    if op not in ("moe", "moe_quant"):
         return None
-    w13, w2, top_k = _shape(_arg(node, 2, "w13")), _shape(_arg(node, 3, "w2")), _arg(node, 8, "top_k")
+    if op == "moe":
+        w13, w2, top_k = _shape(_arg(node, 2, "w13")), _shape(_arg(node, 3, "w2")), _arg(node, 8, "top_k")
+        fmt = None
+    else:
+        w13, w2, top_k = _shape(_arg(node, 2, "w13")), _shape(_arg(node, 4, "w2")), _arg(node, 10, "top_k")
+        fmt = _arg(node, 11, "weight_format")
+        if fmt == "mxfp4" and w13 and w2:  # two values a byte along the input dim
+            w13, w2 = [*w13[:2], w13[2] * 2], [*w2[:2], w2[2] * 2]
     tokens = (_shape(_arg(node, 0, "x")) or [1])[0]
     if not (w13 and w2 and isinstance(top_k, int)):
         return None
@@ -73,6 +82,7 @@ def moe_node(node: torch.fx.Node) -> dict | None:
         "hidden": w13[2],
         "intermediate": w13[1] // 2,
         "flops_per_token": 2 * tokens * top_k * (w13[1] * w13[2] + w2[1] * w2[2]),
+        **({"weight_format": fmt} if fmt else {}),
     }
 
 
@@ -83,7 +93,7 @@ def _is_atomc(name: str) -> bool:
 def _node_flops(node: torch.fx.Node) -> int:
     full = _target_name(node)
     name = full.split("::")[-1]
-    if name == "moe" and _is_atomc(full):
+    if name in ("moe", "moe_quant") and _is_atomc(full):
         moe = moe_node(node)
         return moe["flops_per_token"] if moe else 0
     if name in _FP8_GEMMS and _is_atomc(full):
@@ -183,6 +193,7 @@ def format_report(manifest: dict) -> str:
             lines.append(
                 f"           {m['node']:<12} {m['op']:<20} {m['experts']} experts, top-{m['top_k']}, "
                 f"hidden {m['hidden']}, intermediate {m['intermediate']}"
+                + (f", {m['weight_format']} experts" if m.get("weight_format") else "")
             )
     t = manifest.get("timings", {})
     lines.append("timings    " + "  ".join(f"{k.removesuffix('_s')} {v:.2f}s" for k, v in t.items()))

@@ -25,7 +25,12 @@ GROUP = 32
 MXFP4_CONFIG = {
     "quant_method": "mxfp4",
     # what openai/gpt-oss-20b's config.json lists
-    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
 }
 
 

@@ -34,9 +34,9 @@ def test_dequantize_reads_low_nibble_first_and_e8m0_exponents():
     blocks = torch.tensor([[0x21] + [0] * 15, [0xF8] + [0] * 15], dtype=torch.uint8)
     out = dequantize_mxfp4(blocks, torch.tensor([[128], [126]], dtype=torch.uint8))
     assert out[0, :2].tolist() == [1.0, 2.0] and out[1, :2].tolist() == [-0.0, -3.0]
-    codes = torch.arange(16, dtype=torch.uint8)
-    every = dequantize_mxfp4((codes | (codes << 4)).repeat(2)[None, :16].contiguous(), torch.tensor([[127]], dtype=torch.uint8))
-    assert every[0, 0::2].tolist()[:8] == list(E2M1_VALUES[:8])
+    codes = torch.arange(16, dtype=torch.uint8)  # one 32-value group: code c in both nibbles of byte c
+    every = dequantize_mxfp4((codes | (codes << 4))[None], torch.tensor([[127]], dtype=torch.uint8))
+    assert every[0, 0::2].tolist() == every[0, 1::2].tolist() == list(E2M1_VALUES)
 
 
 def test_quantiser_round_trips_and_bounds_the_error():
@@ -72,8 +72,8 @@ def test_checkpoint_tensors_land_in_fused_rows(ckpts):
     assert experts.w13_weight is None and experts.w13_blocks.dtype == torch.uint8
     prefix = "model.layers.2.mlp.experts"
     with safe_open(str(mx / "model.safetensors"), "pt") as f:
-        gu_b, gu_s, dn_b, dn_s = (f.get_tensor(f"{prefix}.{n}") for n in
-                                  ("gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"))  # fmt: skip
+        names = ("gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales")
+        gu_b, gu_s, dn_b, dn_s = (f.get_tensor(f"{prefix}.{n}") for n in names)
     i = experts.intermediate_size
     for e in (0, 5):
         for j in (0, 1, i - 1):
@@ -142,3 +142,18 @@ def test_dummy_weights_fill_mxfp4_experts(ckpts):
     assert torch.isfinite(w).all() and 0.005 < w.abs().mean() < 0.05
     out = model_logits(model)(PROMPT)
     assert torch.isfinite(out).all()
+
+
+def test_traced_graph_keeps_one_moe_quant_node_a_layer_in_the_report(ckpts):
+    """Dynamo traces the MXFP4 model whole; the CPU passes keep atomc::moe_quant (4 layers), and the
+    compile report counts its FLOPs at the unpacked widths (H 64, I 64, top-2) and names the format."""
+    from atomc.graphs.report import format_report
+    from tests.graphs.test_report import manifest, traced_flops
+
+    _, mx = ckpts
+    _, after = traced_flops(mx)
+    nodes = after["moe_nodes"]
+    assert len(nodes) == 4 and all(n["op"] == "atomc::moe_quant" and n["weight_format"] == "mxfp4" for n in nodes)
+    assert {(n["experts"], n["top_k"], n["hidden"], n["intermediate"]) for n in nodes} == {(6, 2, 64, 64)}
+    assert all(n["flops_per_token"] == 2 * 2 * (2 * 64 * 64 + 64 * 64) for n in nodes)
+    assert "hidden 64, intermediate 64, mxfp4 experts" in format_report(manifest(after))

@@ -99,7 +99,9 @@ def fused_experts_mxfp4(
         row_groups = block_expert.numel()
     else:
         if p > moe_config.SMALL_PATH_MAX_PAIRS:
-            raise ValueError(f"fused_moe_quant: the small path takes <= {moe_config.SMALL_PATH_MAX_PAIRS} pairs, got {p}")
+            raise ValueError(
+                f"fused_moe_quant: the small path takes <= {moe_config.SMALL_PATH_MAX_PAIRS} pairs, got {p}"
+            )
         block_m = max(16, triton.next_power_of_2(t))
         sorted_ids = block_expert = num_padded = local  # unused by the small route
         row_groups = p
@@ -139,7 +141,8 @@ def fused_moe_quant(
     """`atomc::moe_quant` (same arguments): routing as `fused_moe` does it, then the MXFP4 experts."""
     if weight_format != "mxfp4":
         raise ValueError(
-            f"fused_moe_quant: weight format {weight_format!r} has no Triton kernel (supported: {', '.join(WEIGHT_FORMATS)})"
+            f"fused_moe_quant: weight format {weight_format!r} has no Triton kernel "
+            f"(supported: {', '.join(WEIGHT_FORMATS)})"
         )
     if handles(scoring, correction_bias, num_expert_group, router_logits.shape[-1]):
         weights, ids = softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor)
