@@ -92,7 +92,7 @@ def install_expert_loaders(moe: FusedMoE) -> None:
         param = getattr(moe, name)
         if param is not None:
             param.weight_loader = load  # replaces FusedMoE's (which it calls after the conversion)
-    moe.expert_loader = load  # for MXFP4 parameters a MoE method creates later (models/quant/mxfp4.py)
+    # an MXFP4 method's parameters, created later, take w13_weight's loader (FusedMoE.set_moe_method)
 
 
 class GptOssForCausalLM(DecoderForCausalLM):

@@ -137,9 +137,6 @@ class FusedMoE(nn.Module):
             self.register_parameter(name, p)
         self.register_buffer("expert_map", self._expert_map() if ep.size > 1 else None, persistent=False)
         self.moe_method = None  # None: dense experts, atomc::moe; else a quantised method (set_moe_method)
-        # the loader parameters created later (by a MoE method) get: a family reading another layout
-        # (GPT-OSS) replaces it, and the existing parameters' loaders, together
-        self.expert_loader = self.weight_loader
 
     def shard_ids_of(self, name: str) -> tuple:
         """Every (expert, part) shard a w13_* / w2_* parameter holds (for the loader's missing-tensor check)."""
@@ -149,11 +146,15 @@ class FusedMoE(nn.Module):
 
     def set_moe_method(self, method) -> None:
         """Store the experts as `method` says (models/quant/mxfp4.py): its parameters replace the dense
-        w13_weight / w2_weight; the biases stay. Called on the meta model, before loading."""
+        w13_weight / w2_weight; the biases stay. Called on the meta model, before loading. The new
+        parameters get the dense weights' loader, which a family reading its own layout (GPT-OSS)
+        may have replaced (no loader is kept on the module itself: the compiled artifact pickles
+        what the forward's guards touch, and a loader must not be part of it)."""
+        loader = self.w13_weight.weight_loader
         for name in ("w13_weight", "w2_weight"):
             delattr(self, name)
             self.register_parameter(name, None)
-        method.create_weights(self)
+        method.create_weights(self, loader)
         self.moe_method = method
 
     def _expert_map(self, device=None) -> torch.Tensor:

@@ -41,7 +41,8 @@ _E2M1_BOUNDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 class MoEMethod:
     """How a FusedMoE stores and runs its experts (the unquantised layer runs atomc::moe itself)."""
 
-    def create_weights(self, layer: nn.Module) -> None:
+    def create_weights(self, layer: nn.Module, weight_loader) -> None:
+        """Register the expert parameters, each with `weight_loader` (the layer's, or its family's)."""
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
@@ -54,7 +55,7 @@ class MoEMethod:
 class Mxfp4MoEMethod(MoEMethod):
     weight_format = "mxfp4"
 
-    def create_weights(self, layer: nn.Module) -> None:
+    def create_weights(self, layer: nn.Module, weight_loader) -> None:
         e, i, h = layer.num_local_experts, layer.local_intermediate, layer.hidden_size
         for what, size in (("hidden size", h), ("intermediate size on this rank", i)):
             if size % MXFP4_GROUP:
@@ -69,7 +70,7 @@ class Mxfp4MoEMethod(MoEMethod):
         }
         for name, (shape, pack) in shapes.items():
             p = nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
-            set_weight_attrs(p, {"weight_loader": layer.expert_loader, "moe_param": name, "k_pack": pack,
+            set_weight_attrs(p, {"weight_loader": weight_loader, "moe_param": name, "k_pack": pack,
                                  "shard_ids": layer.shard_ids_of(name)})  # fmt: skip
             layer.register_parameter(name, p)
 

@@ -157,3 +157,15 @@ def test_traced_graph_keeps_one_moe_quant_node_a_layer_in_the_report(ckpts):
     assert {(n["experts"], n["top_k"], n["hidden"], n["intermediate"]) for n in nodes} == {(6, 2, 64, 64)}
     assert all(n["flops_per_token"] == 2 * 2 * (2 * 64 * 64 + 64 * 64) for n in nodes)
     assert "hidden 64, intermediate 64, mxfp4 experts" in format_report(manifest(after))
+
+
+def test_compiled_equals_eager(ckpts, tmp_path):
+    """One artifact build (a minute or two on 2 cores): the MXFP4 model through trace, passes,
+    Inductor and the saved artifact (its pickle scan included) gives the eager run's tokens."""
+    _, mx = ckpts
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    runs = []
+    for eager in (True, False):
+        llm = LLM(model=str(mx), dtype="float32", device="cpu", enforce_eager=eager, cache_dir=str(tmp_path))
+        runs.append(llm.generate([{"prompt_token_ids": PROMPT}], params)[0].outputs[0].token_ids)
+    assert runs[0] == runs[1]
