@@ -6,9 +6,10 @@ torch build has it).
     python benchmarks/moe_kernel.py --out results/moe_kernel.json [--shapes mixtral,qwen3_moe] [--tokens 1,8] [--routes]
     python benchmarks/moe_kernel.py --weights mxfp4 --shapes gpt_oss --out results/moe_kernel_mxfp4.json
 
-`--weights mxfp4`: the experts are quantised to MXFP4 (models/quant/mxfp4.py) and every bf16 row
-runs their dequantised values (the same model); the row `atomc_triton_mxfp4` is the MXFP4 kernels
-(atomc/kernels/triton/moe_mxfp4.py), whose bytes are the packed weights and scales.
+`--weights mxfp4 | fp8_channel | fp8_block`: the experts are quantised to that format (MXFP4 by
+models/quant/mxfp4.py, FP8 by amax / 448 per row or per 128x128 block) and every bf16 row runs
+their dequantised values (the same model); the row `atomc_triton_<format>` is the quantised
+kernels (atomc/kernels/triton/moe_quant.py), whose bytes are the quantised weights and scales.
 
 Bytes are the weights actually read (the distinct experts the routing touches, w13 + w2 + biases)
 plus x and the output; FLOPs are 6 * M * top_k * H * I. Ours and grouped_mm are timed as CUDA-graph
@@ -31,6 +32,7 @@ from triton.testing import do_bench
 from atomc.kernels.triton import moe_config
 from atomc.kernels.triton.moe import device_name, fused_experts
 from atomc.ops.moe import apply_activation, experts_reference, select_experts
+from atomc.ops.moe_quant import WEIGHT_FORMATS
 
 PEAK_GBPS = 4300.0
 BF16 = torch.bfloat16
@@ -42,6 +44,24 @@ SHAPES = {
     "gpt_oss": (32, 2880, 2880, 4, "swiglu_oai", True),
 }
 TOKENS = (1, 8, 64, 512, 4096)
+
+
+def quantize_experts(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked [E, N, K] experts in atomc::moe_quant's `fmt` layout (amax scaling, round to nearest)."""
+    if fmt == "mxfp4":
+        from models.quant.mxfp4 import quantize_mxfp4
+
+        return quantize_mxfp4(w)
+    if fmt == "fp8_channel":
+        s = w.float().abs().amax(-1).clamp(min=1e-8) / 448
+        return (w.float() / s[..., None]).to(torch.float8_e4m3fn), s
+    e, n, k = w.shape  # fp8_block: 128x128 blocks, partial ones at the edges
+    nb, kb = -(-n // 128), -(-k // 128)
+    padded = torch.zeros(e, nb * 128, kb * 128, device=w.device)
+    padded[:, :n, :k] = w.float()
+    s = padded.unflatten(1, (nb, 128)).unflatten(3, (kb, 128)).abs().amax((2, 4)).clamp(min=1e-8) / 448
+    full = s.repeat_interleave(128, 1)[:, :n].repeat_interleave(128, 2)[:, :, :k]
+    return (w.float() / full).to(torch.float8_e4m3fn), s
 
 
 def rel_err(out, ref) -> float:
@@ -90,14 +110,15 @@ def bench_shape(
     b13 = (0.5 * torch.randn(e, 2 * inter, generator=g, device=DEV)).to(BF16) if bias else None
     b2 = (0.5 * torch.randn(e, h, generator=g, device=DEV)).to(BF16) if bias else None
     expert_bytes = (3 * h * inter + (3 * h if bias else 0)) * 2
-    if weights_fmt == "mxfp4":
-        from atomc.kernels.triton.moe_mxfp4 import fused_experts_mxfp4
-        from atomc.ops.moe_quant import dequantize_mxfp4
-        from models.quant.mxfp4 import quantize_mxfp4
+    if weights_fmt != "bf16":
+        from atomc.kernels.triton.moe_quant import fused_experts_quant
+        from atomc.ops.moe_quant import dequantize_experts
 
-        (q13, s13), (q2, s2) = quantize_mxfp4(w13), quantize_mxfp4(w2)
-        w13, w2 = dequantize_mxfp4(q13, s13, BF16), dequantize_mxfp4(q2, s2, BF16)  # the bf16 rows' model
-        mx_bytes = 3 * h * inter * (0.5 + 1 / 32) + (3 * h * 2 if bias else 0)
+        (q13, s13), (q2, s2) = quantize_experts(w13, weights_fmt), quantize_experts(w2, weights_fmt)
+        # every bf16 row runs the dequantised experts: the same model
+        w13, w2 = dequantize_experts(q13, s13, weights_fmt, BF16), dequantize_experts(q2, s2, weights_fmt, BF16)
+        per_value = 0.5 + 1 / 32 if weights_fmt == "mxfp4" else 1 + (4 / 128 if weights_fmt == "fp8_channel" else 0)
+        q_bytes = 3 * h * inter * per_value + (3 * h * 2 if bias else 0)
     for t in tokens:
         reps = 8 if t <= 64 else 2
         calls = []
@@ -114,10 +135,12 @@ def bench_shape(
             "atomc_triton": (lambda x, w, i: fused_experts(x, w, i, w13, w2, b13, b2, None, act), True),
             "torch_loop": (lambda x, w, i: experts_reference(x, w, i, w13, w2, b13, b2, None, act, 1.702, 7.0), False),
         }
-        if weights_fmt == "mxfp4":
-            impls["atomc_triton_mxfp4"] = (
-                lambda x, w, i: fused_experts_mxfp4(x, w, i, q13, s13, q2, s2, b13, b2, None, act), True
-            )
+        if weights_fmt != "bf16":
+            impls[f"atomc_triton_{weights_fmt}"] = (
+                lambda x, w, i: fused_experts_quant(x, w, i, q13, s13, q2, s2, b13, b2, None, act, 1.702, 7.0,
+                                                    weights_fmt),
+                True,
+            )  # fmt: skip
         if hasattr(torch, "_grouped_mm"):
             impls["grouped_mm"] = (lambda x, w, i: grouped_mm_moe(x, w, i, w13, w2, b13, b2, act), True)
         if routes:  # every other route that can take t tokens, at its default tiles: where each wins
@@ -127,8 +150,8 @@ def bench_shape(
                     fn = lambda x, w, i, alt=alt: fused_experts(x, w, i, w13, w2, b13, b2, None, act, config=alt)  # noqa: E731
                     impls[f"atomc_triton[{path}]"] = (fn, True)
         for impl, (fn, graphed) in impls.items():
-            if impl == "atomc_triton_mxfp4":  # the packed weights and scales, not bf16 ones
-                nbytes = touched * mx_bytes + 2 * t * h * 2
+            if impl == f"atomc_triton_{weights_fmt}" and weights_fmt != "bf16":  # quantised weights + scales
+                nbytes = touched * q_bytes + 2 * t * h * 2
             else:
                 nbytes = touched * expert_bytes + 2 * t * h * 2
             row = dict(shape=name, tokens=t, impl=impl, experts_touched=round(touched, 2), bytes=int(nbytes))
@@ -146,7 +169,7 @@ def bench_shape(
                 continue
             row.update(us=round(us, 2), gbps=round(nbytes / us / 1e3, 1), tflops=round(flops / us / 1e6, 2))
             row["pct_peak_bw"] = round(100 * row["gbps"] / PEAK_GBPS, 1)
-            if impl in ("atomc_triton", "atomc_triton_mxfp4"):
+            if impl in ("atomc_triton", f"atomc_triton_{weights_fmt}"):
                 row["route"] = cfg["path"]
             rows.append(row)
             print(f"{name:10s} M={t:5d} {impl:13s} {us:9.1f} us {row['gbps']:8.1f} GB/s ({row['pct_peak_bw']:5.1f}%) "
@@ -159,7 +182,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--routes", action="store_true", help="also time each other route that can take M tokens")
-    ap.add_argument("--weights", choices=("bf16", "mxfp4"), default="bf16", help="expert weight format")
+    ap.add_argument("--weights", choices=("bf16", *WEIGHT_FORMATS), default="bf16", help="expert weight format")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     rows: list[dict] = []

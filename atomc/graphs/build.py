@@ -56,6 +56,8 @@ def model_modules(model: torch.nn.Module) -> list[str]:
     names = {type(m).__module__ for m in model.modules()}
     # a linear's method (models/quant/) is no module but its apply is traced: FP8 ops, or F.linear
     names.update(type(m.linear_method).__module__ for m in model.modules() if hasattr(m, "linear_method"))
+    # likewise a FusedMoE's quantised-experts method (models/quant/mxfp4.py: atomc::moe_quant)
+    names.update(type(m.moe_method).__module__ for m in model.modules() if getattr(m, "moe_method", None))
     arch = getattr(model, "arch", None)
     if arch is not None:
         names.add(type(arch).__module__)

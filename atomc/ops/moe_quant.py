@@ -8,9 +8,17 @@ given as (packed weight, scale) in the layout `weight_format` names:
   nibble; `w13_scale` uint8 [E, 2I, H/32], `w2_scale` uint8 [E, H, I/32], one e8m0 exponent (bias
   127) per 32 consecutive input values. Value = e2m1(nibble) * 2^(scale - 127).
 
+- "fp8_channel": `w13` float8_e4m3fn [E, 2I, H], `w2` [E, H, I]; `w13_scale` fp32 [E, 2I],
+  `w2_scale` [E, H], one per output row. Value = fp8 * scale.
+- "fp8_block": the same fp8 weights, `w13_scale` fp32 [E, ceil(2I/128), ceil(H/128)] and `w2_scale`
+  [E, ceil(H/128), ceil(I/128)], one per 128x128 weight block (DeepSeek-V3/R1's and Qwen3-FP8's
+  `weight_scale_inv`, stacked per expert). Value = fp8 * the block's scale.
+FP8 experts run weight-only here (activations stay in x's dtype): the weights dequantised, as the
+MXFP4 ones are; no activation quantisation.
+
 Rows are FusedMoE's: w13 holds each expert's gate rows then its up rows. The reference dequantises
 the experts to x's dtype and runs `experts_reference` (every MXFP4 value is exact in bf16/fp16/fp32
-within their exponent ranges); kernels dequantise in registers (atomc/kernels/triton/moe_mxfp4.py).
+within their exponent ranges); kernels dequantise in registers (atomc/kernels/triton/moe_quant.py).
 One op with a format argument, not one op per format, so FP8 experts join it without a new schema.
 """
 
@@ -20,7 +28,8 @@ import torch
 
 from atomc.ops.moe import experts_reference, select_experts
 
-WEIGHT_FORMATS = ("mxfp4",)
+WEIGHT_FORMATS = ("mxfp4", "fp8_channel", "fp8_block")
+FP8_BLOCK = 128  # the fp8_block format's weight block (rows and columns)
 MXFP4_GROUP = 32  # values per e8m0 scale
 E8M0_BIAS = 127
 # e2m1 code -> value: bit 3 the sign, bits 2-1 the exponent (bias 1), bit 0 the mantissa
@@ -43,10 +52,28 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     return torch.ldexp(groups, exponent[..., None].float()).flatten(-2).to(dtype)
 
 
+def dequantize_fp8_experts(w: torch.Tensor, scale: torch.Tensor, block: bool, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 [E, N, K] with per-row scales [E, N] or 128x128 block scales [E, ceil(N/128), ceil(K/128)]."""
+    e, n, k = w.shape
+    want = (e, -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)) if block else (e, n)
+    if w.dtype != torch.float8_e4m3fn or tuple(scale.shape) != want:
+        raise ValueError(
+            f"fp8 experts: weight {w.dtype} {tuple(w.shape)} with scale {tuple(scale.shape)} "
+            f"(want float8_e4m3fn and scale {want})"
+        )
+    if block:
+        scale = scale.repeat_interleave(FP8_BLOCK, 1)[:, :n].repeat_interleave(FP8_BLOCK, 2)[:, :, :k]
+    else:
+        scale = scale[..., None]
+    return (w.float() * scale.float()).to(dtype)
+
+
 def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, weight_format: str, dtype: torch.dtype) -> torch.Tensor:
     """A stacked quantised expert weight -> [E, N, K] in `dtype`."""
     if weight_format == "mxfp4":
         return dequantize_mxfp4(w, scale, dtype)
+    if weight_format in ("fp8_channel", "fp8_block"):
+        return dequantize_fp8_experts(w, scale, weight_format == "fp8_block", dtype)
     raise ValueError(f"MoE weight format {weight_format!r} is not supported (supported: {', '.join(WEIGHT_FORMATS)})")
 
 

@@ -14,6 +14,11 @@ splits the experts into contiguous ranges (rank r holds experts r*E/size ...). E
 ranks' outputs sum to the whole block's: `partial_forward` is one rank's share; `forward` needs
 the sum, which the collective of the TP/EP issue brings, so it refuses sizes > 1 until then.
 
+Quantised experts: `set_moe_method` (the loader calls it on the meta model for a quantised
+checkpoint) swaps w13_weight / w2_weight for the method's packed parameters (models/quant/mxfp4.py)
+and forward then runs the method's op (atomc::moe_quant); a parameter tagged `k_pack` (values per
+element along the input dim) has w2's TP slice of I cut in those units.
+
 Every parameter carries `weight_loader(param, tensor, shard_id)`. A per-expert checkpoint tensor
 comes with shard id (expert, "gate" | "up" | "down"); a fused tensor holding every expert
 ([E, 2I, H], [E, H, I], ...) with shard id None. Tensors of experts on other ranks are skipped.

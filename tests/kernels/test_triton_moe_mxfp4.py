@@ -1,8 +1,8 @@
-"""The Triton fused MoE with MXFP4 experts (atomc/kernels/triton/moe_mxfp4*.py) against atomc::moe_quant's
-reference (dequantise, then the per-expert loop) on CPU through the Triton interpreter, in fp32 and
-fp16 (the interpreter mishandles bf16): the one-token GEMV route, the few-pair and the sorted
-routes, both activations, biases, an expert map. H = 96 and I = 64 with byte steps that do not
-divide them, so the byte and scale-group masks are exercised."""
+"""The Triton fused MoE with MXFP4 experts (atomc/kernels/triton/moe_quant.py, moe_mxfp4_kernels.py)
+against atomc::moe_quant's reference (dequantise, then the per-expert loop) on CPU through the
+Triton interpreter, in fp32 and fp16 (the interpreter mishandles bf16): the one-token GEMV route,
+the few-pair and the sorted routes, both activations, biases, an expert map. H = 96 and I = 64
+with byte steps that do not divide them, so the byte and scale-group masks are exercised."""
 
 import os
 import sys
@@ -19,7 +19,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
 triton = pytest.importorskip("triton")
 from triton_kernel_cases import make_moe, rel_err  # noqa: E402
 
-from atomc.kernels.triton.moe_mxfp4 import fused_experts_mxfp4, fused_moe_quant  # noqa: E402
+from atomc.kernels.triton.moe_quant import fused_experts_mxfp4, fused_moe_quant  # noqa: E402
 from atomc.ops.moe import experts_reference, select_experts  # noqa: E402
 from atomc.ops.moe_quant import dequantize_mxfp4  # noqa: E402
 from models.quant.mxfp4 import quantize_mxfp4  # noqa: E402
@@ -100,7 +100,7 @@ def test_bad_tiles_and_formats_are_refused():
     bad = {**GEMV, "gate_up": dict(GEMV["gate_up"], block_k=48)}
     with pytest.raises(ValueError, match="block_k \\(48\\) must be a multiple of 32"):
         fused_experts_mxfp4(x, weights, ids, w13, s13, w2, s2, config=bad)
-    with pytest.raises(ValueError, match="are not MXFP4 experts of this width"):
+    with pytest.raises(ValueError, match="are not mxfp4 experts of this width"):
         fused_experts_mxfp4(x[:, :64], weights, ids, w13, s13, w2, s2)
-    with pytest.raises(ValueError, match="'fp8_block' has no Triton kernel"):
-        fused_moe_quant(x, logits, w13, s13, w2, s2, None, None, None, None, K, "fp8_block")
+    with pytest.raises(ValueError, match="'int4' has no Triton kernel"):
+        fused_moe_quant(x, logits, w13, s13, w2, s2, None, None, None, None, K, "int4")

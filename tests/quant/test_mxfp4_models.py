@@ -133,6 +133,17 @@ def test_bad_mxfp4_configs_are_clear_errors(ckpts, tmp_path):
         load_model(tmp_path, torch.float32, "cpu", load_format="dummy")
 
 
+def test_the_mxfp4_method_enters_the_compile_cache_key(ckpts):
+    """Its apply is traced (atomc::moe_quant), so its file is hashed into an MXFP4 model's key."""
+    from atomc.graphs import build
+    from models.arch import ModelArch
+    from models.loader.safetensors import build_on_meta
+
+    dense, mx = ckpts
+    assert "models.quant.mxfp4" in build.model_modules(build_on_meta(ModelArch.from_dir(mx), torch.float32))
+    assert "models.quant.mxfp4" not in build.model_modules(build_on_meta(ModelArch.from_dir(dense), torch.float32))
+
+
 def test_dummy_weights_fill_mxfp4_experts(ckpts):
     """Benchmarks load random weights: MXFP4 experts get random codes and small finite scales."""
     _, mx = ckpts

@@ -16,7 +16,7 @@ import torch
 from atomc.forward_context import layer_cache
 from atomc.kernels import triton as tk
 from atomc.kernels.binding import bind_as_atomc
-from atomc.kernels.triton.moe_mxfp4 import fused_moe_quant
+from atomc.kernels.triton.moe_quant import fused_moe_quant
 from atomc.ops.attention import attention_without_cache
 from atomc.ops.mla import mla_without_cache
 

@@ -1,6 +1,7 @@
-"""The Triton fused MoE with MXFP4 experts on CUDA in bf16 at GPT-OSS-20B's widths (H 2880, I 2880,
-32 experts, top-4, biases, the clamped SwiGLU) against atomc::moe_quant's reference (dequantise,
-per-expert loop): every route at its default tiles, an expert map, determinism, CUDA-graph capture."""
+"""The Triton fused MoE with quantised experts on CUDA in bf16 against atomc::moe_quant's reference
+(dequantise, per-expert loop): MXFP4 at GPT-OSS-20B's widths (H 2880, I 2880, 32 experts, top-4,
+biases, the clamped SwiGLU) on every route at its default tiles, an expert map, determinism,
+CUDA-graph capture; FP8 weight-only (per-row and 128x128 block scales) at Qwen3-30B-A3B's widths."""
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ def experts():
 
 
 def run(s, t, seed=0, expert_map=None):
-    from atomc.kernels.triton.moe_mxfp4 import fused_experts_mxfp4
+    from atomc.kernels.triton.moe_quant import fused_experts_mxfp4
 
     g = torch.Generator(DEV).manual_seed(seed)
     x = torch.randn(t, H, generator=g, device=DEV).to(BF16)
@@ -59,7 +60,7 @@ def test_expert_map(experts, t):
 
 
 def test_deterministic_and_graph_capturable(experts):
-    from atomc.kernels.triton.moe_mxfp4 import fused_experts_mxfp4
+    from atomc.kernels.triton.moe_quant import fused_experts_mxfp4
 
     for t in (1, 200):
         g = torch.Generator(DEV).manual_seed(t)
@@ -80,3 +81,32 @@ def test_deterministic_and_graph_capturable(experts):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, first)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "fp8_block"])
+@pytest.mark.parametrize("t", [1, 16, 512])
+def test_fp8_experts_at_qwen3_moe_widths(fmt, t):
+    """FP8 weight-only experts (E 128, H 2048, I 768, top-8; no bias, SiLU) on every route."""
+    from atomc.kernels.triton.moe_quant import fused_experts_quant
+    from atomc.ops.moe_quant import dequantize_fp8_experts
+
+    e, h, inter, k = 128, 2048, 768, 8
+    _, _, w13, w2, _, _ = make_moe(1, e, h, inter, k, torch.float32, DEV, seed=2)
+    block = fmt == "fp8_block"
+
+    def quant(w):
+        if not block:
+            s = w.abs().amax(-1) / 448
+            return (w / s[..., None]).to(torch.float8_e4m3fn), s
+        s = w.unflatten(1, (-1, 128)).unflatten(3, (-1, 128)).abs().amax((2, 4)) / 448
+        full = s.repeat_interleave(128, 1).repeat_interleave(128, 2)
+        return (w / full).to(torch.float8_e4m3fn), s
+
+    (q13, s13), (q2, s2) = quant(w13), quant(w2)
+    g = torch.Generator(DEV).manual_seed(t)
+    x = torch.randn(t, h, generator=g, device=DEV).to(BF16)
+    weights, ids = select_experts(torch.randn(t, e, generator=g, device=DEV), k)
+    out = fused_experts_quant(x, weights, ids, q13, s13, q2, s2, weight_format=fmt)
+    d13, d2 = dequantize_fp8_experts(q13, s13, block, BF16), dequantize_fp8_experts(q2, s2, block, BF16)
+    ref = experts_reference(x, weights, ids, d13, d2, None, None, None, "silu", 1.702, 7.0)
+    assert rel_err(out, ref) < REL, rel_err(out, ref)

@@ -1,0 +1,209 @@
+"""`fused_moe_quant`: atomc::moe_quant on Triton: quantised experts dequantised in registers.
+
+The routes of moe.py's `fused_experts`, with each format's kernels (MXFP4: moe_mxfp4_kernels.py;
+FP8 per-row or 128x128-block scales: moe_fp8_kernels.py): one token, the two GEMVs with the
+weighted sum done in the down GEMV (the "fuse_combine" tile flag is not read: this route always
+fuses); few pairs, the unsorted tensor-core kernels; many pairs, the expert-sorted ones, then
+`moe_combine_kernel`. Tiles come from moe_config.py with the format as `weight_format` (its own
+tuned files, else the bf16 defaults); a tile's `block_k` counts input values. MXFP4 needs it a
+multiple of 32 (one scale group, so a step never splits a byte pair).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from atomc.kernels.triton import moe_config
+from atomc.kernels.triton.moe import ACTIVATION_CODES, COMBINE_BLOCK_H, device_name
+from atomc.kernels.triton.moe_align import align_by_expert
+from atomc.kernels.triton.moe_fp8_kernels import (
+    fp8_down_combine_gemv_kernel,
+    fp8_down_kernel,
+    fp8_gate_up_gemv_kernel,
+    fp8_gate_up_kernel,
+)
+from atomc.kernels.triton.moe_gemm import moe_combine_kernel
+from atomc.kernels.triton.moe_mxfp4_kernels import (
+    mxfp4_down_combine_gemv_kernel,
+    mxfp4_down_kernel,
+    mxfp4_gate_up_gemv_kernel,
+    mxfp4_gate_up_kernel,
+)
+from atomc.kernels.triton.moe_routing import handles, softmax_topk
+from atomc.ops.moe import select_experts
+from atomc.ops.moe_quant import WEIGHT_FORMATS
+
+FP8_FORMATS = ("fp8_channel", "fp8_block")
+
+
+def _step(tile: dict, weight_format: str) -> int:
+    """The tile's K step in the kernel's units: bytes for MXFP4 (block_k values = block_k / 2 bytes),
+    values for FP8 (each element finds its own block scale, so any step works)."""
+    block_k = tile["block_k"]
+    if weight_format == "mxfp4":
+        if block_k % 32:
+            raise ValueError(f"fused_moe_quant: an MXFP4 tile's block_k ({block_k}) must be a multiple of 32")
+        return block_k // 2
+    return block_k
+
+
+def _check_shapes(x, w13, w13_scale, w2, w2_scale, weight_format: str) -> tuple[int, int, int]:
+    """(experts, H, I) of quantised experts that fit x, else a ValueError."""
+    t, h = x.shape
+    e, two_i = w13.shape[:2]
+    inter = two_i // 2
+    if weight_format == "mxfp4":
+        want = {"w13": (e, two_i, h // 2), "w13_scale": (e, two_i, h // 32),
+                "w2": (e, h, inter // 2), "w2_scale": (e, h, inter // 32)}  # fmt: skip
+    elif weight_format in FP8_FORMATS:
+        cd = lambda a: -(-a // 128)  # noqa: E731
+        block = weight_format == "fp8_block"
+        want = {"w13": (e, two_i, h), "w13_scale": (e, cd(two_i), cd(h)) if block else (e, two_i),
+                "w2": (e, h, inter), "w2_scale": (e, cd(h), cd(inter)) if block else (e, h)}  # fmt: skip
+    else:
+        raise ValueError(
+            f"fused_moe_quant: weight format {weight_format!r} has no Triton kernel "
+            f"(supported: {', '.join(WEIGHT_FORMATS)})"
+        )
+    got = {"w13": w13, "w13_scale": w13_scale, "w2": w2, "w2_scale": w2_scale}
+    if any(tuple(got[k].shape) != v for k, v in want.items()):
+        shapes = ", ".join(f"{k} {tuple(t.shape)}" for k, t in got.items())
+        raise ValueError(f"fused_moe_quant: x {tuple(x.shape)}, {shapes} are not {weight_format} experts of this width")
+    return e, h, inter
+
+
+def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:
+    """(expert, row, column) strides of a scale tensor; column 0 for per-row scales."""
+    return scale.stride(0), scale.stride(1), scale.stride(2) if scale.dim() == 3 else 0
+
+
+def fused_experts_quant(
+    x, weights, ids, w13, w13_scale, w2, w2_scale, w13_bias=None, w2_bias=None, expert_map=None,
+    activation="silu", alpha=1.702, limit=7.0, weight_format: str = "mxfp4", config: dict | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """`experts_reference` on the dequantised experts (atomc/ops/moe_quant.py's layouts), on the
+    kernels: x [T, H], weights fp32 [T, k], ids int32 [T, k] (global) -> [T, H]. `config`
+    overrides the tuned/default configuration."""
+    e_local, h, inter = _check_shapes(x, w13, w13_scale, w2, w2_scale, weight_format)
+    if activation not in ACTIVATION_CODES:
+        raise ValueError(f"fused_moe_quant: activation {activation!r} (supported: {', '.join(ACTIVATION_CODES)})")
+    t, k = x.shape[0], ids.shape[1]
+    x = x.contiguous()
+    w13, w2, w13_scale, w2_scale = w13.contiguous(), w2.contiguous(), w13_scale.contiguous(), w2_scale.contiguous()
+    p = t * k
+    local = ids.reshape(p).to(torch.int32)
+    if expert_map is not None:
+        local = expert_map.to(torch.int32)[local.long()]
+    if config is None:
+        dev = device_name(x.device)
+        config = moe_config.pick_config(t, e_local, h, inter, k, x.dtype, dev, weight_format=weight_format)
+    out = torch.empty_like(x)
+    if t == 0:
+        return out
+    mx = weight_format == "mxfp4"
+    extra = {} if mx else {"BLOCK_SCALES": weight_format == "fp8_block"}
+    kname = "BLOCK_KB" if mx else "BLOCK_K"
+    act = x.new_empty(p, inter)
+    code = ACTIVATION_CODES[activation]
+    weights = weights.float().contiguous()
+    gu, dn = config["gate_up"], config["down"]
+    b13 = w13_bias if w13_bias is not None else x
+    b2 = w2_bias if w2_bias is not None else x
+    sb13 = 0 if w13_bias is None else w13_bias.stride(0)
+    sb2 = 0 if w2_bias is None else w2_bias.stride(0)
+    s13, s2 = _scale_strides(w13_scale), _scale_strides(w2_scale)
+    if not mx:  # the MXFP4 kernels index scale bytes themselves (one a 16-byte group)
+        s13_args, s2_args = s13, s2
+    else:
+        s13_args, s2_args = s13[:2], s2[:2]
+    if config["path"] == "gemv":
+        if t != 1:
+            raise ValueError(f"fused_moe_quant: the gemv route takes one token, got {t}")
+        gate_up, down = (
+            (mxfp4_gate_up_gemv_kernel, mxfp4_down_combine_gemv_kernel) if mx
+            else (fp8_gate_up_gemv_kernel, fp8_down_combine_gemv_kernel)
+        )  # fmt: skip
+        gate_up[(k, triton.cdiv(inter, gu["block_n"]))](
+            x, w13, w13_scale, b13, act, local,
+            h, inter, w13.stride(0), w13.stride(1), *s13_args, sb13, act.stride(0),
+            float(alpha), float(limit),
+            ACT=code, HAS_BIAS=w13_bias is not None, BLOCK_N=gu["block_n"], **{kname: _step(gu, weight_format)},
+            **extra, num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+        )  # fmt: skip
+        down[(triton.cdiv(h, dn["block_n"]),)](
+            act, w2, w2_scale, b2, weights, local, out,
+            h, inter, act.stride(0), w2.stride(0), w2.stride(1), *s2_args, sb2,
+            TOPK=k, HAS_BIAS=w2_bias is not None, BLOCK_N=dn["block_n"], **{kname: _step(dn, weight_format)},
+            **extra, num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+        )  # fmt: skip
+        return out
+    sorted_route = config["path"] == "sorted"
+    if sorted_route:
+        block_m = gu["block_m"]
+        if dn.get("block_m", block_m) != block_m:
+            raise ValueError("fused_moe_quant: both GEMMs of the sorted path share one block_m (one alignment)")
+        sorted_ids, block_expert, num_padded = align_by_expert(local, e_local, block_m)
+        row_groups = block_expert.numel()
+    else:
+        if p > moe_config.SMALL_PATH_MAX_PAIRS:
+            raise ValueError(
+                f"fused_moe_quant: the small path takes <= {moe_config.SMALL_PATH_MAX_PAIRS} pairs, got {p}"
+            )
+        block_m = max(16, triton.next_power_of_2(t))
+        sorted_ids = block_expert = num_padded = local  # unused by the small route
+        row_groups = p
+    ieee = x.dtype == torch.float32
+    slots = triton.next_power_of_2(k)
+    route = (local, sorted_ids, block_expert, num_padded)
+    y = x.new_empty(p, h)
+    gate_up, down = (mxfp4_gate_up_kernel, mxfp4_down_kernel) if mx else (fp8_gate_up_kernel, fp8_down_kernel)
+    gate_up[(row_groups, triton.cdiv(inter, gu["block_n"]))](
+        x, w13, w13_scale, b13, act, *route,
+        p, h, inter,
+        x.stride(0), w13.stride(0), w13.stride(1), *s13_args, sb13, act.stride(0),
+        float(alpha), float(limit),
+        TOPK=k, ACT=code, HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, **extra,
+        BLOCK_M=block_m, BLOCK_N=gu["block_n"], **{kname: _step(gu, weight_format)}, BLOCK_SLOTS=slots,
+        num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+    )  # fmt: skip
+    down[(row_groups, triton.cdiv(h, dn["block_n"]))](
+        act, w2, w2_scale, b2, y, *route,
+        p, h, inter,
+        act.stride(0), w2.stride(0), w2.stride(1), *s2_args, sb2, y.stride(0),
+        TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, **extra,
+        BLOCK_M=block_m, BLOCK_N=dn["block_n"], **{kname: _step(dn, weight_format)}, BLOCK_SLOTS=slots,
+        num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+    )  # fmt: skip
+    block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
+    moe_combine_kernel[(t, triton.cdiv(h, block_h))](
+        y, weights, local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h,
+    )  # fmt: skip
+    return out
+
+
+def fused_experts_mxfp4(*args, **kwargs) -> torch.Tensor:
+    """`fused_experts_quant` with weight_format "mxfp4" (the benchmark's and tests' entry)."""
+    return fused_experts_quant(*args, weight_format="mxfp4", **kwargs)
+
+
+def fused_moe_quant(
+    x, router_logits, w13, w13_scale, w2, w2_scale, w13_bias, w2_bias, expert_map, correction_bias, top_k: int,
+    weight_format: str, scoring="softmax", renormalize=True, num_expert_group=0, topk_group=0,
+    routed_scaling_factor=1.0, activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0,
+) -> torch.Tensor:  # fmt: skip
+    """`atomc::moe_quant` (same arguments): routing as `fused_moe` does it, then the MXFP4 experts."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(
+            f"fused_moe_quant: weight format {weight_format!r} has no Triton kernel "
+            f"(supported: {', '.join(WEIGHT_FORMATS)})"
+        )
+    if handles(scoring, correction_bias, num_expert_group, router_logits.shape[-1]):
+        weights, ids = softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor)
+    else:
+        weights, ids = select_experts(
+            router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
+            routed_scaling_factor,
+        )  # fmt: skip
+    return fused_experts_quant(x, weights, ids, w13, w13_scale, w2, w2_scale, w13_bias, w2_bias, expert_map,
+                               activation, swiglu_alpha, swiglu_limit, weight_format)  # fmt: skip

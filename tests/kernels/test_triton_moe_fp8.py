@@ -1,0 +1,90 @@
+"""The Triton fused MoE with FP8 experts (weight-only: atomc/kernels/triton/moe_quant.py,
+moe_fp8_kernels.py) against atomc::moe_quant's reference (dequantise, then the per-expert loop)
+on CPU through the Triton interpreter, fp32 and fp16: per-row ("fp8_channel") and 128x128-block
+("fp8_block") scales, every route, both activations with biases, an expert map. H = 200 and
+I = 136 are not multiples of 128, so partial scale blocks and every tile edge are masked; the
+blocks' scales differ widely, so a scale read from the wrong block shows."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():  # the interpreter setting is process-wide
+    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+
+triton = pytest.importorskip("triton")
+from triton_kernel_cases import make_moe, rel_err  # noqa: E402
+
+from atomc.kernels.triton.moe_quant import fused_experts_quant  # noqa: E402
+from atomc.ops.moe import experts_reference, select_experts  # noqa: E402
+from atomc.ops.moe_quant import dequantize_fp8_experts  # noqa: E402
+
+E, H, INTER, K = 4, 200, 136, 2
+FP8 = torch.float8_e4m3fn
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3}
+TILE = dict(block_m=16, block_n=16, block_k=64, num_warps=4, num_stages=2)
+SMALL = {"path": "small", "gate_up": dict(TILE), "down": dict(TILE)}
+SORTED = {"path": "sorted", "gate_up": dict(TILE), "down": dict(TILE, block_k=256)}  # steps over 2 blocks
+GEMV = {"path": "gemv", "gate_up": dict(TILE, block_n=4, block_k=64), "down": dict(TILE, block_n=2, block_k=32)}
+
+
+def quantize(w: torch.Tensor, block: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 weights and per-row or per-128x128-block scales (amax / 448), rows of blocks scaled apart
+    by up to 2^6 so each block's scale matters."""
+    e, n, k = w.shape
+    w = w * torch.logspace(0, 6, n, base=2.0)[None, :, None]
+    if not block:
+        s = w.abs().amax(-1) / 448
+        return (w / s[..., None]).to(FP8), s
+    nb, kb = -(-n // 128), -(-k // 128)
+    padded = torch.zeros(e, nb * 128, kb * 128)
+    padded[:, :n, :k] = w
+    s = padded.unflatten(1, (nb, 128)).unflatten(3, (kb, 128)).abs().amax((2, 4)).clamp(min=1e-8) / 448
+    full = s.repeat_interleave(128, 1)[:, :n].repeat_interleave(128, 2)[:, :, :k]
+    return (w / full).to(FP8), s
+
+
+def check(t, dtype, config, fmt, *, activation="silu", bias=False, expert_map=None, seed=0):
+    block = fmt == "fp8_block"
+    x, logits, w13, w2, b13, b2 = make_moe(t, E, H, INTER, K, torch.float32, "cpu", bias=bias, seed=seed)
+    x = (x * 0.05).to(dtype)  # the weights' rows grow up to 64x: keep activations O(1)
+    b13, b2 = (None, None) if not bias else (b13.to(dtype), b2.to(dtype))
+    (q13, s13), (q2, s2) = quantize(w13, block), quantize(w2, block)
+    weights, ids = select_experts(logits, K)
+    if expert_map is not None:
+        n = int(expert_map.max()) + 1
+        q13, s13, q2, s2 = q13[:n], s13[:n], q2[:n], s2[:n]
+        b13, b2 = (None, None) if not bias else (b13[:n], b2[:n])
+    out = fused_experts_quant(x, weights, ids, q13, s13, q2, s2, b13, b2, expert_map, activation, 1.702, 7.0,
+                              fmt, config=config)  # fmt: skip
+    d13, d2 = dequantize_fp8_experts(q13, s13, block, dtype), dequantize_fp8_experts(q2, s2, block, dtype)
+    ref = experts_reference(x, weights, ids, d13, d2, b13, b2, expert_map, activation, 1.702, 7.0)
+    assert out.shape == x.shape and not out.isnan().any() and ref.abs().max() > 0
+    assert rel_err(out, ref) < TOL[dtype], rel_err(out, ref)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "fp8_block"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("config,t", [(GEMV, 1), (SMALL, 5), (SORTED, 37)], ids=["gemv", "small", "sorted"])
+def test_routes_match_reference(fmt, dtype, config, t):
+    check(t, dtype, config, fmt, activation="swiglu_oai", bias=True, seed=t)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "fp8_block"])
+def test_silu_without_bias_and_an_expert_map(fmt):
+    expert_map = torch.tensor([0, 1, -1, -1], dtype=torch.int32)
+    check(1, torch.float32, GEMV, fmt, expert_map=expert_map, seed=3)
+    check(24, torch.float32, SORTED, fmt, expert_map=expert_map, seed=4)
+
+
+def test_scales_of_the_wrong_shape_are_refused():
+    x, logits, w13, w2, _, _ = make_moe(1, E, H, INTER, K, torch.float32, "cpu")
+    (q13, s13), (q2, s2) = quantize(w13, False), quantize(w2, False)
+    weights, ids = select_experts(logits, K)
+    with pytest.raises(ValueError, match="are not fp8_block experts of this width"):
+        fused_experts_quant(x, weights, ids, q13, s13, q2, s2, weight_format="fp8_block")
