@@ -20,7 +20,9 @@ from atomc.kernels.triton.moe_mxfp4_kernels import _swiglu
 
 
 @triton.jit
-def _fp8_tile(w_rows, s_base, rows, n_ok, offs_k, k_ok, stride_sn, stride_sk, dtype, BLOCK_SCALES: tl.constexpr):
+def _fp8_tile(
+    w_rows, s_base, rows, n_ok, offs_k, k_ok, stride_sn, stride_sk, dtype: tl.constexpr, BLOCK_SCALES: tl.constexpr
+):
     """Dequantised weights [BLOCK_N, BLOCK_K] in `dtype`. w_rows: [BLOCK_N, 1] row pointers; s_base:
     the expert's scales; rows: the tile's row numbers in the expert's stacked weight (up rows of w13
     come after its INTER gate rows), which index the scales."""
