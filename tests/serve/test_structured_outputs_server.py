@@ -134,3 +134,19 @@ def test_a_constraint_that_cannot_compile_is_a_400_naming_its_field(client, extr
     assert e.value.body["param"] == param, e.value.body
     # the server still serves
     assert chat(client, max_tokens=2).choices[0].finish_reason == "length"
+
+
+def test_the_responses_api_constrains_through_chat(client):
+    """/v1/responses' `text.format` becomes chat's response_format: constrained, and its compile
+    error names the Responses field."""
+    r = client.responses.create(
+        model=client.model_name, input="Which city?", max_output_tokens=16, temperature=0,
+        text={"format": {"type": "json_object"}},
+    )  # fmt: skip
+    assert r.output_text.lstrip().startswith("{")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(
+            model=client.model_name, input="x", max_output_tokens=4,
+            text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "strin"}}},
+        )  # fmt: skip
+    assert e.value.body["param"] == "text.format", e.value.body
