@@ -63,6 +63,30 @@ def _clean(e: Exception) -> str:
     return _XGR_PREFIX.sub("", str(e).strip()).strip() or type(e).__name__
 
 
+def bound_strings(schema: Any) -> Any:
+    """`schema` with each length-bounded string (`minLength` / `maxLength`, no `pattern`) given the
+    same bounds as a pattern of characters JSON allows unescaped. xgrammar 0.2 compiles the length
+    bounds to a rule that lets raw control characters through (invalid JSON, and a weak model finds
+    them); its patterns exclude them. The price: such a string cannot hold an escape (a quote, a
+    backslash, a newline)."""
+    if isinstance(schema, list):
+        return [bound_strings(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bound_strings(v) for k, v in schema.items()}
+    types = out.get("type")
+    is_string = types == "string" or (isinstance(types, list) and types == ["string"])
+    lo, hi = out.get("minLength"), out.get("maxLength")
+    bounded = isinstance(lo, int) or isinstance(hi, int)
+    if is_string and bounded and "pattern" not in out and "format" not in out:
+        lo = lo if isinstance(lo, int) and lo > 0 else 0
+        hi = str(hi) if isinstance(hi, int) else ""
+        out.pop("minLength", None)
+        out.pop("maxLength", None)
+        out["pattern"] = r'^[^"\\\x00-\x1f]{' + f"{lo},{hi}" + "}$"
+    return out
+
+
 def cache_key(so: StructuredOutputsParams) -> tuple:
     """What makes two constraints compile to the same grammar."""
     kind = so.kind
@@ -75,7 +99,7 @@ def cache_key(so: StructuredOutputsParams) -> tuple:
                 raise GrammarError("json", f"the schema is not valid JSON: {e}") from None
         if not isinstance(value, dict | bool):
             raise GrammarError("json", f"a JSON schema must be an object, got {type(value).__name__}")
-        value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        value = json.dumps(bound_strings(value), sort_keys=True, separators=(",", ":"))
     elif kind == "choice":
         value = tuple(value)
     elif kind == "json_object":

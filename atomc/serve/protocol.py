@@ -395,11 +395,14 @@ class ChatCompletionRequest(_SamplingRequest):
         raise bad_request(message, "tool_choice")
 
     def _tool_constraint(self, setup: ChatOutputSetup) -> StructuredOutputsParams | None:
+        # compact JSON: a call's arguments need no layout, and a model left free to emit JSON
+        # whitespace can spend its whole budget on it before the call is complete
         if setup.tool_mode == "named":
             tool = next(t for t in setup.tools if t["function"]["name"] == setup.function_name)
-            return StructuredOutputsParams(json=named_schema(tool))
+            return StructuredOutputsParams(json=named_schema(tool), disable_any_whitespace=True)
         if setup.tool_mode == "required":
-            return StructuredOutputsParams(json=required_schema(setup.tools, self.parallel_tool_calls is not False))
+            schema = required_schema(setup.tools, self.parallel_tool_calls is not False)
+            return StructuredOutputsParams(json=schema, disable_any_whitespace=True)
         return None
 
     def sampling_params(self, defaults: dict | None = None, setup: ChatOutputSetup | None = None) -> SamplingParams:

@@ -17,6 +17,7 @@ from atomc.engine.structured_outputs import (
     SequenceGrammar,
     available,
     bitmask_width,
+    bound_strings,
     cache_key,
     choice_ebnf,
     fill_bitmask,
@@ -29,11 +30,12 @@ from tests.engine.helpers import PROMPTS, assert_pool_free, make
 
 pytestmark = pytest.mark.skipif(not available(), reason="xgrammar is not installed")
 
-# a bounded string by pattern, not maxLength: xgrammar 0.2's length-bounded strings let raw control
-# characters through (invalid JSON), and a random model finds them
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,6}$"}, "ok": {"type": "boolean"}},
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+        "ok": {"type": "boolean"},
+    },
     "required": ["name", "ok"],
 }
 EXTRA_VOCAB = 16  # the model's logits wider than the tokenizer, as padded checkpoints have
@@ -76,7 +78,7 @@ def test_each_kind_compiles(compiler, so):
 
 def test_the_cache_compiles_each_constraint_once(tokenizer):
     c = GrammarCompiler(tokenizer, len(tokenizer))
-    reordered = {"required": ["name", "ok"], "properties": SCHEMA["properties"], "type": "object"}
+    reordered = {"required": SCHEMA["required"], "properties": SCHEMA["properties"], "type": "object"}
     first = c.compile(SO(json=SCHEMA))
     assert c.compile(SO(json=reordered)) is first  # the same schema, keys in another order
     assert c.compile(SO(json=json.dumps(SCHEMA))) is first  # the same schema as text
@@ -98,6 +100,25 @@ def test_a_constraint_that_cannot_compile_names_its_kind(compiler, so, kind, wor
         compiler.compile(so)
     assert e.value.kind == kind and isinstance(e.value, ValueError)
     assert ".cc:" not in str(e.value)  # xgrammar's C++ location is cut from the message
+
+
+def test_length_bounded_strings_hold_no_control_characters(compiler, tokenizer):
+    """xgrammar 0.2 lets raw control characters into minLength/maxLength strings; bound_strings
+    turns the bounds into a pattern that keeps them out and keeps the bounds."""
+    pattern = r'^[^"\\\x00-\x1f]{0,3}$'
+    assert bound_strings({"type": "string", "maxLength": 3}) == {"type": "string", "pattern": pattern}
+    kept = {"type": "string", "maxLength": 3, "pattern": "a+"}
+    assert bound_strings(kept) == kept
+    bounded = {"type": "string", "minLength": 1, "maxLength": 3}
+    schema = {"type": "object", "properties": {"s": bounded}, "required": ["s"]}
+    eos = tokenizer.eos_token_id
+
+    def matches(text: str) -> bool:
+        g = compiler.matcher(SO(json=schema, disable_any_whitespace=True), [eos])
+        return g.matcher.accept_string(text) and g.is_completed
+
+    assert matches('{"s": "abc"}') and matches('{"s": "é"}')
+    assert not matches('{"s": ""}') and not matches('{"s": "abcd"}') and not matches('{"s": "a\x1d"}')
 
 
 def test_cache_key_and_choice_grammar():

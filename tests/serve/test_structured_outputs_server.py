@@ -150,3 +150,10 @@ def test_the_responses_api_constrains_through_chat(client):
             text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "strin"}}},
         )  # fmt: skip
     assert e.value.body["param"] == "text.format", e.value.body
+
+
+def test_a_response_format_beside_a_constraining_tool_choice_is_a_400(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, tools=tools, tool_choice="required", response_format={"type": "json_object"})
+    assert e.value.body["param"] == "response_format", e.value.body
