@@ -45,6 +45,10 @@ def serve(
     save_result: Path = typer.Option(None, help="Write the result JSON here."),
     api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Sent as a Bearer token."),
     disable_tqdm: bool = typer.Option(False, "--disable-tqdm", help="No progress bar."),
+    structured_json_schema: Path = typer.Option(
+        None, exists=True, dir_okay=False,
+        help="Constrain every request's output to this JSON schema (structured_outputs.json).",
+    ),  # fmt: skip
 ) -> None:
     """Run one benchmark against a running server and print vLLM-named metrics."""
     from atomc.bench.metrics import format_metrics_table, parse_percentiles
@@ -67,6 +71,7 @@ def serve(
         api_key=api_key,
         percentiles=parse_percentiles(metric_percentiles),
         show_progress=not disable_tqdm,
+        extra_body=_structured_body(structured_json_schema),
     )
     result = run_benchmark(cfg)
     typer.echo(format_metrics_table({k: v for k, v in result.items() if k not in _SKIP_IN_TABLE}))
@@ -76,6 +81,16 @@ def serve(
         save_result.parent.mkdir(parents=True, exist_ok=True)
         save_result.write_text(json.dumps(result, indent=2) + "\n")
         typer.echo(f"result written to {save_result}")
+
+
+def _structured_body(schema_file: Path | None) -> dict | None:
+    if schema_file is None:
+        return None
+    try:
+        schema = json.loads(schema_file.read_text())
+    except ValueError as e:
+        raise typer.BadParameter(f"not JSON: {e}", param_hint="--structured-json-schema") from None
+    return {"structured_outputs": {"json": schema}}
 
 
 def cell_summary_table(cells: dict[str, dict]) -> str:

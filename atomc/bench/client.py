@@ -54,9 +54,10 @@ def parse_sse_data(line: str) -> str | None:
     return line[len("data:"):].strip()
 
 
-def completion_payload(model: str, request: BenchRequest) -> dict:
+def completion_payload(model: str, request: BenchRequest, extra: dict | None = None) -> dict:
+    """`extra`: more body fields (a `structured_outputs` constraint for every request, say)."""
     # ignore_eos makes every request produce exactly max_tokens, so runs are comparable
-    return {
+    return (extra or {}) | {
         "model": model,
         "prompt": request.prompt_ids,
         "max_tokens": request.output_len,
@@ -84,6 +85,7 @@ async def send_completion(
     model: str,
     request: BenchRequest,
     api_key: str | None = None,
+    extra: dict | None = None,
 ) -> RequestResult:
     """Send one streaming completion and time it. Never raises for a server or transport error:
     those come back as `success=False` so one bad request cannot end a long run."""
@@ -94,7 +96,7 @@ async def send_completion(
     start = last = time.perf_counter()
     try:
         async with client.stream(
-            "POST", url, json=completion_payload(model, request), headers=auth_headers(api_key)
+            "POST", url, json=completion_payload(model, request, extra), headers=auth_headers(api_key)
         ) as resp:
             if resp.status_code != 200:
                 body = (await resp.aread()).decode(errors="replace")

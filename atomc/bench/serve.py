@@ -39,6 +39,9 @@ class BenchConfig:
     # costs (kernel JIT, allocator growth) land outside the measurement; their prompts come from
     # another seed, so they leave nothing in the prefix cache that the measured prompts could hit
     num_warmups: int = 0
+    # more body fields for every request: `atomc bench serve --structured-json-schema FILE` puts
+    # {"structured_outputs": {"json": <schema>}} here, to measure constrained decoding
+    extra_body: dict | None = None
 
 
 WARMUP_OUTPUT_LEN = 16
@@ -68,10 +71,10 @@ async def run_requests(
 
     async def one(request: BenchRequest) -> RequestResult:
         if semaphore is None:
-            result = await send_completion(client, cfg.base_url, model, request, cfg.api_key)
+            result = await send_completion(client, cfg.base_url, model, request, cfg.api_key, cfg.extra_body)
         else:
             async with semaphore:
-                result = await send_completion(client, cfg.base_url, model, request, cfg.api_key)
+                result = await send_completion(client, cfg.base_url, model, request, cfg.api_key, cfg.extra_body)
         progress.update(1)
         return result
 
@@ -106,6 +109,7 @@ def run_fields(cfg: BenchConfig) -> dict:
         "request_rate": rate,
         "input_len": cfg.input_len,
         "output_len": cfg.output_len,
+        "structured_outputs": bool(cfg.extra_body and "structured_outputs" in cfg.extra_body),
     }
 
 

@@ -28,6 +28,8 @@ from atomc.engine.inputs import InputProcessor
 from atomc.engine.scheduler import ScheduledSeq, Scheduler
 from atomc.engine.sequence import SeqStatus, Sequence
 from atomc.engine.step_input import build_step_input
+from atomc.engine.structured_outputs import GrammarCompiler
+from atomc.engine.structured_step import StructuredSteps
 from atomc.engine.tokenizer import load_decoding_tokenizer, load_tokenizer
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.runtime.model_runner import ModelRunner, PendingStep
@@ -102,6 +104,7 @@ class _Launched:
     samplers: list[Sequence]  # one per sampled row, in row order
     pending: PendingStep
     reads_history: bool  # a row's next sampling needs this step's token on the host
+    masked_rows: list[int]  # sampled rows under structured outputs (see StructuredSteps)
 
 
 class LLMEngine(EngineClient):
@@ -140,6 +143,16 @@ class LLMEngine(EngineClient):
             self.runner.capture_graphs(self.max_model_len)
             log.info("start-up: CUDA graphs captured in %.1fs", time.perf_counter() - t3)
         self.eos_token_ids = self._eos_token_ids()
+        # structured outputs: xgrammar is imported at the first constraint, never before
+        tokenizer_dir = Path(config.model.tokenizer or self.model_dir)
+        self.grammars = GrammarCompiler(
+            (lambda: load_tokenizer(tokenizer_dir)) if decode_only_tokenizer else self.tokenizer,
+            self.arch.vocab_size,
+            self.eos_token_ids,
+        )
+        # an engine behind a front end compiles on a thread (its front end compiled once already
+        # to check the constraint); an in-process one at add_request, where errors are the caller's
+        self.structured = StructuredSteps(self.grammars, self.device, compile_on_thread=decode_only_tokenizer)
         # sampling values a request does not set come from here (see generation_defaults.py)
         self.sampling_defaults = generation_defaults(self.model_dir, config.model.generation_config)
         self.requests: dict[str, _Request] = {}
@@ -193,8 +206,11 @@ class LLMEngine(EngineClient):
             if params.max_tokens is not None:
                 seq.max_num_tokens = min(seq.max_num_tokens, len(ids) + params.max_tokens)
             seqs.append(seq)
+        ready = params.structured_outputs is None or self.structured.prepare(request_id, seqs)
         req = _Request(request_id, text, seqs, arrival_time or time.perf_counter(), self.tokenizer)
         self.requests[request_id] = req
+        if not ready:
+            return  # its grammar compiles on the engine's grammar thread; scheduled once it is built
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -261,19 +277,26 @@ class LLMEngine(EngineClient):
         a sequence that step N finishes has one extra token computed in N+1, then dropped."""
         t0 = time.perf_counter()
         outputs: list[RequestOutput] = []
+        if self.structured.compiling:
+            outputs = self._admit_compiled()
         if self._in_flight is not None and self._in_flight.reads_history:
-            outputs = self._complete(self._in_flight)  # its rows' samplers need the tokens first
+            outputs += self._complete(self._in_flight)  # its rows' samplers need the tokens first
             self._in_flight = None
         scheduled = self.scheduler.schedule()
         t1 = time.perf_counter()
         launched = self._launch(scheduled) if scheduled else None
         t2 = time.perf_counter()
         if self._in_flight is not None:
-            outputs = self._complete(self._in_flight)
+            outputs += self._complete(self._in_flight)
+        if launched is not None and launched.masked_rows:
+            # every constrained row's matcher has its previous token now: mask and sample this step
+            self.structured.finish_sampling(launched.pending, [launched.samplers[k] for k in launched.masked_rows])
         self._in_flight = launched
         if launched is not None and not self.config.scheduler.async_scheduling:
-            outputs = self._complete(launched)
+            outputs += self._complete(launched)
             self._in_flight = None
+        if not scheduled and self._in_flight is None and self.structured.compiling:
+            self.structured.wait_compiled(0.005)  # only grammars are being built: do not spin
         # wall-clock split of the last step, for host-overhead measurements (benchmarks/host_overhead.py)
         self.last_step = {
             "num_seqs": len(scheduled),
@@ -295,7 +318,7 @@ class LLMEngine(EngineClient):
             # computing them waited for the forward already; kept now, before a later schedule can
             # preempt the sequence (which restarts its prompt logprobs)
             by_id = {item.seq.seq_id: item.seq for item in scheduled}
-            for seq_id, entries in pending.result().prompt_logprobs.items():
+            for seq_id, entries in pending.prompt_logprobs.items():
                 by_id[seq_id].prompt_logprobs.extend(entries)
         self.scheduler.commit_computed(scheduled)
         if not samplers:
@@ -303,7 +326,7 @@ class LLMEngine(EngineClient):
         for k, seq in enumerate(samplers):
             seq.num_pending += 1
             seq.pending_row = k
-        return _Launched(step.step_id, samplers, pending, bool(step.token_history))
+        return _Launched(step.step_id, samplers, pending, bool(step.token_history), step.masked_rows)
 
     def _complete(self, launched: _Launched) -> list[RequestOutput]:
         """Read a launched step's tokens back: append them, detokenize, check stops, build outputs."""
@@ -329,7 +352,12 @@ class LLMEngine(EngineClient):
             req.metrics.setdefault("first_token_time", now)
             checked = len(seq.text)
             self._append_text(req, seq)
-            self._check_stop(seq, token, checked)
+            if seq.grammar is not None and not self.structured.accept(seq, token):
+                self.scheduler.finish(seq, "abort")  # the grammar refused the token (the sampler fell back)
+            else:
+                self._check_stop(seq, token, checked)
+                if seq.grammar is not None and not seq.finished and seq.grammar.is_terminated:
+                    self.scheduler.finish(seq, "stop")  # complete, its stop token taken under ignore_eos
             if seq.finished and not isinstance(seq.stop_reason, str):
                 seq.text += decode_rest(
                     self.tokenizer, seq.token_ids, req.detok[seq.index], seq.params.skip_special_tokens
@@ -341,6 +369,28 @@ class LLMEngine(EngineClient):
                 req.metrics["finish_time"] = now
                 del self.requests[request_id]
             outputs.append(self._output(req, done))
+        return outputs
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Schedule the requests whose grammar the compile thread finished; fail those it could not
+        compile (their front end compiled the same constraint, so this is not expected)."""
+        outputs = []
+        for request_id, error in self.structured.take_compiled():
+            req = self.requests.get(request_id)
+            if req is None:
+                continue  # aborted while compiling
+            if error is None:
+                for seq in req.seqs:
+                    if not seq.finished:
+                        self.scheduler.add(seq)
+                continue
+            for seq in req.seqs:
+                if not seq.finished:
+                    self.scheduler.finish(seq, "abort")
+            del self.requests[request_id]
+            out = self._output(req, True)
+            out.error = f"{type(error).__name__}: {error}"
+            outputs.append(out)
         return outputs
 
     def _append_text(self, req: _Request, seq: Sequence) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from atomc.sampling_params import SamplingParams
 
@@ -48,6 +49,8 @@ class Sequence:
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=lambda: [None])  # none for token 0
     cumulative_logprob: float = 0.0
     text: str = ""
+    # structured outputs: this sequence's grammar matcher (engine/structured_outputs.py), else None
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if not self.block_tables:

@@ -49,6 +49,7 @@ def build_step_input(
     feed_rows: list[int] = []
     feed_sources: list[int] = []
     prompt_logprobs: list[PromptLogprobRequest] = []
+    masked: list[int] = []
     bs = block_size
     for item in scheduled:
         seq, n = item.seq, item.num_new_tokens
@@ -89,6 +90,8 @@ def build_step_input(
                 history[k] = (seq.prompt_token_ids, seq.output_token_ids)
             if p.seed is not None:
                 seeds[k] = p.seed + seq.index  # sample i of n draws from seed + i
+            if p.structured_outputs is not None:
+                masked.append(k)
         if p.prompt_logprobs is not None:
             # the row at position j scores token j + 1, up to the last prompt token
             last = min(end, seq.num_prompt_tokens - 1)
@@ -100,6 +103,7 @@ def build_step_input(
         step_id, seq_ids, query_lens, context_lens, tables, ids, positions, slots,
         sample_rows, sample_seq_ids, params_list, history, seeds,
         feed_rows, feed_sources, in_flight_step if feed_rows else None, prompt_logprobs, finished_seq_ids, more,
+        masked,
     )  # fmt: skip
     return step, samplers
 

@@ -86,6 +86,8 @@ class StepInput:
     finished_seq_ids: list[int] = field(default_factory=list)
     # KV-cache groups 1, 2, ...: their block tables and slots (group 0's are the fields above)
     group_tables: list[GroupTables] = field(default_factory=list)
+    # sampled-row indices under structured outputs: their sampling waits for a token bitmask
+    masked_rows: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ nothing of the engine's objects, so the same record could drive a runner in anot
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from atomc.runtime.capture_sizes import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.device_init import DeviceInit
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block, scale_kv_blocks, split_kv_blocks
-from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch
+from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch, apply_token_bitmask
 from atomc.runtime.transfer import to_device
 from models.arch import ModelArch
 from models.loader import load_model
@@ -204,9 +205,29 @@ class ModelRunner:
                 self._last_sampled = None
                 return PendingStep(None, prompt_logprobs) if prompt_logprobs else None
             logits = self.model.compute_logits(hidden[to_device(step.sample_rows, torch.long, self.device)])
-        sample = self.sampler.sample(logits, self._sampling_batch(step))
-        self._last_sampled = (step.step_id, sample.token_ids)
-        return PendingStep(sample, prompt_logprobs)
+        batch = self._sampling_batch(step)
+        if step.masked_rows:
+            # structured outputs: the forward is queued; sampling waits for the rows' token bitmask,
+            # which the engine computes on the host meanwhile (PendingStep.finish_sampling)
+            self._last_sampled = None  # no feed may read this step before it is sampled
+            later = functools.partial(self._sample, step.step_id, logits, batch, step.masked_rows)
+            return PendingStep(None, prompt_logprobs, later)
+        return PendingStep(self._sample(step.step_id, logits, batch), prompt_logprobs)
+
+    @torch.inference_mode()
+    def _sample(
+        self,
+        step_id: int,
+        logits: torch.Tensor,
+        batch: SamplingBatch,
+        masked_rows: list[int] | None = None,
+        bitmask: torch.Tensor | None = None,
+    ) -> PendingSample:
+        if bitmask is not None:
+            apply_token_bitmask(logits, bitmask, masked_rows)
+        sample = self.sampler.sample(logits, batch)
+        self._last_sampled = (step_id, sample.token_ids)
+        return sample
 
     def _sampling_batch(self, step: StepInput) -> SamplingBatch:
         n = len(step.sample_rows)
@@ -309,19 +330,40 @@ def captures_cuda_graphs(device: str, model) -> bool:
 
 
 class PendingStep:
-    """One launched step on its way back: `result()` waits for the sampled tokens (if any)."""
+    """One launched step on its way back: `result()` waits for the sampled tokens (if any).
 
-    def __init__(self, sample: PendingSample | None, prompt_logprobs: dict[int, list[dict[int, float]]]):
-        self._sample, self._prompt_logprobs = sample, prompt_logprobs
+    A step with structured-output rows comes back unsampled (`needs_bitmask`): its forward is
+    queued, and `finish_sampling(bitmask)` masks those rows and queues the sampling."""
+
+    def __init__(
+        self,
+        sample: PendingSample | None,
+        prompt_logprobs: dict[int, list[dict[int, float]]],
+        sample_later: Callable[[torch.Tensor], PendingSample] | None = None,
+    ):
+        self._sample, self.prompt_logprobs = sample, prompt_logprobs
+        self._sample_later = sample_later
         self._result: StepResult | None = None
 
+    @property
+    def needs_bitmask(self) -> bool:
+        return self._sample_later is not None
+
+    def finish_sampling(self, bitmask: torch.Tensor) -> None:
+        """Sample a deferred step, its masked rows restricted by `bitmask` (see apply_token_bitmask)."""
+        if self._sample_later is None:
+            raise RuntimeError("this step was sampled already")
+        self._sample, self._sample_later = self._sample_later(bitmask), None
+
     def result(self) -> StepResult:
+        if self._sample_later is not None:
+            raise RuntimeError("the step's structured-output rows were never given their bitmask")
         if self._result is None:
             if self._sample is None:
-                self._result = StepResult([], [], self._prompt_logprobs)
+                self._result = StepResult([], [], self.prompt_logprobs)
             else:
                 out = self._sample.result()
-                self._result = StepResult(out.token_ids, out.logprobs, self._prompt_logprobs, out.num_fallbacks)
+                self._result = StepResult(out.token_ids, out.logprobs, self.prompt_logprobs, out.num_fallbacks)
         return self._result
 
 

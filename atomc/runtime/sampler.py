@@ -235,6 +235,33 @@ def _draw_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch
     return drawn.clamp_(max=probs.shape[-1] - 1), ok
 
 
+_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | None = None) -> None:
+    """Structured outputs: set to -inf, in place, every logit the grammar forbids.
+
+    `bitmask`: int32 [len(rows), W] (on the host or the device); bit j of word w allows token
+    32 * w + j (xgrammar's layout). `rows`: the logits rows it covers, None for all of them. Tokens
+    past the mask's width are forbidden. Runs outside any CUDA graph (the graphs end at the logits);
+    a batch without constrained rows never calls it.
+    """
+    n, vocab = len(bitmask), logits.shape[-1]
+    words = to_device(bitmask, torch.int32, logits.device)
+    shifts = _BIT_SHIFTS.get(logits.device)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().reshape(n, -1)
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    forbidden = ~allowed[:, :vocab]
+    if rows is None or (len(rows) == logits.shape[0] and list(rows) == list(range(len(rows)))):
+        logits.masked_fill_(forbidden, _NEG_INF)
+        return
+    idx = to_device(list(rows), torch.long, logits.device)
+    logits[idx] = logits[idx].masked_fill(forbidden, _NEG_INF)
+
+
 def fallback_tokens(logits: torch.Tensor) -> torch.Tensor:
     """A defined token for a row that has nothing left to draw from: the argmax, NaN read as -inf."""
     return logits.masked_fill(logits.isnan(), _NEG_INF).argmax(dim=-1)

@@ -147,6 +147,7 @@ async def create_completion(request: Request) -> Response:
     params = req.sampling_params(srv.engine.sampling_defaults)
     prompts = req.prompts()
     srv.limits.check(prompts, params)
+    await srv.check_constraint(params, req.constraint_field)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     stream = await srv.submit(request_id, prompts, params)
     return await respond(request, CompletionJob(srv, req, request_id, stream, params))

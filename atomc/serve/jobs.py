@@ -20,6 +20,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from atomc.config import EngineConfig
+from atomc.engine import structured_outputs
+from atomc.engine.structured_outputs import GrammarCompiler, GrammarError
 from atomc.outputs import CompletionOutput, RequestOutput, best_of
 from atomc.sampling_params import SamplingParams
 from atomc.serve.async_engine import (
@@ -90,6 +92,7 @@ class ServerState:
             serve.max_logprob_entries_per_request,
             self.engine.max_model_len,
         )
+        self._grammars: GrammarCompiler | None = None
 
     def begin_drain(self, drain_s: float) -> None:
         """Shutdown began (on the event loop): requests still running after `drain_s` are cut, each
@@ -129,9 +132,37 @@ class ServerState:
         setup = req.output_setup(self.config.serve)
         params = req.sampling_params(self.engine.sampling_defaults, setup)
         self.limits.check([None], params)
+        await self.check_constraint(params, req.constraint_field)
         prompt = ChatPrompt(req.template_messages(), self.chat_template, req.template_tools(), req.template_kwargs())
         stream = await self.submit(request_id, [prompt], params)
         return ChatJob(self, req, request_id, stream, params, setup)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """An in-process engine's own compiler (one cache: the engine finds what the route compiled);
+        beside an engine process, one of the server's (the engine process compiles again, once)."""
+        if self._grammars is None:
+            self._grammars = getattr(self.engine, "grammars", None) or GrammarCompiler(
+                self.engine.tokenizer, self.engine.inputs.vocab_size
+            )
+        return self._grammars
+
+    async def check_constraint(self, params: SamplingParams, field: str | None) -> None:
+        """Compile the request's output constraint (cached) off the event loop; a constraint the
+        grammar engine cannot compile is a 400 naming `field`, before the engine sees the request.
+        Whatever sets `params.structured_outputs` (response_format, guided_*, a tool choice) calls it
+        before `submit`; `field`: the request field to name in the error."""
+        so = params.structured_outputs
+        if so is None:
+            return
+        where = f"{field}: " if field else ""
+        if not structured_outputs.available():
+            raise bad_request(f"{where}structured outputs need the xgrammar package, which is not installed", field)
+        try:
+            if self.grammars.cached(so) is None:
+                await asyncio.get_running_loop().run_in_executor(None, self.grammars.compile, so)
+        except GrammarError as e:
+            raise bad_request(f"{where}{e}", field) from None
 
     async def submit(self, base_id: str, prompts: list, params) -> OutputStream:
         ids = [base_id] if len(prompts) == 1 else [f"{base_id}-{i}" for i in range(len(prompts))]

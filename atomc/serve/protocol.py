@@ -5,6 +5,8 @@ Unknown fields are ignored (as vLLM does) so newer clients keep working; fields 
 Tools: `tools`, `tool_choice` and `parallel_tool_calls` resolve into a `ChatOutputSetup` (which
 parser reads the output, atomc/serve/chat_output.py) and, for `required` and a named function, a
 JSON-schema constraint in `SamplingParams.structured_outputs` (tool_parsers/constrained.py).
+The output-constraint fields (`response_format`, `structured_outputs`, `guided_*`) are read by
+response_format.py.
 Wrong types, bad values and bodies that are not JSON are 400 `invalid_request_error` (OpenAI's and
 vLLM's code). Before the models see a body, `check_json_body` refuses what would break later stages:
 nesting deeper than `MAX_JSON_DEPTH` and strings holding lone UTF-16 surrogates (not UTF-8, so the
@@ -24,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atomc.sampling_params import LOGIT_BIAS_RANGE, SamplingParams, StructuredOutputsParams
 from atomc.serve.chat_output import ChatOutputSetup
+from atomc.serve.response_format import FieldError, structured_outputs
 from atomc.serve.tool_parsers import tool_parser_class
 from atomc.serve.tool_parsers.constrained import named_schema, required_schema
 
@@ -95,6 +98,19 @@ class _SamplingRequest(BaseModel):
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     truncate_prompt_tokens: int | None = None
+    # constrained output (response_format.py reads them): OpenAI's, vLLM's, vLLM's older names
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    _constraint_field: str | None = None  # the field the output constraint came from (for its errors)
+
+    @property
+    def constraint_field(self) -> str | None:
+        return self._constraint_field
 
     @property
     def include_usage(self) -> bool:
@@ -114,6 +130,10 @@ class _SamplingRequest(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
         self._check_stream_fields()
+        try:
+            constraint, self._constraint_field = structured_outputs(self)
+        except FieldError as e:
+            raise bad_request(str(e), e.param) from None
         kw: dict[str, Any] = dict(
             n=self.n if self.n is not None else 1,
             temperature=_default(self.temperature, defaults.get("temperature", 1.0)),
@@ -138,7 +158,13 @@ class _SamplingRequest(BaseModel):
             bad_words=self.bad_words,
             best_of=self.best_of,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            structured_outputs=constraint,
         )
+        if extra.get("structured_outputs") is not None:  # tool_choice required / a named function
+            if constraint is not None:
+                field = self._constraint_field
+                raise bad_request(f"{field} cannot be combined with a tool_choice that constrains the output", field)
+            self._constraint_field = "tools"  # a tool schema the grammar engine refuses is the tools' fault
         kw.update(extra)
         if any(t < 0 for t in kw["stop_token_ids"] or []):
             raise bad_request("stop_token_ids must be non-negative", "stop_token_ids")
@@ -283,8 +309,13 @@ _TEMPLATE_ARGS = frozenset(
 
 @cache
 def constrained_decoding_available() -> bool:
-    """Whether this atomc has the grammar engine that enforces `SamplingParams.structured_outputs`."""
-    return importlib.util.find_spec("atomc.engine.structured_outputs") is not None
+    """Whether this atomc has the grammar engine that enforces `SamplingParams.structured_outputs`
+    (atomc.engine.structured_outputs, and xgrammar under it)."""
+    if importlib.util.find_spec("atomc.engine.structured_outputs") is None:
+        return False
+    from atomc.engine import structured_outputs as grammar_engine
+
+    return grammar_engine.available()
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -296,7 +327,6 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = True
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: dict | None = None
 
     def template_messages(self) -> list[dict]:
         if not self.messages:
@@ -365,16 +395,17 @@ class ChatCompletionRequest(_SamplingRequest):
         raise bad_request(message, "tool_choice")
 
     def _tool_constraint(self, setup: ChatOutputSetup) -> StructuredOutputsParams | None:
+        # compact JSON: a call's arguments need no layout, and a model left free to emit JSON
+        # whitespace can spend its whole budget on it before the call is complete
         if setup.tool_mode == "named":
             tool = next(t for t in setup.tools if t["function"]["name"] == setup.function_name)
-            return StructuredOutputsParams(json=named_schema(tool))
+            return StructuredOutputsParams(json=named_schema(tool), disable_any_whitespace=True)
         if setup.tool_mode == "required":
-            return StructuredOutputsParams(json=required_schema(setup.tools, self.parallel_tool_calls is not False))
+            schema = required_schema(setup.tools, self.parallel_tool_calls is not False)
+            return StructuredOutputsParams(json=schema, disable_any_whitespace=True)
         return None
 
     def sampling_params(self, defaults: dict | None = None, setup: ChatOutputSetup | None = None) -> SamplingParams:
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise bad_request("only response_format type 'text' is supported", "response_format")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:

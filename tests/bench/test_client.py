@@ -124,6 +124,23 @@ def test_request_payload(server):
     assert body["stream_options"] == {"include_usage": True}
 
 
+def test_structured_json_schema_rides_on_every_request(server, tmp_path):
+    app, url = server
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    out = CliRunner().invoke(bench_app, ["serve", "--base-url", url, "--input-len", "8", "--output-len", "3",
+                                         "--num-prompts", "3", "--disable-tqdm", "--structured-json-schema",
+                                         str(path), "--save-result", str(tmp_path / "r.json")])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert len(app.state.payloads) == 3
+    assert all(b["structured_outputs"] == {"json": schema} and b["max_tokens"] == 3 for b in app.state.payloads)
+    assert json.loads((tmp_path / "r.json").read_text())["structured_outputs"] is True
+    path.write_text("{nope")
+    bad = CliRunner().invoke(bench_app, ["serve", "--base-url", url, "--structured-json-schema", str(path)])
+    assert bad.exit_code != 0 and "not JSON" in bad.output
+
+
 def test_warmups_go_first_with_other_prompts_and_are_not_counted(server):
     app, url = server
     app.state.fail_nth = 1  # a failed warm-up is reported, not counted among the measured requests
