@@ -78,7 +78,9 @@ def test_required_gives_valid_calls(client, seed):
         max_tokens=300, temperature=1.0, seed=seed,
     )  # fmt: skip
     check(r.choices[0].message.tool_calls)
-    assert r.choices[0].finish_reason == "tool_calls"
+    # a random model may keep adding calls until max_tokens: the complete ones come back, "length"
+    cut = r.usage.completion_tokens == 300
+    assert r.choices[0].finish_reason == ("length" if cut else "tool_calls")
 
 
 def test_required_streamed_calls_are_valid(client):

@@ -267,6 +267,11 @@ def test_required_schema_and_parser():
         ("get_time", TIME),
     ]
     assert ChoiceParser(None, RequiredCallsParser(tools), False).message("[]", [])["content"] == "[]"
+    # cut by max_tokens inside the array: the complete calls stand, the cut one is dropped
+    cut = text[: text.index('"get_time"') + 12]
+    msg = ChoiceParser(None, RequiredCallsParser(tools), False).message(cut, [])
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_current_weather"]
+    assert ChoiceParser(None, RequiredCallsParser(tools), False).message(text[:20], [])["content"] == text[:20]
 
 
 def test_named_parser_streams_the_whole_output_as_arguments():

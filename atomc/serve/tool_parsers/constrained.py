@@ -89,7 +89,12 @@ class RequiredCallsParser(ToolParser):
                 if i < len(text):  # the closing bracket
                     return ToolParse("", calls) if calls else _no_calls(final)
         if final:
-            raise ValueError("unfinished call array")
+            # the output ended inside the array (max_tokens): the calls completed so far stand, the
+            # cut one is dropped; with none complete there is nothing to return but the text
+            complete = [c for c in calls if c.complete]
+            if not complete:
+                raise ValueError("unfinished call array")
+            return ToolParse("", complete)
         return ToolParse("", calls)
 
 
