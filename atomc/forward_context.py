@@ -39,16 +39,22 @@ class ForwardContext:
     # beside full ones): the metadata of the layer's group (its block tables and KV slots; the rest
     # is shared). None: every layer reads attn_metadata
     layer_metadata: list[AttentionMetadata] | None = None
+    # per layer (k_scale, v_scale), fp32 [1] device tensors, when the pages are FP8 (e4m3): the
+    # cache holds k / k_scale, and attention reads stored * k_scale. None: the pages are not FP8
+    kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def group_context(
-    metas: list[AttentionMetadata], kv_caches: list[tuple[torch.Tensor, torch.Tensor]], layer_group: list[int]
+    metas: list[AttentionMetadata],
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    layer_group: list[int],
+    kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> ForwardContext:
     """The context of a step whose KV groups have metadata `metas` (one per group; `layer_group[l]`
     is layer l's group). One group: the plain context, every layer reads the same metadata."""
     if len(metas) == 1:
-        return ForwardContext(metas[0], kv_caches)
-    return ForwardContext(metas[0], kv_caches, [metas[g] for g in layer_group])
+        return ForwardContext(metas[0], kv_caches, kv_scales=kv_scales)
+    return ForwardContext(metas[0], kv_caches, [metas[g] for g in layer_group], kv_scales)
 
 
 _current = ForwardContext()
@@ -63,6 +69,13 @@ def layer_cache(layer_idx: int) -> tuple[AttentionMetadata, torch.Tensor, torch.
     k_cache, v_cache = ctx.kv_caches[layer_idx]
     per_layer = ctx.layer_metadata
     return (ctx.attn_metadata if per_layer is None else per_layer[layer_idx]), k_cache, v_cache
+
+
+def layer_kv_scales(layer_idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(k_scale, v_scale) of one layer's FP8 pages for this step; None when its pages are not FP8
+    (a kernel that finds e4m3 pages and no scales refuses them)."""
+    scales = _current.kv_scales
+    return None if scales is None else scales[layer_idx]
 
 
 @contextlib.contextmanager

@@ -48,6 +48,30 @@ class MLAAttentionSpec:
 
 KVCacheSpec = PagedAttentionSpec | MLAAttentionSpec
 
+# --kv-cache-dtype values: auto (the model's dtype), a float dtype, or FP8. vLLM spells e4m3 both
+# "fp8" and "fp8_e4m3"; e5m2 (2 mantissa bits, no scales) is refused rather than half-supported
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3")
+FP8_KV_DTYPE = torch.float8_e4m3fn
+
+
+def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the KV pages for `--kv-cache-dtype name`: fp8 / fp8_e4m3 store e4m3 (with a
+    per-layer k and v scale, docs/quantization.md), auto the model's dtype."""
+    if name == "auto":
+        return model_dtype
+    if name in ("fp8", "fp8_e4m3"):
+        return FP8_KV_DTYPE
+    if name == "fp8_e5m2":
+        raise ValueError("--kv-cache-dtype fp8_e5m2 is not supported; use fp8 (e4m3, with per-layer scales)")
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {name!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    return getattr(torch, name)
+
+
+def canonical_kv_cache_dtype(name: str) -> str:
+    """One spelling per stored format (fp8_e4m3 -> fp8), so both give the same compile cache key."""
+    return "fp8" if name == "fp8_e4m3" else name
+
 
 @dataclass(frozen=True)
 class KVCacheGroup:

@@ -21,6 +21,7 @@ import torch
 
 from atomc import compat, env
 from atomc.graphs import sources
+from atomc.kv_spec import canonical_kv_cache_dtype
 from atomc.platforms import platform_of
 
 FORMAT_VERSION = 2  # 2: per-file `sources`, no capture sizes, batch limit or cache location
@@ -123,7 +124,7 @@ def collect_factors(
     """Every input to the build. `config` is an EngineConfig; pass_uuids is PassManager.uuids();
     source_files is source_factors(...)."""
     dtype_name = str(dtype).removeprefix("torch.")
-    kv = config.cache.kv_cache_dtype
+    kv = canonical_kv_cache_dtype(config.cache.kv_cache_dtype)
     return {
         "format_version": FORMAT_VERSION,
         "artifact_format": artifact_format,

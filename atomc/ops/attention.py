@@ -7,6 +7,11 @@ Attention sinks (GPT-OSS): `sinks` [Hq] is a learned logit per query head that j
 softmax denominator and attends to nothing: softmax([q.k * scale..., sink]) with the sink's share
 dropped, so a head can put weight "nowhere" and its output shrinks. None (the default, every
 dense family) is plain softmax attention, computed by SDPA as before.
+
+FP8 KV cache (`--kv-cache-dtype fp8`): pages of e4m3 hold k / k_scale and v / v_scale (per layer,
+per tensor: vLLM's semantics), saturated at ±448; the reads dequantise (stored * scale, in fp32).
+The scales come from the forward context beside the caches (`layer_kv_scales`), so the op schemas
+and the traced graph are the same for every KV dtype.
 """
 
 from __future__ import annotations
@@ -14,7 +19,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from atomc.forward_context import AttentionMetadata, layer_cache
+from atomc.forward_context import AttentionMetadata, layer_cache, layer_kv_scales
+from atomc.kv_spec import FP8_KV_DTYPE
+
+FP8_MAX = 448.0  # the largest finite e4m3 value; quantised K/V saturate there
+
+KVScales = tuple[torch.Tensor, torch.Tensor] | None
 
 
 @torch.library.custom_op("atomc::attention", mutates_args=("out",))
@@ -36,8 +46,9 @@ def attention(
     if cache is None:
         return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
     meta, k_cache, v_cache = cache
-    write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window, sinks)
+    scales = fp8_scales(k_cache, layer_kv_scales(layer_idx))
+    write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, scales)
+    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window, sinks, scales)
 
 
 @attention.register_fake
@@ -58,14 +69,46 @@ def attention_without_cache(
     out.copy_(causal_attention(q, k, v, scale, sliding_window, sinks))
 
 
+def fp8_scales(k_cache: torch.Tensor, scales: KVScales) -> KVScales:
+    """The layer's (k_scale, v_scale) when its pages are FP8, None otherwise; FP8 pages without
+    scales are an error (the runner always sets them: 1.0 where the checkpoint has none)."""
+    if k_cache.dtype != FP8_KV_DTYPE:
+        return None
+    if scales is None:
+        raise ValueError("the KV cache is FP8 (e4m3) but the forward context has no k/v scales for this layer")
+    return scales
+
+
+def quantize_kv(x: torch.Tensor, cache_dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
+    """x as the cache stores it: cast, or (FP8, `scale` given) x / scale saturated at ±448, then
+    rounded to e4m3 (nearest, ties to even)."""
+    if scale is None:
+        return x.to(cache_dtype)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(cache_dtype)
+
+
+def dequantize_kv(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Gathered pages as values: stored * scale in fp32 (FP8), or as they are."""
+    return x if scale is None else x.float() * scale
+
+
 def write_kv_cache(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    scales: KVScales = None,
 ) -> None:
-    """Scatter new K/V rows to their slots (slot = block * block_size + offset); slot -1 is padding."""
+    """Scatter new K/V rows to their slots (slot = block * block_size + offset); slot -1 is padding.
+    `scales` (k_scale, v_scale): FP8 pages, quantised as `quantize_kv`."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[: slot_mapping.numel()][keep].to(k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[: slot_mapping.numel()][keep].to(v_cache.dtype)
+    k_scale, v_scale = scales if scales is not None else (None, None)
+    k_new = quantize_kv(k[: slot_mapping.numel()][keep], k_cache.dtype, k_scale)
+    v_new = quantize_kv(v[: slot_mapping.numel()][keep], v_cache.dtype, v_scale)
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k_new
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v_new
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int, first_block: int = 0) -> torch.Tensor:
@@ -144,14 +187,17 @@ def paged_attention_reference(
     scale: float,
     sliding_window: int = 0,
     sinks: torch.Tensor | None = None,
+    kv_scales: KVScales = None,
 ) -> None:
     """Torch reference for prefill, chunked prefill over a cached prefix, and decode, in one batch.
+    `kv_scales` (k_scale, v_scale): the pages are FP8, dequantised as they are gathered.
 
     Decode rows (one query token) go through one batched call; prefill chunks loop per sequence.
     With a sliding window only the blocks from the one holding the first query's first key are
     read: a windowed KV group releases the blocks before it (their table entries are placeholders)."""
     starts = meta.query_start_loc_host
     page = k_cache.shape[1]
+    k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
     decode_rows = []
     for i, seq_len in enumerate(meta.seq_lens_host):
         qs, qe = starts[i], starts[i + 1]
@@ -160,12 +206,12 @@ def paged_attention_reference(
         elif qe > qs:
             prefix = seq_len - (qe - qs)
             first = max(0, prefix - sliding_window + 1) // page if sliding_window > 0 else 0
-            k = gather_kv(k_cache, meta.block_tables[i], seq_len, first)
-            v = gather_kv(v_cache, meta.block_tables[i], seq_len, first)
+            k = dequantize_kv(gather_kv(k_cache, meta.block_tables[i], seq_len, first), k_scale)
+            v = dequantize_kv(gather_kv(v_cache, meta.block_tables[i], seq_len, first), v_scale)
             # positions relative to the first gathered key: the masks depend on differences only
             out[qs:qe] = attend(q[qs:qe], k, v, scale, prefix - first * page, sliding_window, sinks)
     if decode_rows:
-        decode_attention(q, k_cache, v_cache, out, meta, decode_rows, scale, sliding_window, sinks)
+        decode_attention(q, k_cache, v_cache, out, meta, decode_rows, scale, sliding_window, sinks, kv_scales)
 
 
 def decode_attention(
@@ -178,6 +224,7 @@ def decode_attention(
     scale: float,
     sliding_window: int = 0,
     sinks: torch.Tensor | None = None,
+    kv_scales: KVScales = None,
 ) -> None:
     """One query token per sequence in `rows`: gather every context into a padded batch, mask, attend.
     The query sits at position len - 1; with a window it sees the last `sliding_window` keys, and
@@ -191,8 +238,9 @@ def decode_attention(
         pages = torch.tensor(first, device=q.device)[:, None] + pages[:, : (sliding_window - 1) // page + 2]
     width = meta.block_tables.shape[1]
     tables = meta.block_tables[rows].gather(1, pages.clamp(max=width - 1).expand(len(rows), -1)).long()
-    k = k_cache[tables].flatten(1, 2)  # [B, pages * page, Hkv, D]
-    v = v_cache[tables].flatten(1, 2)
+    k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
+    k = dequantize_kv(k_cache[tables].flatten(1, 2), k_scale)  # [B, pages * page, Hkv, D]
+    v = dequantize_kv(v_cache[tables].flatten(1, 2), v_scale)
     k_pos = (pages[:, :, None] * page + torch.arange(page, device=q.device)).flatten(1)  # past the end: masked
     token = torch.tensor([meta.query_start_loc_host[i] for i in rows], device=q.device)
     last = torch.tensor(lens, device=q.device)[:, None] - 1  # each query's position

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from atomc.forward_context import layer_cache
-from atomc.ops.attention import attention_without_cache, paged_attention_reference
+from atomc.forward_context import layer_cache, layer_kv_scales
+from atomc.ops.attention import attention_without_cache, fp8_scales, paged_attention_reference
 
 
 @torch.library.custom_op("atomc::paged_attention", mutates_args=("out",))
@@ -26,7 +26,8 @@ def paged_attention(
     if cache is None:
         return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
     meta, k_cache, v_cache = cache
-    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window, sinks)
+    scales = fp8_scales(k_cache, layer_kv_scales(layer_idx))
+    paged_attention_reference(q, k_cache, v_cache, out, meta, scale, sliding_window, sinks, scales)
 
 
 @paged_attention.register_fake

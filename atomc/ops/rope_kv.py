@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from atomc.forward_context import layer_cache
-from atomc.ops.attention import write_kv_cache
+from atomc.forward_context import layer_cache, layer_kv_scales
+from atomc.ops.attention import fp8_scales, write_kv_cache
 from atomc.ops.norm import rms_norm_reference
 from atomc.ops.rope import rope_reference
 
@@ -28,7 +28,7 @@ def rope_and_write_kv(
     cache = layer_cache(layer_idx)
     if cache is not None:
         meta, k_cache, v_cache = cache
-        write_kv_cache(k_rot, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv_cache(k_rot, v, k_cache, v_cache, meta.slot_mapping, fp8_scales(k_cache, layer_kv_scales(layer_idx)))
     return q_rot, k_rot
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from atomc.forward_context import layer_cache
+from atomc.forward_context import layer_cache, layer_kv_scales
 from atomc.kernels import triton as tk
 from atomc.kernels.binding import bind_as_atomc
 from atomc.kernels.triton.moe_quant import fused_moe_quant
@@ -27,11 +27,12 @@ def custom(name: str, mutates=()):
     return bind_as_atomc("atomc_triton", name, mutates)
 
 
-def attend(q, out, meta, k_cache, v_cache, scale, sliding_window, sinks):
+def attend(q, out, meta, k_cache, v_cache, scale, sliding_window, sinks, kv_scales):
+    """`kv_scales`: the layer's (k_scale, v_scale) from the forward context (read for FP8 pages only)."""
     tk.paged_attention(
         q.contiguous(), k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables,
         scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs, sliding_window=sliding_window,
-        sinks=sinks,
+        sinks=sinks, kv_scales=kv_scales,
     )  # fmt: skip
 
 
@@ -73,7 +74,10 @@ def rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, qk_norm):
     if cache is None:
         return tk.rope(positions, q, k, cos_sin_cache, qk_norm=qk_norm)
     meta, k_cache, v_cache = cache
-    return tk.rope_and_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, qk_norm=qk_norm)
+    return tk.rope_and_write_kv(
+        positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, qk_norm=qk_norm,
+        kv_scales=layer_kv_scales(layer_idx),
+    )  # fmt: skip
 
 
 @custom("rope_and_write_kv")
@@ -124,7 +128,7 @@ def paged_attention(
     cache = layer_cache(layer_idx)
     if cache is None:
         return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
-    attend(q, out, *cache, scale, sliding_window, sinks)
+    attend(q, out, *cache, scale, sliding_window, sinks, layer_kv_scales(layer_idx))
 
 
 @custom("attention", mutates=("out",))
@@ -142,8 +146,9 @@ def attention(
     if cache is None:
         return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
     meta, k_cache, v_cache = cache
-    tk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-    attend(q, out, *cache, scale, sliding_window, sinks)
+    scales = layer_kv_scales(layer_idx)
+    tk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, scales)
+    attend(q, out, *cache, scale, sliding_window, sinks, scales)
 
 
 @custom("moe")

@@ -20,6 +20,11 @@ Attention sinks (`SINKS`, a constexpr; GPT-OSS): one logit per query head joins 
 denominator. It is folded in once, after the KV loop (2D) or in the reduce (split-KV), as one more
 "key" with no value: the running max becomes max(m, sink) and the sum gains exp(sink - max). With
 SINKS off (every dense family) the sink code is not compiled in and the kernel is the old one.
+
+FP8 pages (`FP8`, a constexpr; `--kv-cache-dtype fp8`): K and V tiles load as e4m3 and widen to
+q's dtype (exact: every e4m3 value is a bf16/fp16 value), so the dots see the stored values; the
+layer's k_scale is folded into the logit scale and its v_scale into the accumulator once, after the
+KV loop, before either the final store or the split-KV partials (the reduce is the same kernel).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from atomc.kernels.triton.kv_cache_write import kv_scale_args
 
 
 @triton.jit
@@ -55,7 +62,7 @@ def _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr):
 def _attn_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     part_acc_ptr, part_m_ptr, part_l_ptr,
-    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, sinks_ptr,
+    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, sinks_ptr, k_scale_ptr, v_scale_ptr,
     qk_scale, num_seqs,
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -67,6 +74,7 @@ def _attn_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
+    FP8: tl.constexpr,
 ):  # fmt: skip
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -92,6 +100,8 @@ def _attn_kernel(
 
     q_rows = (q_start + q_local).to(tl.int64) * stride_qt + head * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if FP8:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)  # s = q . (stored * k_scale) * scale
 
     # keys this q block can see at all
     kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)
@@ -122,6 +132,9 @@ def _attn_kernel(
         v_off = page * stride_vb + slot_in_page * stride_vs + kv_head * stride_vh
         kt = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
         v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if FP8:
+            kt = kt.to(q.dtype)
+            v = v.to(q.dtype)
 
         if IEEE:
             s = tl.dot(q, kt, input_precision="ieee")
@@ -145,6 +158,8 @@ def _attn_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
+    if FP8:
+        acc = acc * tl.load(v_scale_ptr)  # sum p * (stored * v_scale)
     tok = (q_start + q_local).to(tl.int64)
     if SPLIT:
         # scratch [T, Hq, NUM_SEGMENTS(, BLOCK_D)], unnormalized
@@ -267,10 +282,12 @@ def paged_attention(
     num_stages: int = 2,
     sliding_window: int = 0,
     sinks: torch.Tensor | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over paged K/V [blocks, page, Hkv, D]; writes out [T, Hq, D].
     `sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p only. `sinks` [Hq]: one
-    sink logit per query head in every softmax denominator (None: none).
+    sink logit per query head in every softmax denominator (None: none). `kv_scales` (k_scale,
+    v_scale) fp32 [1]: the pages are FP8 (e4m3) and hold K / k_scale, V / v_scale.
 
     Sequence i's queries are rows query_start_loc[i]:query_start_loc[i+1], the last q_len of its
     seq_lens[i] positions. Rows not owned by any sequence are left untouched. `num_segments`
@@ -283,6 +300,7 @@ def paged_attention(
     assert num_q_heads % num_kv_heads == 0 and q.stride(-1) == 1 and out.stride(-1) == 1
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert sinks is None or (sinks.shape == (num_q_heads,) and sinks.is_contiguous())
+    k_scale, v_scale, fp8 = kv_scale_args(k_cache, kv_scales, out)
     if num_seqs == 0 or num_tokens == 0:
         return out
     group = num_q_heads // num_kv_heads
@@ -319,7 +337,7 @@ def paged_attention(
     _attn_kernel[(q_blocks, num_kv_heads, num_segments)](
         q, k_cache, v_cache, out,
         part_acc, part_m, part_l,
-        query_start_loc, seq_lens, block_tables, out if sinks is None else sinks,
+        query_start_loc, seq_lens, block_tables, out if sinks is None else sinks, k_scale, v_scale,
         scale * 1.4426950408889634, num_seqs,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -328,7 +346,7 @@ def paged_attention(
         block_tables.stride(0),
         BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page, NUM_SEGMENTS=num_segments, SPLIT=split,
         MIN_SEG_TILES=MIN_SEG_TILES, IEEE=q.dtype == torch.float32, WINDOW=max(sliding_window, 0),
-        SINKS=sinks is not None, num_warps=num_warps, num_stages=num_stages,
+        SINKS=sinks is not None, FP8=fp8, num_warps=num_warps, num_stages=num_stages,
         **common,
     )  # fmt: skip
     if split:

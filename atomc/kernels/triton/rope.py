@@ -3,7 +3,8 @@ before the rotation, with a per-head RMSNorm of q and k (Qwen3's q_norm / k_norm
 
 cos_sin_cache [max_pos, D] fp32 = cat(cos, sin) over D/2 each (models.layers.rotary.RotaryEmbedding).
 Fusing the write saves re-reading the rotated k and v from memory in a second kernel; fusing the
-norms saves two more kernels per layer (each a few µs at batch 1).
+norms saves two more kernels per layer (each a few µs at batch 1). FP8 pages are written as
+kv_cache_write.py writes them (x / scale, saturated, rounded to e4m3), from the rotated k in fp32.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from atomc.kernels.triton.fp8_quant import ROUND_IN_FP32
+from atomc.kernels.triton.kv_cache_write import kv_scale_args, quantize_kv_value
 
 
 @triton.jit
@@ -35,17 +39,18 @@ def _rotate(ptr, row, stride_h, cos, sin, w_ptr, eps, NUM_HEADS: tl.constexpr, H
     y2 = (x2 * cos + x1 * sin).to(ptr.dtype.element_ty)
     tl.store(p1, y1, mask=mask)
     tl.store(p1 + HALF, y2, mask=mask)
-    return y1, y2, h, d, mask
+    return y1, y2, h, d, mask  # rounded to the tensor's dtype, as the unfused cache write reads k
 
 
 @triton.jit
 def _rope_kernel(
-    pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, qw_ptr, kw_ptr,
+    pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, qw_ptr, kw_ptr, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch, num_slots, q_eps, k_eps,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    PAGE: tl.constexpr, WRITE_KV: tl.constexpr, NORM: tl.constexpr,
+    PAGE: tl.constexpr, WRITE_KV: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr,
+    ROUND_IN_FP32: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -63,17 +68,19 @@ def _rope_kernel(
             page = slot // PAGE
             off = slot % PAGE
             kc = k_cache_ptr + page * stride_kcb + off * stride_kcs + h * stride_kch + d
-            tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            kd = k_cache_ptr.dtype.element_ty
+            tl.store(kc, quantize_kv_value(k1, k_scale_ptr, kd, FP8, ROUND_IN_FP32), mask=mask)
+            tl.store(kc + HALF, quantize_kv_value(k2, k_scale_ptr, kd, FP8, ROUND_IN_FP32), mask=mask)
             vp = v_ptr + t * stride_vt + h * stride_vh + d
             vc = v_cache_ptr + page * stride_vcb + off * stride_vcs + h * stride_vch + d
+            vd = v_cache_ptr.dtype.element_ty
             v1 = tl.load(vp, mask=mask)
             v2 = tl.load(vp + HALF, mask=mask)
-            tl.store(vc, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(vc + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(vc, quantize_kv_value(v1, v_scale_ptr, vd, FP8, ROUND_IN_FP32), mask=mask)
+            tl.store(vc + HALF, quantize_kv_value(v2, v_scale_ptr, vd, FP8, ROUND_IN_FP32), mask=mask)
 
 
-def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, qk_norm=None):
+def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, qk_norm=None, kv_scales=None):
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     assert head_dim % 2 == 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
@@ -87,23 +94,25 @@ def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q
         vc_strides = (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
         v_strides = (v.stride(0), v.stride(1))
         page = k_cache.shape[1]
+        k_scale, v_scale, fp8 = kv_scale_args(k_cache, kv_scales, positions)
     else:
         v, k_cache, v_cache, slot_mapping = q, q, q, positions  # unused
         kc_strides = vc_strides = (0, 0, 0)
         v_strides = (0, 0)
         page, num_slots = 1, 0
+        k_scale, v_scale, fp8 = positions, positions, False  # unused
     half = head_dim // 2
     q_weight, q_eps, k_weight, k_eps = qk_norm if qk_norm is not None else (q, 0.0, q, 0.0)  # unused
     if qk_norm is not None:
         assert q_weight.shape == k_weight.shape == (head_dim,) and q_weight.is_contiguous() and k_weight.is_contiguous()
     _rope_kernel[(num_tokens,)](
-        positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q_weight, k_weight,
+        positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q_weight, k_weight, k_scale, v_scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), *v_strides, cos_sin_cache.stride(0),
         *kc_strides, *vc_strides, num_slots, q_eps, k_eps,
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(half), PAGE=page, WRITE_KV=write, NORM=qk_norm is not None,
-        num_warps=4,
+        FP8=fp8, ROUND_IN_FP32=fp8 and ROUND_IN_FP32, num_warps=4,
     )  # fmt: skip
 
 
@@ -130,8 +139,9 @@ def rope_and_write_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     qk_norm: tuple[torch.Tensor, float, torch.Tensor, float] | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE on q and k in place (after a per-head RMSNorm with `qk_norm`, as in `rope`), then write
-    rotated k and v to their cache slots (-1 skipped)."""
-    _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, qk_norm)
+    rotated k and v to their cache slots (-1 skipped); `kv_scales` (k_scale, v_scale) for FP8 pages."""
+    _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, qk_norm, kv_scales)
     return q, k
