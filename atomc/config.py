@@ -37,7 +37,8 @@ class CacheConfig:
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gib: float = 1.0
-    kv_cache_dtype: str = "auto"  # auto = the model dtype
+    # auto = the model dtype; fp8 (or fp8_e4m3): e4m3 pages with per-layer k/v scales (docs/quantization.md)
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass

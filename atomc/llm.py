@@ -31,6 +31,7 @@ class LLM:
         block_size: int = CacheConfig.block_size,
         enable_prefix_caching: bool = CacheConfig.enable_prefix_caching,
         num_kv_blocks: int | None = None,
+        kv_cache_dtype: str = CacheConfig.kv_cache_dtype,
         gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization,
         cache_dir: str | None = None,
         load_format: str = ModelConfig.load_format,

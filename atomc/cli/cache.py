@@ -14,8 +14,18 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from atomc import env
-from atomc.cli.flags import CacheDir, Device, DisablePass, Dtype, Model, Quantization, SigningKeyFile, config_from
-from atomc.config import EngineConfig, ModelConfig
+from atomc.cli.flags import (
+    CacheDir,
+    Device,
+    DisablePass,
+    Dtype,
+    KvCacheDtype,
+    Model,
+    Quantization,
+    SigningKeyFile,
+    config_from,
+)
+from atomc.config import CacheConfig, EngineConfig, ModelConfig
 
 if TYPE_CHECKING:
     from atomc.graphs.cache_store import CacheStore, Entry
@@ -197,6 +207,7 @@ def explain(
     device: Device = EngineConfig.device,
     dtype: Dtype = ModelConfig.dtype,
     quantization: Quantization = None,
+    kv_cache_dtype: KvCacheDtype = CacheConfig.kv_cache_dtype,
     disable_pass: DisablePass = None,
     cache_dir: CacheDir = None,
     cache_signing_key_file: SigningKeyFile = None,

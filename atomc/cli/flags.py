@@ -39,6 +39,10 @@ RequireArtifacts = Annotated[
     bool, typer.Option("--require-artifacts", help="fail on a compile-cache miss instead of compiling")
 ]
 GpuMem = Annotated[float, typer.Option("--gpu-memory-utilization")]
+KvCacheDtype = Annotated[
+    str,
+    typer.Option("--kv-cache-dtype", help="auto (the model dtype) | fp8 (e4m3 with per-layer scales; fp8_e4m3 too)"),
+]
 KvBlocks = Annotated[int | None, typer.Option("--num-kv-blocks", help="KV pool size in blocks (overrides sizing)")]
 CaptureSizes = Annotated[
     str | None, typer.Option("--cudagraph-capture-sizes", help="comma-separated batch sizes, e.g. 1,2,4,8")
@@ -76,7 +80,7 @@ _CONFIG_FLAGS = frozenset(
     {
         "model", "device", "dtype", "max_model_len", "seed", "load_format", "generation_config", "quantization",
         "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
-        "block_size", "enable_prefix_caching", "gpu_memory_utilization", "num_kv_blocks",
+        "block_size", "enable_prefix_caching", "gpu_memory_utilization", "num_kv_blocks", "kv_cache_dtype",
         "enforce_eager", "cache_dir", "cache_signing_key_file", "require_artifacts", "cudagraph_capture_sizes",
         "cudagraph_mixed_max_tokens", "disable_pass",
     }

@@ -73,9 +73,11 @@ class _StaticBatchGraphs:
         device: str,
         capture: bool = True,
         layer_group: list[int] | None = None,
+        kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ):
-        """`layer_group[l]`: layer l's KV-cache group (None: one group)."""
-        self.forward, self.kv_caches = forward, kv_caches
+        """`layer_group[l]`: layer l's KV-cache group (None: one group). `kv_scales`: per layer
+        (k_scale, v_scale) of FP8 pages (None: not FP8); the graphs read these very tensors."""
+        self.forward, self.kv_caches, self.kv_scales = forward, kv_caches, kv_scales
         self.layer_group = layer_group or [0] * len(kv_caches)
         self.num_groups = max(self.layer_group, default=0) + 1
         self.keys = keys
@@ -154,7 +156,8 @@ class _StaticBatchGraphs:
 
     def _run(self, key: Hashable) -> torch.Tensor:
         n = self.num_tokens(key)
-        with set_forward_context(group_context(self._metadata(key), self.kv_caches, self.layer_group)):
+        ctx = group_context(self._metadata(key), self.kv_caches, self.layer_group, self.kv_scales)
+        with set_forward_context(ctx):
             hidden = self.forward(self.input_ids[:n], self.positions[:n])
         return self._output(hidden)
 

@@ -23,12 +23,13 @@ from atomc import compat
 from atomc.config import EngineConfig
 from atomc.forward_context import AttentionMetadata, ForwardContext, group_context, set_forward_context
 from atomc.kernels.registry import choose_backend, ensure_registered, kv_cache_layout
-from atomc.kv_spec import blocks_per_sequence, kv_cache_groups
+from atomc.kv_spec import blocks_per_sequence, kv_cache_groups, kv_cache_torch_dtype
 from atomc.platforms import platform_of
 from atomc.runtime.batch import StepInput, StepResult, group_array_name, prefill_step_input, write_batch_arrays
 from atomc.runtime.capture_sizes import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.device_init import DeviceInit
+from atomc.runtime.fp8_kv import check_fp8_kv_supported, is_fp8, kv_scale_tensors
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block, scale_kv_blocks, split_kv_blocks
 from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch, apply_token_bitmask
 from atomc.runtime.transfer import to_device
@@ -51,6 +52,9 @@ class ModelRunner:
         self.config, self.arch, self.device, self.dtype = config, arch, device, dtype
         self.max_model_len = max_model_len
         self.block_size = config.cache.block_size
+        # the pages' dtype (fp8: e4m3, 1 byte an element, so the same memory holds twice the blocks
+        # of bf16); a bad value fails here, before the weights load
+        self.kv_dtype = kv_cache_torch_dtype(config.cache.kv_cache_dtype, dtype)
         t0 = time.perf_counter()
         device_init = DeviceInit(device)  # CUDA: the context is made on a thread while we import
         # backend ops (and the eager model's GPU attention kernel) defined before the first forward
@@ -73,8 +77,13 @@ class ModelRunner:
             t0 = time.perf_counter()
             self.forward, self.compile_info = load_or_compile(self.model, model_dir, config, device, dtype)
             self.timings["compile_or_load_s"] = time.perf_counter() - t0
-        self.kv_dtype = dtype if config.cache.kv_cache_dtype == "auto" else getattr(torch, config.cache.kv_cache_dtype)
         self.kv_specs = self.model.kv_cache_specs()  # one per layer
+        # FP8 pages: each layer's (k_scale, v_scale) reach the kernels through the forward context
+        self.kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        if is_fp8(self.kv_dtype):
+            check_fp8_kv_supported(self.kv_specs, device, platform_of(device))
+            checkpoint_scales = getattr(self.model, "kv_cache_scales", {})
+            self.kv_scales = kv_scale_tensors(checkpoint_scales, len(self.kv_specs), device)
         # layers that share block ids (full attention; each sliding window): one pool per group
         self.kv_groups = kv_cache_groups(self.kv_specs)
         self.layer_group = [0] * len(self.kv_specs)
@@ -141,7 +150,7 @@ class ModelRunner:
         ids, positions, (meta,) = device_batch(step, self.device)
         num_blocks = sum(len(t) for t in step.block_tables)
         scratch = self._allocate_kv_cache(num_blocks)  # every layer (group) reads the one table
-        with set_forward_context(ForwardContext(meta, scratch)):
+        with set_forward_context(ForwardContext(meta, scratch, kv_scales=self.kv_scales)):
             hidden = self.forward(ids, positions)
         self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
         return bytes_per_block(self.kv_specs, bs, self.kv_dtype) * num_blocks
@@ -197,7 +206,7 @@ class ModelRunner:
                     feed(input_ids)
                 if len(metas) != len(self.kv_groups):
                     raise RuntimeError(f"step {step.step_id}: {len(metas)} KV groups, the model {len(self.kv_groups)}")
-                with set_forward_context(group_context(metas, self.kv_caches, self.layer_group)):
+                with set_forward_context(group_context(metas, self.kv_caches, self.layer_group, self.kv_scales)):
                     hidden = self.forward(input_ids, positions)
             if step.prompt_logprobs:
                 prompt_logprobs = self._prompt_logprobs(step, hidden)
@@ -300,7 +309,7 @@ class ModelRunner:
         if mixed:
             self.mixed_graphs = MixedGraphs(
                 self.forward, self.kv_caches, mixed, sched.max_num_seqs, max_blocks, max_model_len, self.device,
-                capture=use_graphs, layer_group=self.layer_group,
+                capture=use_graphs, layer_group=self.layer_group, kv_scales=self.kv_scales,
             )  # fmt: skip
             if use_graphs:
                 self.mixed_graphs.capture()
@@ -311,7 +320,7 @@ class ModelRunner:
         sizes = [s for s in sizes if s <= sched.max_num_seqs]
         self.decode_graphs = DecodeGraphs(
             self.forward, self.model.compute_logits, self.kv_caches, sizes, max_blocks, max_model_len, self.device,
-            capture=use_graphs, layer_group=self.layer_group,
+            capture=use_graphs, layer_group=self.layer_group, kv_scales=self.kv_scales,
         )  # fmt: skip
         if use_graphs:
             self.decode_graphs.capture(pool)

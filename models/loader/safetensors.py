@@ -9,6 +9,9 @@
    and hand it to the parameter's weight_loader, which writes this rank's slice into the right place.
 4. Call every linear method's process_weights_after_loading.
 
+FP8 KV-cache scales (`...self_attn.k_scale` and the other spellings, models/loader/kv_scales.py) are
+no parameters: they are collected per layer into `model.kv_cache_scales` for the runner.
+
 A quantised checkpoint (its config.json's quantization_config) or `--quantization fp8` picks each
 linear's FP8 method on the meta model, before step 2 (models/loader/quantize.py).
 
@@ -30,6 +33,7 @@ from atomc.progress import progress_bar
 from models.arch import ModelArch
 from models.layers.moe import ExpertNames, FusedMoE
 from models.layers.parallel import SINGLE, ParallelInfo
+from models.loader.kv_scales import kv_scale_target, record_kv_scale
 from models.loader.quantize import apply_quantization
 from models.quant.spec import resolve as resolve_quantization
 from models.registry import build_model
@@ -261,11 +265,15 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
     # a family's tensors the model does not hold by design (DeepSeek-V3's MTP layers), by name
     skips = getattr(model, "skips_checkpoint_tensor", None)
     aliases = getattr(model, "quant_tensor_aliases", {})
+    model.kv_cache_scales = {}  # layer -> {"k": scale, "v": scale}, as the checkpoint ships them
     for path in files:
         bar.update(1)
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES) or (skips is not None and skips(name)):
+                    continue
+                kv_scale = kv_scale_target(name)
+                if kv_scale is not None and _load_kv_scale(model, naming, kv_scale, name, f, path):
                     continue
                 param_name, shard_id = naming.to_param(name)
                 param = params.get(param_name)
@@ -291,6 +299,20 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
         if unexpected:
             parts.append(f"unexpected: {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}")
         raise ValueError("checkpoint does not match the model's parameters; " + "; ".join(parts))
+
+
+def _load_kv_scale(model, naming, target: tuple[list[str], str], name: str, f, path: Path) -> bool:
+    """Record a checkpoint KV-cache scale (models/loader/kv_scales.py) on the layer its name's prefix
+    maps to (the family's naming of a leaf under it); False when no attention layer matches."""
+    prefixes, which = target
+    for attn in prefixes:
+        prefix = naming.to_param(f"{attn}.weight")[0].removesuffix(".weight")
+        try:
+            if record_kv_scale(model, prefix, which, name, f.get_tensor(name)):
+                return True
+        except ValueError as e:
+            raise ValueError(f"{path.name}: {e}") from None
+    return False
 
 
 def _missing(model: nn.Module, params: dict, done: dict[int, set], naming: CheckpointNaming, hub: bool) -> list[str]:

@@ -250,12 +250,28 @@ def _ct_scheme(group: dict, where: str) -> FP8Scheme:
     return FP8Scheme(ws, act)
 
 
+def _check_ct_kv_cache_scheme(kv: dict) -> None:
+    """compressed-tensors' `kv_cache_scheme`: calibrated per-tensor FP8 k and v scales, which the
+    checkpoint ships as `self_attn.k_scale` / `v_scale` (models/loader/kv_scales.py) and
+    `--kv-cache-dtype fp8` uses. Anything else is refused, naming the field."""
+    where = "quantization_config.kv_cache_scheme"
+    if not isinstance(kv, dict):
+        raise QuantConfigError(f"{where} is not a mapping")
+    want = {"type": "float", "num_bits": 8, "strategy": "tensor", "dynamic": False}
+    for key, value in want.items():
+        if kv.get(key, value if key == "dynamic" else None) != value:
+            raise QuantConfigError(
+                f"{where}.{key} {kv.get(key)!r} is not supported: atomc reads static per-tensor FP8 KV scales "
+                "(type float, num_bits 8, strategy tensor, dynamic false)"
+            )
+
+
 def _parse_compressed_tensors(qc: dict) -> QuantSpec:
     fmt = qc.get("format")
     if fmt not in _CT_FORMATS:
         raise QuantConfigError(f"quantization_config.format {fmt!r} is not one of: {', '.join(_CT_FORMATS)}")
     if qc.get("kv_cache_scheme") is not None:
-        raise QuantConfigError("quantization_config.kv_cache_scheme: an FP8 KV cache is not supported yet")
+        _check_ct_kv_cache_scheme(qc["kv_cache_scheme"])
     if qc.get("sparsity_config"):
         raise QuantConfigError("quantization_config.sparsity_config: sparse checkpoints are not supported")
     groups = qc.get("config_groups")
@@ -328,7 +344,10 @@ def _parse_quark(qc: dict) -> QuantSpec:
             "checkpoints only"
         )
     if export.get("kv_cache_group"):
-        raise QuantConfigError("quantization_config.export.kv_cache_group: an FP8 KV cache is not supported yet")
+        raise QuantConfigError(
+            "quantization_config.export.kv_cache_group: Quark's KV-cache quantisation is not read yet "
+            "(--kv-cache-dtype fp8 runs such a model with KV scales 1.0 once this entry is removed)"
+        )
     if qc.get("layer_type_quant_config"):
         raise QuantConfigError(
             "quantization_config.layer_type_quant_config: per-layer-type overrides are not supported"

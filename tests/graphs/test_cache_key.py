@@ -44,6 +44,10 @@ def test_key_changes_with_each_factor(llama_dir, tmp_path, monkeypatch):
     cfg = make_config("/unused")
     cfg.cache.kv_cache_dtype = "float16"
     changed["kv dtype"] = key_for(llama_dir, cfg)[0]
+    cfg.cache.kv_cache_dtype = "fp8"
+    changed["fp8 kv"] = key_for(llama_dir, cfg)[0]
+    cfg.cache.kv_cache_dtype = "fp8_e4m3"  # vLLM's other spelling of the same pages: the same key
+    assert key_for(llama_dir, cfg)[0] == changed["fp8 kv"]
     cfg = make_config("/unused")
     cfg.parallel.tensor_parallel_size, cfg.parallel.rank = 2, 1
     changed["tp"] = key_for(llama_dir, cfg)[0]

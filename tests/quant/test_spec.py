@@ -24,6 +24,7 @@ CT_FP8_DYNAMIC = {
         }
     },
 }  # fmt: skip
+CT_KV = {"type": "float", "num_bits": 8, "strategy": "tensor", "dynamic": False, "symmetric": True}
 DEEPSEEK_V3 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 
 
@@ -53,6 +54,14 @@ def test_compressed_tensors_fp8_dynamic_and_ignore_patterns():
     assert spec.scheme_for("model.layers.0.self_attn.k_proj") == FP8Scheme("channel", "token")
     assert spec.scheme_for("model.layers.0.mlp.down_proj") is None  # re: pattern
     assert spec.scheme_for("lm_head") is None
+
+
+def test_compressed_tensors_kv_cache_scheme_static_per_tensor_is_read():
+    """llmcompressor's FP8 KV scheme: the linears' schemes as without it (the scales are read by the
+    loader, models/loader/kv_scales.py)."""
+    with_kv = parse_quantization_config({**CT_FP8_DYNAMIC, "kv_cache_scheme": CT_KV})
+    plain = parse_quantization_config(CT_FP8_DYNAMIC)
+    assert with_kv.scheme_for("model.layers.0.self_attn.q_proj") == plain.scheme_for("model.layers.0.self_attn.q_proj")
 
 
 def test_compressed_tensors_targets_name_modules():
@@ -106,7 +115,10 @@ ERRORS = [
     ),
     ({"quant_method": "fp8", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}, "scale_fmt 'ue8m0'"),
     (_ct("format", "pack-quantized"), "format 'pack-quantized'"),
-    (_ct("kv_cache_scheme", {"num_bits": 8}), "kv_cache_scheme"),
+    (_ct("kv_cache_scheme", {"num_bits": 8}), "kv_cache_scheme.type None"),
+    (_ct("kv_cache_scheme", {**CT_KV, "strategy": "attn_head"}), "kv_cache_scheme.strategy 'attn_head'"),
+    (_ct("kv_cache_scheme", {**CT_KV, "dynamic": True}), "kv_cache_scheme.dynamic True"),
+    (_ct("kv_cache_scheme", {**CT_KV, "num_bits": 4}), "kv_cache_scheme.num_bits 4"),
     (_ct("config_groups.group_0.weights.num_bits", 4), "group_0.weights.num_bits"),
     (_ct("config_groups.group_0.weights.type", "int"), "group_0.weights.type"),
     (_ct("config_groups.group_0.weights.strategy", "group"), "group_0.weights.strategy 'group'"),
