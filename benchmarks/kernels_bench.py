@@ -64,7 +64,9 @@ def record(op: str, shape: str, nbytes: float, us: float, us_graph: float | None
 # ---- decode attention ------------------------------------------------------------------------
 
 
-def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool, window: int = 0) -> None:
+def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool, window: int = 0, kv_scales=None) -> None:
+    """`kv_scales` (k_scale, v_scale): the pools are FP8 (e4m3) pages; the oracles read them dequantised."""
+    pages_k, pages_v = pool_k, pool_v  # what the kernel reads (pool_k / pool_v become the oracles')
     blocks = ctx // PAGE
     perm = torch.randperm(pool_k.shape[0], device=DEV)[: bs * blocks]
     block_tables = perm.view(bs, blocks).int()
@@ -76,11 +78,18 @@ def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool, window: int = 0)
 
     def ours(**kw):
         kw = dict(kw, sliding_window=window) if window else kw
-        return lambda: paged_attention(q, pool_k, pool_v, out, qsl, seq_lens, block_tables, scale, 1, ctx, bs, **kw)
+        kw = dict(kw, kv_scales=kv_scales) if kv_scales else kw
+        return lambda: paged_attention(q, pages_k, pages_v, out, qsl, seq_lens, block_tables, scale, 1, ctx, bs, **kw)
 
     # a window W: the query (at ctx - 1) sees the last W keys
     seen = min(ctx, window) if window else ctx
     mask = (torch.arange(ctx, device=DEV) >= ctx - seen)[None, None, None, :] if window else None
+
+    if kv_scales:  # the oracles read bf16 pages of the values the FP8 pages hold
+        elem = pool_k.element_size()
+        pool_k, pool_v = ((p.to(BF16) * s.to(BF16)) for p, s in zip((pool_k, pool_v), kv_scales, strict=True))
+    else:
+        elem = 2
 
     def gathered():  # what a torch fallback does: gather the pages, then SDPA
         k = pool_k[block_tables].view(bs, ctx, HKV, D).transpose(1, 2)
@@ -92,8 +101,8 @@ def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool, window: int = 0)
     ours()()
     err = rel_err(out, ref)
     assert err < 1e-2, f"decode bs={bs} ctx={ctx}: rel err {err}"
-    nbytes = 2 * bs * seen * HKV * D * 2 + 2 * q.numel() * 2  # the K/V a query reads
-    shape = f"bs={bs} ctx={ctx}" + (f" window={window}" if window else "")
+    nbytes = 2 * bs * seen * HKV * D * elem + 2 * q.numel() * 2  # the K/V a query reads
+    shape = f"bs={bs} ctx={ctx}" + (f" window={window}" if window else "") + (" kv=fp8" if kv_scales else "")
     us, us_graph = timed(ours())
     ref_us, _ = timed(gathered, graph=False)
 
@@ -132,17 +141,24 @@ def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool, window: int = 0)
     record("decode_attention", shape, nbytes, us, us_graph, **extra)
 
 
-def bench_decode(batches, contexts, sweep: bool, window: int = 0) -> None:
-    bench_decode_pairs(list(itertools.product(batches, contexts)), sweep, window)
+def bench_decode(batches, contexts, sweep: bool, window: int = 0, kv_fp8: bool = False) -> None:
+    bench_decode_pairs(list(itertools.product(batches, contexts)), sweep, window, kv_fp8)
 
 
-def bench_decode_pairs(pairs, sweep: bool, window: int = 0) -> None:
+def bench_decode_pairs(pairs, sweep: bool, window: int = 0, kv_fp8: bool = False) -> None:
     need = max(b * c for b, c in pairs) // PAGE
     num_blocks = int(need * 1.25)  # a pool larger than the batch, so pages are scattered
     pool_k = torch.randn(num_blocks, PAGE, HKV, D, device=DEV, dtype=BF16)
     pool_v = torch.randn(num_blocks, PAGE, HKV, D, device=DEV, dtype=BF16)
+    kv_scales = None
+    if kv_fp8:  # e4m3 pages (--kv-cache-dtype fp8), scaled so randn's range uses e4m3's
+        kv_scales = (torch.tensor([0.02], device=DEV), torch.tensor([0.02], device=DEV))
+        pool_k, pool_v = (
+            (p.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+            for p, s in zip((pool_k, pool_v), kv_scales, strict=True)
+        )
     for bs, ctx in pairs:
-        decode_case(pool_k, pool_v, bs, ctx, sweep, window)
+        decode_case(pool_k, pool_v, bs, ctx, sweep, window, kv_scales)
         torch.cuda.empty_cache()
 
 
@@ -384,6 +400,7 @@ def main() -> None:
     ap.add_argument("--gemv-shapes", default="qkv,o,gate_up,down,lm_head", help="for gemv_cold")
     ap.add_argument("--decode-shapes", default=None, help="bs:ctx pairs for decode, e.g. 8:4096,64:1024")
     ap.add_argument("--window", type=int, default=0, help="decode with a sliding window of this many keys")
+    ap.add_argument("--kv-fp8", action="store_true", help="decode over FP8 (e4m3) KV pages")
     args = ap.parse_args()
     only = set(args.only.split(","))
     torch.manual_seed(0)
@@ -392,9 +409,9 @@ def main() -> None:
     if "decode" in only:
         if args.decode_shapes:
             pairs = [tuple(int(v) for v in p.split(":")) for p in args.decode_shapes.split(",")]
-            bench_decode_pairs(pairs, args.sweep, args.window)
+            bench_decode_pairs(pairs, args.sweep, args.window, args.kv_fp8)
         else:
-            bench_decode(batches, contexts, args.sweep, args.window)
+            bench_decode(batches, contexts, args.sweep, args.window, args.kv_fp8)
     if "prefill" in only:
         bench_prefill([1024] if args.quick else [1024, 4096])
     if "norm" in only:

@@ -26,7 +26,15 @@ if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
 
 triton = pytest.importorskip("triton")
-from triton_kernel_cases import ATTN_CASES, attention_reference, cos_sin_cache, make_batch, rel_err  # noqa: E402
+from triton_kernel_cases import (  # noqa: E402
+    ATTN_CASES,
+    WINDOW_CASES,
+    attention_reference,
+    cos_sin_cache,
+    make_batch,
+    random_sinks,
+    rel_err,
+)
 
 import atomc.ops  # noqa: E402, F401
 from atomc.forward_context import ForwardContext, set_forward_context  # noqa: E402
@@ -49,7 +57,8 @@ def fp8_batch(case, dtype, hq=4, hkv=2, d=32, kv_scales=None, seed=0):
     """make_batch's inputs with FP8 pages: the values it drew (times 2: |x| < 10, so x / scale stays
     inside e4m3's ±448 with the default scales) quantised with `kv_scales`; also the unquantised pages."""
     kv_scales = kv_scales or scales()
-    q, k_vals, v_vals, meta = make_batch(*ATTN_CASES[case], hq, hkv, d, torch.float32, "cpu", seed=seed)
+    q_lens, seq_lens = WINDOW_CASES[case][:2] if case in WINDOW_CASES else ATTN_CASES[case]
+    q, k_vals, v_vals, meta = make_batch(q_lens, seq_lens, hq, hkv, d, torch.float32, "cpu", seed=seed)
     k_vals, v_vals = k_vals * 2, v_vals * 2
     k_cache = quantize_kv(k_vals, FP8, kv_scales[0])
     v_cache = quantize_kv(v_vals, FP8, kv_scales[1])
@@ -124,26 +133,28 @@ def test_rope_and_write_kv_fp8(dtype, qk_norm):
     assert torch.equal(v_cache.view(torch.uint8), want_v.view(torch.uint8))
 
 
-def run_fp8_attention(case, dtype, num_segments, **kw):
+def run_fp8_attention(case, dtype, num_segments, sinks=None, **kw):
     q, k_cache, v_cache, meta, kv_scales, (k_vals, v_vals) = fp8_batch(case, dtype, **kw)
+    window = WINDOW_CASES[case][2] if case in WINDOW_CASES else 0
     scale = q.shape[-1] ** -0.5
     out = torch.full_like(q, float("nan"))
     paged_attention(
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
         meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=num_segments, kv_scales=kv_scales,
+        sliding_window=window, sinks=sinks, tile_n=16 if window else None,
     )  # fmt: skip
     t = meta.query_start_loc_host[-1]
     assert not out[:t].isnan().any() and out[t:].isnan().all()
     ref = torch.zeros_like(q, dtype=torch.float32)
-    paged_attention_reference(q.float(), k_cache, v_cache, ref, meta, scale, kv_scales=kv_scales)
+    paged_attention_reference(q.float(), k_cache, v_cache, ref, meta, scale, window, sinks, kv_scales)
     assert rel_err(out[:t], ref[:t]) < TOL[dtype]
     torch.testing.assert_close(out[:t].float(), ref[:t], atol=TOL[dtype] * 10, rtol=TOL[dtype] * 10)
     # the reference's FP8 read is attention over the dequantised pages
     k_deq, v_deq = dequantize_kv(k_cache, kv_scales[0]), dequantize_kv(v_cache, kv_scales[1])
-    dense = attention_reference(q, k_deq, v_deq, meta, scale)
+    dense = attention_reference(q, k_deq, v_deq, meta, scale, window, sinks)
     torch.testing.assert_close(ref[:t], dense[:t], atol=1e-5, rtol=1e-5)
     # and e4m3's error against attention over the unquantised values
-    exact = attention_reference(q, k_vals, v_vals, meta, scale)
+    exact = attention_reference(q, k_vals, v_vals, meta, scale, window, sinks)
     err = rel_err(out[:t], exact[:t])
     assert 1e-4 < err < 0.06, f"FP8 KV error {err:.3g} against the unquantised K/V"
 
@@ -158,6 +169,14 @@ def test_paged_attention_fp8_2d(case, dtype):
 @pytest.mark.parametrize("case", ["decode", "mixed"])
 def test_paged_attention_fp8_split_kv(case, dtype):
     run_fp8_attention(case, dtype, num_segments=4, hkv=1, d=16)
+
+
+@pytest.mark.parametrize("num_segments", [1, 4])
+@pytest.mark.parametrize("case", ["mixed_w70", "decode_w24"])
+def test_paged_attention_fp8_with_window_and_sinks(case, num_segments):
+    """FP8 pages under the other constexpr paths (a sliding window; GPT-OSS's sinks), fp16 queries."""
+    run_fp8_attention(case, torch.float16, num_segments, d=16)
+    run_fp8_attention(case, torch.float16, num_segments, d=16, sinks=random_sinks(4))
 
 
 def test_paged_attention_fp8_scales_are_applied():
