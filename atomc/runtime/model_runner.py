@@ -70,6 +70,14 @@ class ModelRunner:
         )
         self.timings["load_weights_s"] = time.perf_counter() - t0
         self.forward = self.model.forward
+        self.kv_specs = self.model.kv_cache_specs()  # one per layer
+        # FP8 pages (refused before compiling where unsupported): each layer's (k_scale, v_scale)
+        # reach the kernels through the forward context
+        self.kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        if is_fp8(self.kv_dtype):
+            check_fp8_kv_supported(self.kv_specs, device, platform_of(device))
+            checkpoint_scales = getattr(self.model, "kv_cache_scales", {})
+            self.kv_scales = kv_scale_tensors(checkpoint_scales, len(self.kv_specs), device)
         self.compile_info: dict = {}  # the artifact's key and format (read by the compile tests)
         if not config.compile.enforce_eager:
             from atomc.graphs.build import load_or_compile
@@ -77,13 +85,6 @@ class ModelRunner:
             t0 = time.perf_counter()
             self.forward, self.compile_info = load_or_compile(self.model, model_dir, config, device, dtype)
             self.timings["compile_or_load_s"] = time.perf_counter() - t0
-        self.kv_specs = self.model.kv_cache_specs()  # one per layer
-        # FP8 pages: each layer's (k_scale, v_scale) reach the kernels through the forward context
-        self.kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        if is_fp8(self.kv_dtype):
-            check_fp8_kv_supported(self.kv_specs, device, platform_of(device))
-            checkpoint_scales = getattr(self.model, "kv_cache_scales", {})
-            self.kv_scales = kv_scale_tensors(checkpoint_scales, len(self.kv_specs), device)
         # layers that share block ids (full attention; each sliding window): one pool per group
         self.kv_groups = kv_cache_groups(self.kv_specs)
         self.layer_group = [0] * len(self.kv_specs)
