@@ -199,7 +199,7 @@ def tiny_server(tmp_path_factory):
 
 
 def test_niah_end_to_end_on_atomc_serve(tiny_server, tmp_path):
-    """atomc serve has no /tokenize: lengths come from usage.prompt_tokens. The random model
+    """atomc serve has /tokenize (vLLM's shape): lengths are counted there. The random model
     retrieves nothing, so a floor fails; a length past the context is skipped, not sent."""
     url, name = tiny_server
     metric = long_context.metric_name("short")
@@ -209,7 +209,7 @@ def test_niah_end_to_end_on_atomc_serve(tiny_server, tmp_path):
     result = long_context.run(spec, ctx_for(tmp_path, url, name, thresholds))
     assert result.verdict == "FAIL", result.reason
     short, past = result.rows
-    assert short["length_source"] == "usage" and short["pass_rate"] == 0.0
+    assert short["length_source"] == "tokenize" and short["pass_rate"] == 0.0
     for g in short["grid"]:
         assert g["errors"] == [] and g["prompts"] == 1
         # within a filler sentence under the length (this byte-level test tokenizer spends ~40
