@@ -212,14 +212,22 @@ def model_config(name: str, tiny: bool = False) -> dict:
     return tiny_config(name) if tiny else CONFIGS[name]
 
 
+# ids 3 .. 97: one printable ASCII character each, so a grammar (JSON, a regex) can spell its text
+# in this vocabulary (structured-output benchmarks); every other id is a word "t<id>"
+_CHAR_IDS = {chr(c): 3 + c - 32 for c in range(32, 127)}
+
+
 def synthetic_tokenizer(vocab_size: int, out_dir: Path) -> None:
-    """A word-level tokenizer with one token per id ("t0", "t1", ...): any id decodes."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A word-level tokenizer with one token per id: the printable ASCII characters, then "t<id>";
+    tokens decode joined (no spaces added), so any id sequence decodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"t{i}": i for i in range(vocab_size)}
+    chars = {ch: i for ch, i in _CHAR_IDS.items() if i < vocab_size}
+    vocab = {f"t{i}": i for i in range(vocab_size) if i not in chars.values()} | chars
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1", bos_token="t2")
     fast.save_pretrained(out_dir)
 
