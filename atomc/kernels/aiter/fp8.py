@@ -197,11 +197,7 @@ def fp8_gemm(*args) -> torch.Tensor:
 def fp8_block_gemm(*args) -> torch.Tensor:
     a = named_args("fp8_block_gemm", args)
     n, k = a.weight.shape
-    if (
-        gemm_declines(a.xq, a.weight, a.out_dtype) is not None
-        or (a.block_n, a.block_k) != BLOCK
-        or k % a.block_k
-    ):
+    if gemm_declines(a.xq, a.weight, a.out_dtype) is not None or (a.block_n, a.block_k) != BLOCK or k % a.block_k:
         return next_backend("fp8_block_gemm", *args)
     xq, x_scale = as_aiter_fp8(a.xq, a.x_scale)
     weight, w_scale = as_aiter_fp8(a.weight, a.weight_scale)
