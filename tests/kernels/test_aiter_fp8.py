@@ -3,7 +3,9 @@
 fn -> fnuz move and the calls AITER declines. CPU only: none of this has run on AMD hardware.
 
 Tolerances: a quantised value is within one e4m3 rounding of its input (relative 2^-4, plus
-scale * 2^-8 for values near zero, which e4m3 holds as subnormals); a GEMM's output against the
+scale * 2^-8 for values near zero, which e4m3 holds as subnormals), where the input AITER's fused
+kernels quantise (fp32) may differ from the reference's (rounded to bf16) by 2^-8 relative: rtol
+2^-4 + 2^-7; a GEMM's output against the
 reference on the same quantised operands differs only by fp32 summation order and the fp16/bf16
 output rounding (rtol 1e-2)."""
 
@@ -22,6 +24,7 @@ FN, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
 
 @pytest.fixture(params=[FN, FNUZ], ids=["mi350-fn", "mi300-fnuz"])
 def aiter_ops(request, monkeypatch):
+    torch.manual_seed(0)
     fake_aiter.install(monkeypatch, fp8=request.param)
     registry.lookup("fp8_gemm", "aiter")  # defines torch.ops.atomc_aiter.fp8_* and sets the GEMMs' fallback
     # ROCm's next backend after AITER, here the reference (no Triton on this path)
@@ -42,7 +45,7 @@ def assert_quantised(q, scale, x, dtype, group=None):
     assert q.dtype == dtype and scale.dtype == torch.float32
     assert not q.float().isnan().any()
     atol = scale.float().max().item() * 2**-8
-    torch.testing.assert_close(dequant(q, scale, group), x.float(), rtol=2**-4, atol=atol)
+    torch.testing.assert_close(dequant(q, scale, group), x.float(), rtol=2**-4 + 2**-7, atol=atol)
 
 
 def test_fn_to_fnuz_keeps_values_and_drops_negative_zero():

@@ -36,9 +36,10 @@ from collections.abc import Callable
 
 import torch
 
+from atomc.kernels.aiter import ops as bf16_ops  # AITER's RMSNorm and SiLU·mul, as the bf16 ops call them
 from atomc.kernels.binding import bind_as_atomc, named_args
 from atomc.ops.fp8 import FNUZ_DTYPE, FP8_DTYPE, MIN_SCALE, fn_to_fnuz
-from atomc.ops.fp8_fused import silu_and_mul_reference
+from atomc.ops.fp8_fused import FUSED_QUANT_OPS, silu_and_mul_reference
 from atomc.ops.norm import rms_norm_reference
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)  # what AITER's quant, norm and GEMM kernels take
@@ -251,14 +252,12 @@ def norm_quant_dynamic(x, residual, weight, eps, group_size):
 
 def norm_quant_static(x, residual, weight, eps, scale):
     """(q, x + residual or None): AITER's RMSNorm (+ add), then its static quant."""
-    from atomc.kernels.aiter import ops  # the bf16 RMSNorm bindings' AITER calls
-
     if x.dtype not in HALF_DTYPES:
         summed = None if residual is None else x + residual
         return quant_static_torch(rms_norm_reference(summed if summed is not None else x, weight, eps), scale), summed
     if residual is None:
-        return quant_static(ops.rms_norm(x, weight, eps), scale), None
-    normed, summed = ops.fused_add_rms_norm(x, residual, weight, eps)
+        return quant_static(bf16_ops.rms_norm(x, weight, eps), scale), None
+    normed, summed = bf16_ops.fused_add_rms_norm(x, residual, weight, eps)
     return quant_static(normed, scale), summed
 
 
@@ -307,7 +306,8 @@ def silu_and_mul_fp8_quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[to
 
 @bind_as_atomc("atomc_aiter", "silu_and_mul_fp8_quant_static", fake=_q_in_aiter_dtype)
 def silu_and_mul_fp8_quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    from atomc.kernels.aiter import ops  # AITER's silu_and_mul, as the bf16 binding calls it
-
-    y = ops.silu_and_mul(x) if x.dtype in HALF_DTYPES else silu_and_mul_reference(x)
+    y = bf16_ops.silu_and_mul(x) if x.dtype in HALF_DTYPES else silu_and_mul_reference(x)
     return quant_static(y, scale)
+
+
+assert set(FUSED_QUANT_OPS) <= set(globals())  # every fused quant has an AITER binding here
