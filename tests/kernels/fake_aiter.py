@@ -12,12 +12,15 @@ import enum
 import sys
 import types
 
-import fake_aiter_fp8
 import torch
 import torch.nn.functional as F
 
-CALLS: list[str] = []
-fake_aiter_fp8.CALLS = CALLS  # one record of calls
+if __package__:  # imported as tests.kernels.fake_aiter (tests/passes does)
+    from . import fake_aiter_fp8
+else:  # as fake_aiter, from tests/kernels
+    import fake_aiter_fp8
+
+CALLS: list[str] = fake_aiter_fp8.CALLS  # one record of calls, the FP8 functions' too
 
 
 def _norm(x, weight, eps):

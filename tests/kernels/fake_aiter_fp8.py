@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-CALLS: list[str] = []  # fake_aiter sets this to its own list
+CALLS: list[str] = []  # fake_aiter.CALLS is this list
 FP8 = [torch.float8_e4m3fn]  # the e4m3 dtype `dtypes.fp8` names, set by fake_aiter.module()
 HALF = (torch.float16, torch.bfloat16)  # AITER_DISPATCH_FLOATING16_TYPES
 
