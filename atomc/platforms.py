@@ -3,6 +3,11 @@ backends per platform, and the platform is a compile-cache factor."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where it is needed (see gpu_device_nodes_present)
+    import torch
+
 PLATFORMS = ("cpu", "cuda", "rocm")
 
 
@@ -22,3 +27,17 @@ def gpu_device_nodes_present() -> bool:
     import os
 
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
+
+
+def fp8_dtype(device) -> torch.dtype:
+    """The e4m3 dtype a device's FP8 GEMMs take: float8_e4m3fnuz on MI300 (gfx94x), which has no
+    float8_e4m3fn arithmetic, else float8_e4m3fn (NVIDIA, MI350 gfx950, CPU). As AITER decides it
+    (aiter.dtypes.fp8: gfx942 -> fnuz, the rest fn)."""
+    import torch
+
+    if torch.version.hip and str(device).startswith("cuda"):
+        index = torch.device(device).index
+        arch = torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device())
+        if getattr(arch, "gcnArchName", "").startswith("gfx94"):
+            return torch.float8_e4m3fnuz
+    return torch.float8_e4m3fn

@@ -13,6 +13,8 @@ that equal their defaults out, so it fills them in from the schema.
 
 `fake_as_atomc` gives the backend op the atomc op's fake implementation (calling the atomc op on
 fake tensors reaches its fake impl), so the shapes a backend op promises have one source of truth.
+A binding whose outputs differ from the atomc op's only in dtype (AITER's FP8 quants write
+float8_e4m3fnuz on MI300) passes `fake=`, a function of the atomc fake's outputs and the arguments.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ def atomc_schema(name: str) -> torch.FunctionSchema:
     return getattr(torch.ops.atomc, name).default._schema
 
 
-def bind_as_atomc(namespace: str, name: str, mutates: tuple[str, ...] | None = None) -> Callable[[Callable], Callable]:
+def bind_as_atomc(
+    namespace: str, name: str, mutates: tuple[str, ...] | None = None, fake: Callable | None = None
+) -> Callable[[Callable], Callable]:
     """Decorator: define `<namespace>::<name>` with the decorated function as its body (on every
     device) and `atomc::<name>`'s schema, its arguments, defaults and mutations included. `mutates`,
-    when a binding states it, must be the atomc op's mutated arguments."""
+    when a binding states it, must be the atomc op's mutated arguments. `fake(outputs, *args)`, when
+    given, adjusts the atomc op's fake outputs (e.g. their dtype) for this backend."""
 
     def deco(fn: Callable) -> Callable:
         schema = atomc_schema(name)
@@ -59,7 +64,13 @@ def bind_as_atomc(namespace: str, name: str, mutates: tuple[str, ...] | None = N
             lib = _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
         lib.define(declared)
         lib.impl(name, fn, "CompositeExplicitAutograd")
-        fake_as_atomc(namespace, name)
+        if fake is None:
+            fake_as_atomc(namespace, name)
+        else:
+            atomc_op = getattr(torch.ops.atomc, name).default
+            torch.library.register_fake(f"{namespace}::{name}")(
+                lambda *args, **kwargs: fake(atomc_op(*args, **kwargs), *args, **kwargs)
+            )
         return fn
 
     return deco

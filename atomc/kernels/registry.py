@@ -46,8 +46,8 @@ OPS = (
 )
 # ops with a torch body only: every other backend falls back to it (silu_mul: Inductor fuses the
 # separate gate/up itself). The FP8 ops' CUDA backends (Triton kernels and torch._scaled_mm, and the
-# rule that picks one per call) are atomc/kernels/triton/fp8.py; they have no AITER entry, so ROCm
-# lowers them to Triton, whose bodies run the references there (no e4m3fn kernels on ROCm yet).
+# rule that picks one per call) are atomc/kernels/triton/fp8.py; on ROCm they lower to AITER
+# (atomc/kernels/aiter/fp8.py), and without AITER to Triton, whose bodies run the references there.
 # mla_latent_norm_rope has a Triton kernel and no AITER one: on ROCm it lowers to Triton.
 TORCH_ONLY = ("silu_mul",)
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
@@ -65,6 +65,7 @@ MODULES = {
         "atomc.kernels.aiter.attention",
         "atomc.kernels.aiter.moe",
         "atomc.kernels.aiter.mla",
+        "atomc.kernels.aiter.fp8",
     ),
 }
 
@@ -175,11 +176,12 @@ for _op in OPS:
 # ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----
 @functools.cache
 def _aiter_ops():
-    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write; MoE; MLA
+    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write; MoE; MLA; FP8
         importlib.import_module(module)
     importlib.import_module("atomc.kernels.aiter.attention").set_next_backend(_rocm_after_aiter)
     importlib.import_module("atomc.kernels.aiter.moe").set_next_backend(_rocm_moe_after_aiter)
     importlib.import_module("atomc.kernels.aiter.mla").set_next_backend(_rocm_mla_after_aiter)
+    importlib.import_module("atomc.kernels.aiter.fp8").set_next_backend(_rocm_fp8_after_aiter)
     return torch.ops.atomc_aiter
 
 
@@ -208,6 +210,12 @@ def _rocm_mla_after_aiter(*args) -> None:
     return _after_aiter("mla_attention")(*args)
 
 
+def _rocm_fp8_after_aiter(op: str, *args) -> torch.Tensor:
+    """atomc::fp8_gemm / fp8_block_gemm on ROCm's first available backend after AITER: the calls its
+    FP8 GEMMs do not take (fp32 outputs, blocks other than 128 x 128)."""
+    return _after_aiter(op)(*args)
+
+
 AITER_OPS = (
     "rms_norm",
     "fused_add_rms_norm",
@@ -219,6 +227,11 @@ AITER_OPS = (
     "paged_attention",
     "moe",
     "mla_attention",
+    "fp8_quant_static",
+    "fp8_quant_dynamic",
+    "fp8_gemm",
+    "fp8_block_gemm",
+    *FUSED_QUANT_OPS,
 )
 for _op in AITER_OPS:
     register(_op, "aiter")(functools.partial(lambda name: getattr(_aiter_ops(), name).default, _op))

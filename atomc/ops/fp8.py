@@ -15,6 +15,12 @@ match and replace just that node, and the GEMM's backend does not change.
 
 The bodies are exact dequantising references in fp32 (dequantise both operands, multiply): what the
 CPU runs and what every kernel is tested against. GPU kernels are backends (atomc/kernels/).
+
+Two e4m3 dtypes: atomc's quants write float8_e4m3fn (max 448); MI300 (gfx942) computes in
+float8_e4m3fnuz (max 240, exponent bias 8, no -0, 0x80 is NaN). A pair (q, scale) means
+q.float() * scale in either dtype, so the reference bodies read both. `fn_to_fnuz` moves a pair
+across exactly: the same bits read as fnuz are half the value, so the scale doubles; the one byte
+that differs in meaning, 0x80 (-0 in fn, NaN in fnuz), becomes 0.
 """
 
 from __future__ import annotations
@@ -23,7 +29,15 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(float8_e4m3fn).max
+FNUZ_DTYPE = torch.float8_e4m3fnuz  # MI300's e4m3 (see the module docstring)
 MIN_SCALE = 1e-12  # an all-zero row or tensor quantises to zeros, not NaN
+
+
+def fn_to_fnuz(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8_e4m3fn q, scale) -> the same values as (float8_e4m3fnuz q, 2 * scale); new tensors."""
+    bits = q.view(torch.int8)
+    bits = torch.where(bits == -128, torch.zeros_like(bits), bits)  # -0 in fn, NaN in fnuz
+    return bits.view(FNUZ_DTYPE), scale * 2.0
 
 
 def to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

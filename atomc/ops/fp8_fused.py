@@ -16,7 +16,7 @@ numbers on the torch backend:
 `group_size` is fp8_quant_dynamic's: K (one scale per token) or a divisor of K (per group). 0 (one
 scale for the whole tensor) is not offered: a row-parallel kernel cannot know the tensor's amax, so
 the passes leave that quant alone. Static variants return no scale: the GEMM reads the checkpoint's.
-Kernels: atomc/kernels/triton/fp8_quant.py.
+Kernels: atomc/kernels/triton/fp8_quant.py (CUDA), atomc/kernels/aiter/fp8.py (ROCm).
 """
 
 from __future__ import annotations

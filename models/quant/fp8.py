@@ -17,6 +17,10 @@ the way they load weights:
   blocks, so a section or a rank's slice must be a whole number of blocks.
 
 apply emits `atomc::fp8_quant_*` then `atomc::fp8_gemm` / `fp8_block_gemm` (atomc/ops/fp8.py).
+
+On a device whose FP8 is float8_e4m3fnuz (MI300: `atomc.platforms.fp8_dtype`) the weights are moved
+to it once after loading, exactly (atomc.ops.fp8.fn_to_fnuz: same bits, -0 -> 0, weight and static
+input scales doubled), as AITER's GEMMs take them; every backend reads (q, scale) by value.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import torch
 from torch import nn
 
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.fp8_*)
+from atomc import platforms
+from atomc.ops.fp8 import FNUZ_DTYPE, fn_to_fnuz
 from models.quant.base import LinearMethod, set_weight_attrs
 from models.quant.spec import FP8_MAX, FP8Scheme, QuantConfigError
 
@@ -58,6 +64,18 @@ def _replace(layer: nn.Module, name: str, value: torch.Tensor) -> None:
     setattr(layer, name, nn.Parameter(value, requires_grad=False))
 
 
+def to_device_fp8(layer: nn.Module, weight_scale: str) -> None:
+    """The loaded e4m3fn weight (and its scales) in the e4m3 dtype of the layer's device: a no-op
+    except on MI300, where it becomes float8_e4m3fnuz with its weight and static input scales doubled."""
+    if layer.weight.dtype != FP8_DTYPE or platforms.fp8_dtype(layer.weight.device) != FNUZ_DTYPE:
+        return
+    weight, scale = fn_to_fnuz(layer.weight.data, getattr(layer, weight_scale).data)
+    _replace(layer, "weight", weight)
+    _replace(layer, weight_scale, scale)
+    if getattr(layer, "input_scale", None) is not None:
+        _replace(layer, "input_scale", layer.input_scale.data * 2.0)
+
+
 class FP8LinearMethod(LinearMethod):
     """Per-tensor or per-channel weights; static per-tensor, dynamic per-tensor or per-token inputs."""
 
@@ -89,6 +107,7 @@ class FP8LinearMethod(LinearMethod):
             _replace(layer, "weight_scale", layer.weight_scale.data.repeat_interleave(rows))
         if self.scheme.activation == "static":
             _replace(layer, "input_scale", layer.input_scale.data.amax().reshape(1))
+        to_device_fp8(layer, "weight_scale")
 
     def apply(self, layer, x, bias):
         if self.scheme.activation == "static":
@@ -130,6 +149,9 @@ class FP8BlockLinearMethod(LinearMethod):
             "weight_scale_inv", _param((blocks_n, input_size_per_partition // bk), torch.float32, attrs)
         )
 
+    def process_weights_after_loading(self, layer):
+        to_device_fp8(layer, "weight_scale_inv")
+
     def apply(self, layer, x, bias):
         xq, x_scale = torch.ops.atomc.fp8_quant_dynamic(x, self.block_k)
         return torch.ops.atomc.fp8_block_gemm(
@@ -167,6 +189,7 @@ class OnlineFP8LinearMethod(FP8LinearMethod):
         weight, scale = quantize_per_row(layer.weight.data)
         _replace(layer, "weight", weight)
         layer.register_parameter("weight_scale", nn.Parameter(scale, requires_grad=False))
+        to_device_fp8(layer, "weight_scale")
 
 
 def method_for(scheme: FP8Scheme) -> LinearMethod:

@@ -3,7 +3,8 @@ names of AITER's real signatures (aiter/ops/{attention,mha,cache,rmsnorm,moe_op,
 aiter/fused_moe.py and aiter/mla.py), so a wrapper that passes an argument positionally or misnames one fails here;
 each asserts the layouts AITER expects and computes the reference in plain torch, written out here
 rather than calling atomc's. `install(monkeypatch)` puts it in sys.modules as `aiter`,
-`aiter.fused_moe` and `aiter.mla`."""
+`aiter.fused_moe` and `aiter.mla`; `install(monkeypatch, fp8=torch.float8_e4m3fnuz)` makes it an MI300
+(`aiter.dtypes.fp8`; the FP8 functions are fake_aiter_fp8.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ import types
 import torch
 import torch.nn.functional as F
 
-CALLS: list[str] = []
+if __package__:  # imported as tests.kernels.fake_aiter (tests/passes does)
+    from . import fake_aiter_fp8
+else:  # as fake_aiter, from tests/kernels
+    import fake_aiter_fp8
+
+CALLS: list[str] = fake_aiter_fp8.CALLS  # one record of calls, the FP8 functions' too
 
 
 def _norm(x, weight, eps):
@@ -393,8 +399,15 @@ def mla_prefill_fwd(
     return o, torch.zeros(o.shape[0], 1, o.shape[1], 1)
 
 
-def module() -> types.ModuleType:
+def module(fp8: torch.dtype = torch.float8_e4m3fn) -> types.ModuleType:
+    """The stand-in; `fp8` is the GPU's e4m3 dtype (`aiter.dtypes.fp8`): fn as on MI350, fnuz as on MI300."""
     mod = types.ModuleType("aiter")
+    fake_aiter_fp8.FP8[0] = fp8
+    mod.dtypes = types.SimpleNamespace(
+        fp8=fp8, fp16=torch.float16, bf16=torch.bfloat16, fp32=torch.float32, i8=torch.int8, i32=torch.int32
+    )
+    for fn in fake_aiter_fp8.FUNCTIONS:
+        setattr(mod, fn.__name__, fn)
     for fn in (rmsnorm2d_fwd, rmsnorm2d_fwd_with_add, silu_and_mul, rope_cached_positions_2c_fwd,
                reshape_and_cache_flash, paged_attention_v1, flash_attn_varlen_func, topk_softmax, grouped_topk,
                biased_grouped_topk, concat_and_cache_mla):  # fmt: skip
@@ -409,9 +422,9 @@ def module() -> types.ModuleType:
     return mod
 
 
-def install(monkeypatch) -> types.ModuleType:
+def install(monkeypatch, fp8: torch.dtype = torch.float8_e4m3fn) -> types.ModuleType:
     """The stand-in as `aiter` (and `aiter.fused_moe`, `aiter.mla`) for one test; CALLS cleared."""
-    mod = module()
+    mod = module(fp8)
     monkeypatch.setitem(sys.modules, "aiter", mod)
     monkeypatch.setitem(sys.modules, "aiter.fused_moe", mod.fused_moe)
     monkeypatch.setitem(sys.modules, "aiter.mla", mod.mla)

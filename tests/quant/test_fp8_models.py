@@ -21,7 +21,7 @@ import pytest
 import torch
 import transformers
 
-from atomc import LLM, SamplingParams
+from atomc import LLM, SamplingParams, platforms
 from atomc.graphs.report import format_report, graph_flops
 from atomc.passes import PassManager
 from models.layers.parallel import ParallelInfo
@@ -360,3 +360,25 @@ def test_dummy_weights_fill_fp8_layers(quantized):
     layer = model.model.layers[0].self_attn.qkv_proj
     assert layer.weight.dtype == torch.float8_e4m3fn and bool((layer.weight_scale_inv == 0.02).all())
     assert torch.isfinite(_logits(model, torch.tensor(PROMPT))).all()
+
+
+@pytest.mark.parametrize("fmt", ["hf-fp8-static", "hf-fp8-block-128", "ct-FP8_DYNAMIC", "online"])
+def test_fnuz_devices_load_the_same_values_in_fnuz(fmt, quantized, bases, monkeypatch):
+    """On a device whose FP8 is float8_e4m3fnuz (MI300: atomc.platforms.fp8_dtype) each FP8 weight
+    is moved to it after loading: the same bits read as fnuz are half the value, so its weight scale
+    and static input scale double and every dequantised weight is unchanged (exactly; fn's -0 bytes
+    become 0, not fnuz's NaN). The reference model's logits are then those of the fn load: the
+    activations quantise to the same values (a static scale twice as large, the same e4m3fn grid)."""
+    qdir, kw = (bases["base"], {"quantization": "fp8"}) if fmt == "online" else (quantized(fmt)[1], {})
+    fn = load_model(qdir, torch.float32, "cpu", **kw)
+    monkeypatch.setattr(platforms, "fp8_dtype", lambda device: torch.float8_e4m3fnuz)
+    fnuz = load_model(qdir, torch.float32, "cpu", **kw)
+    for a, b in [(fn.model.layers[1].self_attn.qkv_proj, fnuz.model.layers[1].self_attn.qkv_proj),
+                 (fn.model.layers[0].mlp.down_proj, fnuz.model.layers[0].mlp.down_proj)]:  # fmt: skip
+        assert a.weight.dtype == torch.float8_e4m3fn and b.weight.dtype == torch.float8_e4m3fnuz
+        assert not b.weight.float().isnan().any()
+        assert torch.equal(_dequantised(a), _dequantised(b))
+        if getattr(a, "input_scale", None) is not None:
+            assert torch.equal(b.input_scale, 2 * a.input_scale)
+    ids = torch.tensor(PROMPT)
+    torch.testing.assert_close(_logits(fnuz, ids), _logits(fn, ids), atol=1e-5, rtol=0)

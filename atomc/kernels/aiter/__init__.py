@@ -2,7 +2,7 @@
 documented signatures (keyword arguments, since positional order drifts between releases) and are
 checked only against a stand-in `aiter` module on CPU (tests/kernels/test_aiter_wrappers.py).
 `ops.py` holds norms, activation and RoPE; `attention.py` attention and the KV-cache write; `moe.py`
-the mixture-of-experts block."""
+the mixture-of-experts block; `mla.py` MLA attention; `fp8.py` the FP8 quants and GEMMs."""
 
 from __future__ import annotations
 

@@ -16,9 +16,10 @@ cache key, so changing it rebuilds the artifacts:
 GEMV_ONE_ROW and TRITON_GEMM_MAX_ROWS are the rule's two settings: whether the GEMV beats
 _scaled_mm at one row, and up to which M the Triton GEMM beats it, is what benchmarks/fp8_linear.py
 measures on the H200 (until then: the GEMV at one row, _scaled_mm everywhere else). None of these
-kernels runs before sm_89 (no e4m3 there) or on ROCm (e4m3fnuz): the reference bodies
-(atomc/ops/fp8.py, fp8_fused.py) run there. Under TRITON_INTERPRET=1 the Triton kernels run on CPU
-tensors, which is how the tests check the bodies without a GPU.
+kernels runs before sm_89 (no e4m3 there) or on ROCm: the reference bodies (atomc/ops/fp8.py,
+fp8_fused.py) run there (ROCm lowers to AITER first: atomc/kernels/aiter/fp8.py). Under
+TRITON_INTERPRET=1 the Triton kernels run on CPU tensors, which is how the tests check the bodies
+without a GPU.
 """
 
 from __future__ import annotations
