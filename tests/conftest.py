@@ -19,7 +19,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 if "ATOMC_CACHE_SIGNING_KEY_FILE" not in os.environ:
     import tempfile
 
-    os.environ["ATOMC_CACHE_SIGNING_KEY_FILE"] = str(Path(tempfile.mkdtemp(prefix="atomc-test-key-")) / "key")
+    # under pytest-xdist every worker of one run shares the key (key creation is race-safe), so an
+    # entry one worker builds verifies in another
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    key_dir = Path(tempfile.gettempdir()) / f"atomc-test-key-{run_id}" if run_id else None
+    key_dir = key_dir or Path(tempfile.mkdtemp(prefix="atomc-test-key-"))
+    os.environ["ATOMC_CACHE_SIGNING_KEY_FILE"] = str(key_dir / "key")
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    torch.set_num_threads(1)  # one worker a core: torch's own threads would oversubscribe them
 if not torch.cuda.is_available():
     # Triton runs only interpreted here, and the mode is fixed when triton is first imported:
     # set it before any test module (or atomc code it imports) brings triton in

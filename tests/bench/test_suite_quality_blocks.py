@@ -66,7 +66,7 @@ def test_a_sweep_with_functional_accuracy_and_niah_blocks(tiny_server, tmp_path)
     assert acc["verdict"] == "PASS", acc["reason"]
     assert [g["status"] for g in acc["rows"][0]["gates"]] == ["PASS"] and f"arith/{FLEX}" in acc["metrics"]
     assert niah["verdict"] == "PASS", niah["reason"]
-    assert niah["metrics"] == {NIAH: 0.0} and niah["rows"][0]["length_source"] == "usage"
+    assert niah["metrics"] == {NIAH: 0.0} and niah["rows"][0]["length_source"] == "tokenize"
     html = (out / "run_deck.html").read_text()
     assert "Accuracy" in html and "Long-context accuracy" in html and FLEX in html
     assert "prev_run" not in json.loads((out / "run_deck.json").read_text())["panels"]

@@ -45,7 +45,8 @@ FIELD_NAMES = [
     "ignore_eos", "min_tokens", "skip_special_tokens", "include_stop_str_in_output", "stream",
     "stream_options", "logit_bias", "logprobs", "top_logprobs", "echo", "best_of", "user", "response_format",
     "allowed_token_ids", "bad_words", "prompt_logprobs", "truncate_prompt_tokens", "suffix", "tools",
-    "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+    "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "structured_outputs", "guided_json",
+    "guided_regex", "guided_choice", "guided_grammar",
 ]  # fmt: skip
 EXTRA = st.dictionaries(st.sampled_from(FIELD_NAMES), VALUE, max_size=3)
 PROMPTS = st.sampled_from(["hi", ["a", "b"], [1, 2, 3], [[5, 6], [7]], "\ud800", ""]) | ANY_JSON
