@@ -55,46 +55,39 @@ def ms(values) -> float | None:
 
 
 def use_variant(fill: str, apply: str) -> None:
-    """A/B switches for this benchmark only: how the host fills the bitmask (`batch`: xgrammar's
-    batch matcher, its default threads; `batchN`: N threads; `serial`: one matcher at a time) and
-    how the mask is applied (`torch`: atomc's kernels; `xgr`: xgrammar's Triton kernel)."""
-    import torch
-
+    """A/B switches for this benchmark only: how the host fills the bitmask (`serial`: the engine's
+    loop; `batch`: xgrammar's batch matcher with its default threads; `batchN`: N threads) and how
+    the mask is applied (`engine`: the sampler's path, one kernel on a GPU; `torch`: the torch ops
+    the CPU uses, on the device)."""
+    import atomc.engine.structured_step as step_mod
     from atomc.engine import structured_outputs as so_mod
     from atomc.runtime import model_runner, sampler
 
-    if not hasattr(so_mod, "_orig_fill"):
-        so_mod._orig_fill = so_mod.fill_bitmask
-    if fill == "batch":
-        fill_fn = so_mod._orig_fill
+    if fill == "serial":
+        step_mod.fill_bitmask = so_mod.fill_bitmask
     else:
         xgr = so_mod._xgr()
-        batch = xgr.BatchGrammarMatcher(int(fill[5:])) if fill.startswith("batch") else None
+        batch = xgr.BatchGrammarMatcher(int(fill[5:])) if fill[5:] else xgr.BatchGrammarMatcher()
 
-        def fill_fn(grammars, bitmask):
-            bitmask.fill_(-1)
-            live = [(i, g.matcher) for i, g in enumerate(grammars) if g is not None and not g.matcher.is_terminated()]
-            if batch is not None:
-                batch.batch_fill_next_token_bitmask([m for _, m in live], bitmask, [i for i, _ in live])
-            else:
-                for i, m in live:
-                    m.fill_next_token_bitmask(bitmask, i)
+        def fill_fn(grammars, bitmask, rows):
+            live = [
+                (r, g) for r, g in zip(rows, grammars, strict=True) if g is not None and not g.matcher.is_terminated()
+            ]
+            for r, g in zip(rows, grammars, strict=True):
+                if g is None or g.matcher.is_terminated():
+                    bitmask[r].fill_(-1)
+            batch.batch_fill_next_token_bitmask([g.matcher for _, g in live], bitmask, [r for r, _ in live])
 
-    import atomc.engine.structured_step as step_mod
-
-    step_mod.fill_bitmask = fill_fn
-    if apply == "torch":
+        step_mod.fill_bitmask = fill_fn
+    if apply == "engine":
         model_runner.apply_token_bitmask = sampler.apply_token_bitmask
     else:
-        from xgrammar.kernels.apply_token_bitmask_inplace_triton import apply_token_bitmask_inplace_triton
 
         def apply_fn(logits, bitmask, rows=None):
-            assert rows is None or list(rows) == list(range(logits.shape[0])), "xgr variant: all rows masked"
-            words = bitmask.to(logits.device, non_blocking=True)
-            apply_token_bitmask_inplace_triton(logits, words)
+            rows = list(range(logits.shape[0])) if rows is None else list(rows)
+            sampler.mask_with_torch(logits, bitmask.to(logits.device, non_blocking=True), rows)
 
         model_runner.apply_token_bitmask = apply_fn
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
 
 
 def run_mode(eng, mode: str, prefix: str, args, schema: dict, timers: dict) -> dict:
@@ -103,7 +96,7 @@ def run_mode(eng, mode: str, prefix: str, args, schema: dict, timers: dict) -> d
 
     mode, _, variant = mode.partition(":")
     opts = dict(kv.split("=") for kv in variant.split("+") if kv)
-    use_variant(opts.get("fill", "batch"), opts.get("apply", "torch"))
+    use_variant(opts.get("fill", "serial"), opts.get("apply", "engine"))
 
     n = args.num_seqs
     for i in range(n):
@@ -126,7 +119,8 @@ def run_mode(eng, mode: str, prefix: str, args, schema: dict, timers: dict) -> d
         walls.append(time.perf_counter() - t0)
         parts.append(dict(eng.last_step))
     row = {
-        "mode": mode, "fill": opts.get("fill", "batch"), "apply": opts.get("apply", "torch"), "running": n, "context": args.prompt_len,
+        "mode": mode, "fill": opts.get("fill", "serial"), "apply": opts.get("apply", "engine"),
+        "running": n, "context": args.prompt_len,
         "step_wall_ms": ms(walls), "step_wall_mean_ms": round(1e3 * statistics.fmean(walls), 3),
         "schedule_ms": ms(p["schedule_s"] for p in parts),
         "launch_ms": ms(p["launch_s"] for p in parts),
@@ -191,8 +185,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--schema", default=str(HERE / "structured_schema.json"))
     ap.add_argument(
-        "--modes", default="plain,schema",
-        help="comma-separated: plain, schema, or schema:fill=serial|batch|batchN+apply=torch|xgr (A/B variants)",
+        "--modes",
+        default="plain,schema",
+        help="comma-separated: plain, schema, or schema:fill=serial|batch|batchN+apply=engine|torch (A/B variants)",
     )
     ap.add_argument("--sync-debug", action="store_true")
     ap.add_argument("--trace", default=None, help="folder for a profiler table and trace of constrained steps")

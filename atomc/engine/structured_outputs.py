@@ -14,7 +14,7 @@ and the token bitmask of a step's constrained rows.
   count, so a path that recomputes a sequence (preemption, a prefix-cache hit) changes nothing: the
   tokens are the same, and the matcher never saw KV state. `sync(output_ids)` accepts what it has
   not seen and rebuilds from scratch if the output ever became shorter than what it accepted.
-- `fill_bitmask` fills the rows of one step at once (xgrammar's batch matcher, several threads).
+- `fill_bitmask` fills the rows of one step, one matcher after the other (why: its docstring).
 
 xgrammar imports transformers (about a second on a warm machine, much more on a cold one), so it is
 imported only when a first constraint is compiled: an engine that never sees one never pays for it.
@@ -242,24 +242,22 @@ class SequenceGrammar:
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
 
-_batch_matcher = None
+def fill_bitmask(grammars: list[SequenceGrammar | None], bitmask, rows: list[int] | None = None) -> None:
+    """Fill row `rows[i]` (row i when `rows` is None) of `bitmask` (int32, [rows, ceil(V / 32)], on
+    the host) with the tokens grammar i allows next; a row whose grammar is None or terminated
+    allows every token (its row is dropped by the engine, or unconstrained). Other rows are not
+    written.
 
-
-def fill_bitmask(grammars: list[SequenceGrammar | None], bitmask) -> None:
-    """Fill row i of `bitmask` (int32, [rows, ceil(V / 32)], on the host) with the tokens grammar i
-    allows next; a row whose grammar is None or terminated allows every token (its row is dropped
-    by the engine, or unconstrained)."""
-    global _batch_matcher
-    bitmask.fill_(-1)
-    live = [(i, g.matcher) for i, g in enumerate(grammars) if g is not None and not g.matcher.is_terminated()]
-    if not live:
-        return
-    if len(live) == 1:
-        live[0][1].fill_next_token_bitmask(bitmask, live[0][0])
-        return
-    if _batch_matcher is None:
-        _batch_matcher = _xgr().BatchGrammarMatcher()
-    _batch_matcher.batch_fill_next_token_bitmask([m for _, m in live], bitmask, [i for i, _ in live])
+    One matcher after the other: xgrammar's batch matcher spreads the rows over threads, but on the
+    H200's 16-core host it took 5.4 ms a step for 64 rows of a JSON schema against 1.5 ms for this
+    loop (benchmarks/structured_steps.py, docs/performance.md section 8), its threads costing more
+    than the ~15 us a row's fill takes."""
+    rows = list(range(len(grammars))) if rows is None else rows
+    for row, g in zip(rows, grammars, strict=True):
+        if g is None or g.matcher.is_terminated():
+            bitmask[row].fill_(-1)
+        else:
+            g.matcher.fill_next_token_bitmask(bitmask, row)
 
 
 def bitmask_width(vocab_size: int) -> int:

@@ -99,17 +99,18 @@ class StructuredSteps:
             log.warning("sequence %d: token %d is outside its grammar; the sequence ends", seq.seq_id, token)
         return ok
 
-    def finish_sampling(self, pending, seqs: list[Sequence]) -> None:
-        """Fill the bitmask of a launched step's constrained rows (`seqs`, in its masked-row order)
-        and queue their masking and the step's sampling (see the module docstring)."""
+    def finish_sampling(self, pending, seqs: list[Sequence], rows: list[int], num_rows: int) -> None:
+        """Fill the bitmask of a launched step's constrained rows (`seqs`, at sampled rows `rows` of
+        the step's `num_rows`) and queue their masking and the step's sampling (module docstring)."""
         grammars = [None if seq.finished else seq.grammar for seq in seqs]
-        bitmask = self._buffer(len(seqs))
-        fill_bitmask(grammars, bitmask)
+        bitmask = self._buffer(num_rows)
+        fill_bitmask(grammars, bitmask, rows)
         pending.finish_sampling(bitmask)
 
     def _buffer(self, rows: int) -> torch.Tensor:
-        """Host rows for the bitmask: one buffer, grown when needed. Reusing it is safe: before it is
-        filled again the engine has read back the step that copied it (the copy came first)."""
+        """Host rows for the bitmask, one per sampled row of the step: one buffer, grown when
+        needed. Reusing it is safe: before it is filled again the engine has read back the step that
+        copied it (the copy came first)."""
         width = self.grammars.bitmask_width()
         if self._bitmask is None or self._bitmask.shape[0] < rows:
             self._bitmask = torch.empty((max(rows, 64), width), dtype=torch.int32, pin_memory=self._pin)

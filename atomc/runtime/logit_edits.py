@@ -11,7 +11,6 @@ token history (`SamplingParams.reads_history`); single-token bad words are a fix
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
@@ -30,14 +29,21 @@ def apply_allowed_token_ids(
     vocab = logits.shape[-1]
     allowed = [[t for t in ids if 0 <= t < vocab] for ids in allowed]
     keep = torch.zeros(len(rows), vocab, dtype=torch.bool, device=logits.device)
-    lengths = torch.tensor([len(ids) for ids in allowed])
-    cols = list(itertools.chain.from_iterable(allowed))
-    if cols:
-        r = torch.repeat_interleave(torch.arange(len(rows)), lengths)
-        keep[to_device(r, torch.long, logits.device), to_device(cols, torch.long, logits.device)] = True
+    flat = [j * vocab + t for j, ids in enumerate(allowed) for t in ids]
+    if flat:
+        _fill_at(keep, flat, True)
     idx = to_device(list(rows), torch.long, logits.device)
     logits[idx] = logits[idx].masked_fill(~keep, _NEG_INF)
     return logits
+
+
+def _fill_at(t: torch.Tensor, flat_index: list[int], value: float | bool) -> None:
+    """In place: `value` at the given flat positions of contiguous `t`. index_fill_ takes the value
+    as a kernel argument; `t[r, c] = value` would copy it to the device from pageable memory, a
+    copy that synchronizes the stream."""
+    if not t.is_contiguous():
+        raise ValueError("logit edits need contiguous logits")
+    t.view(-1).index_fill_(0, to_device(flat_index, torch.long, t.device), value)
 
 
 def banned_by_bad_words(bad_words: Sequence[Sequence[int]], output_token_ids: Sequence[int]) -> list[int]:
@@ -71,8 +77,7 @@ def apply_bad_words(
         r.extend([row] * len(banned))
         c.extend(banned)
     if r:
-        dev = logits.device
-        logits[to_device(r, torch.long, dev), to_device(c, torch.long, dev)] = _NEG_INF
+        _fill_at(logits, [row * vocab + t for row, t in zip(r, c, strict=True)], _NEG_INF)
     return logits
 
 

@@ -236,30 +236,67 @@ def _draw_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch
 
 
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+_ROW_INDEX: list = [None, None]  # (rows, device int32 tensor) of the last masked step: usually the same rows
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | None = None) -> None:
     """Structured outputs: set to -inf, in place, every logit the grammar forbids.
 
-    `bitmask`: int32 [len(rows), W] (on the host or the device); bit j of word w allows token
-    32 * w + j (xgrammar's layout). `rows`: the logits rows it covers, None for all of them. Tokens
-    past the mask's width are forbidden. Runs outside any CUDA graph (the graphs end at the logits);
+    `bitmask`: int32 [logits rows, W] on the host (pinned on CUDA, so the copy does not wait) or the
+    device; bit j of word w of row i allows token 32 * w + j of logits row i (xgrammar's layout).
+    `rows`: the logits rows to mask, None for all of them; the other rows of `bitmask` are not read.
+    Tokens past the mask's width are forbidden. On a GPU this is one kernel (xgrammar's Triton
+    kernel); on the CPU a few torch ops. Runs outside any CUDA graph (the graphs end at the logits);
     a batch without constrained rows never calls it.
     """
-    n, vocab = len(bitmask), logits.shape[-1]
-    words = to_device(bitmask, torch.int32, logits.device)
-    shifts = _BIT_SHIFTS.get(logits.device)
+    n_rows, vocab = logits.shape
+    if bitmask.shape[0] != n_rows:
+        raise ValueError(f"bitmask has {bitmask.shape[0]} rows, logits {n_rows}")
+    rows = list(range(n_rows)) if rows is None else list(rows)
+    if not rows:
+        return
+    width = bitmask.shape[1] * 32
+    device = logits.device
+    if bitmask.device == device:
+        words = bitmask
+    elif device.type == "cuda" and bitmask.is_pinned():
+        words = bitmask.to(device, non_blocking=True)
+    else:
+        words = to_device(bitmask, torch.int32, device)
+    if device.type == "cuda":
+        from xgrammar import apply_token_bitmask_inplace  # imported with the grammar that made the mask
+
+        key = tuple(rows)
+        if _ROW_INDEX[0] != (key, device):
+            _ROW_INDEX[:] = [(key, device), to_device(rows, torch.int32, device)]
+        apply_token_bitmask_inplace(
+            logits, words, vocab_size=min(vocab, width), indices=_ROW_INDEX[1], backend="triton"
+        )
+        if width < vocab:
+            logits[_ROW_INDEX[1].long(), width:] = _NEG_INF
+        return
+    mask_with_torch(logits, words, rows)
+
+
+def mask_with_torch(logits: torch.Tensor, words: torch.Tensor, rows: list[int]) -> None:
+    """apply_token_bitmask's CPU path (`words` on the logits' device): unpack the bits, masked_fill."""
+    n_rows, vocab = logits.shape
+    device = logits.device
+    shifts = _BIT_SHIFTS.get(device)
     if shifts is None:
-        shifts = _BIT_SHIFTS[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
-    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().reshape(n, -1)
+        shifts = _BIT_SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
+    all_rows = len(rows) == n_rows and rows == list(range(n_rows))
+    idx = None if all_rows else to_device(rows, torch.long, device)
+    if idx is not None:
+        words = words[idx]
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().reshape(len(rows), -1)
     if allowed.shape[1] < vocab:
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
     forbidden = ~allowed[:, :vocab]
-    if rows is None or (len(rows) == logits.shape[0] and list(rows) == list(range(len(rows)))):
+    if idx is None:
         logits.masked_fill_(forbidden, _NEG_INF)
-        return
-    idx = to_device(list(rows), torch.long, logits.device)
-    logits[idx] = logits[idx].masked_fill(forbidden, _NEG_INF)
+    else:
+        logits[idx] = logits[idx].masked_fill(forbidden, _NEG_INF)
 
 
 def fallback_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -171,9 +171,13 @@ def test_fill_bitmask_rows_and_the_none_rows(compiler, tokenizer):
     fill_bitmask([a, None, b], bm)
     assert (bm[1] == -1).all()  # no grammar: every token
     single = torch.zeros((1, width), dtype=torch.int32)
-    fill_bitmask([b], single)
-    assert torch.equal(bm[2], single[0])  # the batch fill is each matcher's own
+    b.fill(single, 0)
+    assert torch.equal(bm[2], single[0])  # each row is its own matcher's
     assert not torch.equal(bm[0], bm[2])
+    rows = torch.full((4, width), 7, dtype=torch.int32)
+    fill_bitmask([b, a], rows, [3, 1])  # grammar i fills row rows[i]; the other rows are not written
+    assert torch.equal(rows[3], bm[2]) and torch.equal(rows[1], bm[0])
+    assert (rows[[0, 2]] == 7).all()
 
 
 def test_apply_token_bitmask_forbids_exactly_the_unset_bits():
@@ -196,10 +200,13 @@ def test_apply_token_bitmask_forbids_exactly_the_unset_bits():
 
 def test_apply_token_bitmask_to_some_rows_and_a_narrow_mask():
     logits = torch.zeros(4, 40)
-    bm = torch.full((1, 1), -1, dtype=torch.int32)  # 32 bits for a 40-wide row: ids 32..39 forbidden
+    bm = torch.zeros((4, 1), dtype=torch.int32)  # rows not masked are not read: all-forbidding here
+    bm[2] = -1  # 32 bits for a 40-wide row: ids 32..39 forbidden
     apply_token_bitmask(logits, bm, [2])
     assert torch.isfinite(logits[[0, 1, 3]]).all()
     assert torch.isfinite(logits[2, :32]).all() and torch.isinf(logits[2, 32:]).all()
+    with pytest.raises(ValueError, match="bitmask has 1 rows"):
+        apply_token_bitmask(logits, bm[:1], [0])
 
 
 # ---------------------------------------------------------------- the engine
@@ -334,8 +341,34 @@ def test_gpu_constrained_rows_beside_graph_replayed_ones(llama_dir, async_schedu
     jsonschema.validate(json.loads(outs[0].outputs[0].text), SCHEMA)
     assert outs[2].outputs[0].text in ("ab", "cd")
     logits = torch.randn(3, 100, device="cuda")
-    bm = torch.zeros((1, bitmask_width(100)), dtype=torch.int32, pin_memory=True)
-    bm[0, 0] = 0b101
+    bm = torch.zeros((3, bitmask_width(100)), dtype=torch.int32, pin_memory=True)
+    bm[1, 0] = 0b101
     apply_token_bitmask(logits, bm, [1])
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [0, 2]
     assert torch.isfinite(logits[[0, 2]]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_mask_kernel_matches_the_torch_path_without_a_sync():
+    """The one-kernel GPU mask (xgrammar's Triton kernel) forbids exactly what the CPU path does, on
+    a subset of rows and with a mask narrower than the logits, and queues no device sync."""
+    from atomc.runtime.sampler import mask_with_torch
+
+    torch.manual_seed(0)
+    for vocab, width in ((1000, bitmask_width(1000)), (1000, 30)):  # 30 words = 960 tokens: narrow
+        bm = torch.randint(-(2**31), 2**31 - 1, (6, width), dtype=torch.int32).pin_memory()
+        logits = torch.randn(6, vocab)
+        want = logits.clone()
+        mask_with_torch(want, bm, [0, 2, 5])
+        dev = logits.cuda()
+        torch.cuda.synchronize()
+        apply_token_bitmask(dev, bm, [0, 2, 5])  # first call: the row index tensor is made
+        dev = logits.cuda()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            apply_token_bitmask(dev, bm, [0, 2, 5])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(dev.cpu(), want)
