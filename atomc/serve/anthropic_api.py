@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from atomc.serve.protocol import APIError, bad_request
+from atomc.serve.api_errors import APIError, bad_request
 
 # chat's names for the fields an error can name -> this API's
 CHAT_PARAMS = {"stop": "stop_sequences"}

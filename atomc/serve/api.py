@@ -26,21 +26,20 @@ from starlette.requests import ClientDisconnect
 from atomc.config import EngineConfig
 from atomc.serve import anthropic_api, responses_api
 from atomc.serve.anthropic_api import AnthropicMessagesRequest, MessagesStream
+from atomc.serve.api_errors import APIError, bad_request
 from atomc.serve.async_engine import AsyncEngine, EngineDeadError
+from atomc.serve.chat_request import ChatCompletionRequest
+from atomc.serve.completion_request import CompletionRequest
 from atomc.serve.jobs import VERSION, CompletionJob, ServerState, respond
 from atomc.serve.metrics import HTTPMetricsMiddleware
-from atomc.serve.protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
+from atomc.serve.request_body import parse_request
+from atomc.serve.responses_api import ResponseShell, ResponsesRequest, ResponsesStream
+from atomc.serve.tokenize_request import (
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
-    bad_request,
-    parse_request,
     tokenize_request_model,
 )
-from atomc.serve.responses_api import ResponseShell, ResponsesRequest, ResponsesStream
 from atomc.serve.translated_job import TranslatedJob
 
 logger = logging.getLogger("atomc.serve")

@@ -24,6 +24,7 @@ from atomc.engine import structured_outputs
 from atomc.engine.structured_outputs import GrammarCompiler, GrammarError
 from atomc.outputs import CompletionOutput, RequestOutput, best_of
 from atomc.sampling_params import SamplingParams
+from atomc.serve.api_errors import APIError, bad_request
 from atomc.serve.async_engine import (
     AsyncEngine,
     ChatPrompt,
@@ -33,18 +34,10 @@ from atomc.serve.async_engine import (
     ShuttingDownError,
 )
 from atomc.serve.chat_output import ChatOutputSetup, ChoiceParser
+from atomc.serve.chat_request import ChatCompletionRequest
 from atomc.serve.metrics import RequestTracker, ServerMetrics
-from atomc.serve.protocol import (
-    APIError,
-    ChatCompletionRequest,
-    RequestLimits,
-    bad_request,
-    chat_logprobs,
-    legacy_logprobs,
-    merge_legacy,
-    prompt_logprobs_json,
-    usage,
-)
+from atomc.serve.request_limits import RequestLimits
+from atomc.serve.response_parts import chat_logprobs, legacy_logprobs, merge_legacy, prompt_logprobs_json, usage
 
 logger = logging.getLogger("atomc.serve")
 

@@ -6,7 +6,7 @@ vLLM's `structured_outputs` object (`json`, `regex`, `choice`, `grammar`, `json_
 `guided_grammar`. A request may use one of them; two are a 400, as is a value of the wrong shape.
 Each result carries the name of the field it came from, so a constraint the grammar engine cannot
 compile is a 400 that names that field (the compile itself runs in the route, see api.py). Errors
-are `FieldError`s, which protocol.py turns into 400s (this module sits below it).
+are `FieldError`s, which sampling_request.py turns into 400s (this module sits below it).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from atomc.sampling_params import StructuredOutputsParams
 
 
 class FieldError(ValueError):
-    """A constraint field of the wrong shape; `param` is the field (protocol.py makes it a 400)."""
+    """A constraint field of the wrong shape; `param` is the field (sampling_request.py makes it a 400)."""
 
     def __init__(self, message: str, param: str):
         super().__init__(message)

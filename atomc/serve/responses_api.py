@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from atomc.serve.protocol import APIError, bad_request
+from atomc.serve.api_errors import APIError, bad_request
 
 # vLLM's extra sampling fields, passed to chat unchanged (the Responses API itself has none of them)
 SAMPLING_EXTRAS = (

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse
 
+from atomc.serve.api_errors import APIError
 from atomc.serve.async_engine import EngineDeadError, RequestFailedError
 from atomc.serve.jobs import ChatJob, engine_error
-from atomc.serve.protocol import APIError
 
 
 class StreamTranslator(Protocol):

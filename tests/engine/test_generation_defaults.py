@@ -9,7 +9,8 @@ import pytest
 
 from atomc import LLM, SamplingParams
 from atomc.engine.generation_defaults import generation_defaults
-from atomc.serve.protocol import ChatCompletionRequest, CompletionRequest
+from atomc.serve.chat_request import ChatCompletionRequest
+from atomc.serve.completion_request import CompletionRequest
 
 
 @pytest.fixture(scope="module")

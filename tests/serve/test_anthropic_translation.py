@@ -22,7 +22,7 @@ from atomc.serve.anthropic_api import (
     stop_reason,
     to_chat_request,
 )
-from atomc.serve.protocol import APIError, bad_request
+from atomc.serve.api_errors import APIError, bad_request
 
 anthropic_types = pytest.importorskip("anthropic.types")
 EVENTS = TypeAdapter(anthropic_types.RawMessageStreamEvent)

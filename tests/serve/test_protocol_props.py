@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from atomc.engine.process import OutputDeltas, _Assembly
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.sampling_params import FLOAT_FIELDS, as_float32
-from atomc.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, parse_request
+from atomc.serve.api_errors import APIError
+from atomc.serve.chat_request import ChatCompletionRequest
+from atomc.serve.completion_request import CompletionRequest
+from atomc.serve.request_body import parse_request
 
 FIELDS = [*FLOAT_FIELDS, "n", "top_k", "max_tokens", "min_tokens", "seed", "logprobs"]
 VALUES = (

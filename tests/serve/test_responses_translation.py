@@ -10,7 +10,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from atomc.serve.protocol import APIError, bad_request
+from atomc.serve.api_errors import APIError, bad_request
 from atomc.serve.responses_api import (
     ResponseShell,
     ResponsesRequest,

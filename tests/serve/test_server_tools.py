@@ -21,7 +21,7 @@ from atomc.engine.client import EngineClient
 from atomc.engine.inputs import InputProcessor
 from atomc.engine.tokenizer import load_tokenizer
 from atomc.outputs import CompletionOutput, RequestOutput
-from atomc.serve import protocol
+from atomc.serve import chat_request
 from atomc.serve.api import build_app
 from atomc.serve.async_engine import AsyncEngine
 from atomc.serve.server import ServerThread, check_output_parsers
@@ -259,7 +259,7 @@ def test_history_with_tool_calls_and_results_is_rendered(server):
 @pytest.fixture
 def constrained(monkeypatch):
     """As if the grammar engine were there: the request path builds the constraint either way."""
-    monkeypatch.setattr(protocol, "constrained_decoding_available", lambda: True)
+    monkeypatch.setattr(chat_request, "constrained_decoding_available", lambda: True)
 
 
 def test_named_function_is_constrained_and_read_from_the_json(server, constrained):
@@ -299,7 +299,7 @@ def test_unparseable_constrained_output_falls_back_to_content(server, constraine
 
 
 def test_required_without_the_grammar_engine_is_a_clear_400(server, monkeypatch):
-    monkeypatch.setattr(protocol, "constrained_decoding_available", lambda: False)
+    monkeypatch.setattr(chat_request, "constrained_decoding_available", lambda: False)
     with pytest.raises(openai.BadRequestError, match="constrained decoding"):
         chat(server, "[]", tools=TOOLS, tool_choice="required")
 
