@@ -9,30 +9,44 @@ The rules are those of the CVS ATOM reference page, so a lab's files work unchan
   `threshold_json`, a literal file name next to the config);
 - every `params` field is either honoured or rejected with a message naming it: `PARAMS` says
   what each one does here. Nothing in a config is silently dropped.
-Threshold coverage (`enforce_thresholds`) is checked in `thresholds.py`, once the threshold file
-is known (`--threshold` may replace it).
+The file's layers are read by config_file.py, `params` by config_params.py, the cells by
+config_cells.py; this module puts them together and finds the threshold file (its names are the
+ones the rest of atomc imports). Threshold coverage (`enforce_thresholds`) is checked in
+`thresholds.py`, once the threshold file is known (`--threshold` may replace it).
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import math
-import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from atomc import env
+from atomc.bench.config_cells import SweepCell, build_cells, cell_key, cells_past_max_len
+from atomc.bench.config_file import (
+    DEFAULT_PROFILE,
+    SweepConfigError,
+    resolve_paths,
+    select_profile,
+    strip_private_keys,
+    substitute,
+)
+from atomc.bench.config_params import (
+    EXTERNAL_DRIVERS,
+    NATIVE_DRIVERS,
+    PARAMS,
+    client_timeout_s,
+    parse_params,
+    server_ready_timeout_s,
+)
 
+__all__ = [
+    "BLOCK_KEYS", "DEFAULT_PROFILE", "EXTERNAL_DRIVERS", "NATIVE_DRIVERS", "PARAMS", "TOP_LEVEL_KEYS",
+    "SweepCell", "SweepConfig", "SweepConfigError", "build_cells", "cell_key", "cells_past_max_len",
+    "client_timeout_s", "load_sweep_config", "load_thresholds", "parse_params", "resolve_threshold_path",
+    "server_ready_timeout_s", "strip_private_keys",
+]  # fmt: skip
 
-class SweepConfigError(ValueError):
-    pass
-
-
-DEFAULT_PROFILE = "perf"
-NATIVE_DRIVERS = ("atom", "atomc")  # the server is `atomc serve`, started by the suite
-EXTERNAL_DRIVERS = ("vllm_atom", "sglang", "vllm")  # a server the user starts; reached through --base-url
 TOP_LEVEL_KEYS = {
     "schema_version", "framework", "gpu_arch", "default_profile", "profiles", "enforce_thresholds",
     "threshold_json", "paths", "model", "container", "roles", "params", "sweep", "run_card",
@@ -40,347 +54,6 @@ TOP_LEVEL_KEYS = {
 }  # fmt: skip
 # the optional blocks the suite knows; blocks/registry.py maps each to the module that runs it
 BLOCK_KEYS = ("functional", "platform", "accuracy", "long_context_accuracy", "mtp_quality", "quant_parity")
-PLACEHOLDER = re.compile(r"\{(user-id|shared_fs|paths\.[A-Za-z0-9_]+)\}")
-
-
-# --- reading the file -------------------------------------------------------------------------
-
-
-def strip_private_keys(obj):
-    """Drop `_comment`-style keys at every level, as the CVS loader does."""
-    if isinstance(obj, dict):
-        return {k: strip_private_keys(v) for k, v in obj.items() if not str(k).startswith("_")}
-    if isinstance(obj, list):
-        return [strip_private_keys(v) for v in obj]
-    return obj
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    """`over` on top of `base`; nested dicts merge, anything else is replaced."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def select_profile(raw: dict, requested: str | None, where: Path) -> tuple[str, dict]:
-    """The profile's view of the config: top-level fields with the profile's on top."""
-    version = str(raw.get("schema_version", 1))
-    name = requested or env.config_profile()
-    if version == "1":
-        if "profiles" in raw:
-            raise SweepConfigError(f"{where}: 'profiles' needs schema_version 2 (this file says 1)")
-        if name and name != DEFAULT_PROFILE:
-            raise SweepConfigError(
-                f"{where}: a flat schema_version 1 file has only the implicit profile "
-                f"{DEFAULT_PROFILE!r}; profile {name!r} was asked for (--config-profile or CVS_CONFIG_PROFILE)"
-            )
-        return DEFAULT_PROFILE, raw
-    if version != "2":
-        raise SweepConfigError(f"{where}: schema_version must be 1 (flat) or 2 (profiles), got {version}")
-    profiles = raw.get("profiles")
-    if not isinstance(profiles, dict) or not profiles:
-        raise SweepConfigError(f"{where}: schema_version 2 needs a non-empty 'profiles' object")
-    name = name or raw.get("default_profile") or DEFAULT_PROFILE
-    if name not in profiles:
-        raise SweepConfigError(f"{where}: no profile {name!r}; profiles: {', '.join(sorted(profiles))}")
-    shared = {k: v for k, v in raw.items() if k not in ("profiles", "default_profile")}
-    if not isinstance(profiles[name], dict):
-        raise SweepConfigError(f"{where}: profile {name!r} must be an object")
-    return name, deep_merge(shared, profiles[name])
-
-
-def substitute(obj, paths: dict[str, str]):
-    """Replace the page's placeholders in every string (the `threshold_json` key is skipped by the caller)."""
-
-    def one(text: str) -> str:
-        def repl(m: re.Match) -> str:
-            name = m.group(1)
-            if name == "user-id":
-                return env.user_name()
-            key = "shared_fs" if name == "shared_fs" else name.split(".", 1)[1]
-            if key not in paths:
-                raise SweepConfigError(f"placeholder {m.group(0)} names no key of 'paths'")
-            return paths[key]
-
-        return PLACEHOLDER.sub(repl, text)
-
-    if isinstance(obj, str):
-        return one(obj)
-    if isinstance(obj, dict):
-        return {k: substitute(v, paths) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [substitute(v, paths) for v in obj]
-    return obj
-
-
-def resolve_paths(paths: dict) -> dict[str, str]:
-    """`paths` values may refer to each other (`{shared_fs}`, `{paths.x}`) and to `{user-id}`."""
-    out = {k: str(v) for k, v in (paths or {}).items()}
-    for _ in range(len(out) + 1):  # each pass resolves one more level of reference
-        new = {k: substitute(v, out) for k, v in out.items()}
-        if new == out:
-            return out
-        out = new
-    raise SweepConfigError(f"paths refer to each other in a cycle: {sorted(out)}")
-
-
-# --- params -----------------------------------------------------------------------------------
-
-
-def _int(value, name: str, minimum: int = 0) -> int:
-    try:
-        n = int(str(value).strip())
-    except (TypeError, ValueError):
-        raise SweepConfigError(f"params.{name} must be an integer, got {value!r}") from None
-    if n < minimum:
-        raise SweepConfigError(f"params.{name} must be >= {minimum}, got {n}")
-    return n
-
-
-def _float(value, name: str, minimum: float = 0.0) -> float:
-    try:
-        x = float(str(value).strip())
-    except (TypeError, ValueError):
-        raise SweepConfigError(f"params.{name} must be a number, got {value!r}") from None
-    if math.isnan(x) or x < minimum:
-        raise SweepConfigError(f"params.{name} must be >= {minimum:g}, got {value!r}")
-    return x
-
-
-def _bool(value, name: str) -> bool:
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no", ""):
-        return False
-    raise SweepConfigError(f"params.{name} must be true or false, got {value!r}")
-
-
-def _only(allowed: tuple[str, ...], why: str):
-    def check(value, name: str) -> str:
-        text = str(value).strip()
-        if text not in allowed:
-            raise SweepConfigError(f"params.{name}={value!r} is not supported: {why}")
-        return text
-
-    return check
-
-
-def _percentile_metrics(value, name: str) -> str:
-    families = {v.strip() for v in str(value).split(",") if v.strip()}
-    unknown = families - {"ttft", "tpot", "itl", "e2el"}
-    if unknown:
-        raise SweepConfigError(
-            f"params.{name}: unknown metric families {sorted(unknown)} (known: ttft, tpot, itl, e2el)"
-        )
-    return str(value)
-
-
-def _metric_percentiles(value, name: str) -> str:
-    for part in str(value).split(","):
-        if part.strip():
-            p = _float(part, name)
-            if not 0 < p < 100:
-                raise SweepConfigError(f"params.{name}: percentiles lie in (0, 100), got {part.strip()}")
-    return str(value)
-
-
-def _empty(why: str):
-    def check(value, name: str) -> str:
-        if str(value).strip():
-            raise SweepConfigError(f"params.{name}={value!r} is not supported: {why}")
-        return ""
-
-    return check
-
-
-def _exactly(expected: float, why: str):
-    def check(value, name: str) -> float:
-        x = _float(value, name)
-        if x != expected:
-            raise SweepConfigError(f"params.{name}={value!r} is not supported: {why}")
-        return x
-
-    return check
-
-
-# name -> (parse(value, name) -> value, default). What each one does is in docs/benchmarking.md.
-PARAMS = {
-    "driver": (
-        _only(NATIVE_DRIVERS + EXTERNAL_DRIVERS, "drivers are atom (atomc serve), vllm_atom, sglang, vllm"),
-        "atom",
-    ),
-    "backend": (
-        _only(("vllm", "openai"), "atomc bench speaks the OpenAI completions API (backend vllm/openai)"),
-        "vllm",
-    ),
-    "base_url": (lambda v, n: str(v).strip(), ""),
-    "port_no": (lambda v, n: _int(v, n, 1), None),
-    "dataset_name": (_only(("random",), "atomc bench only draws random token-id prompts"), "random"),
-    "burstiness": (_exactly(1.0, "arrivals are Poisson (burstiness 1.0) only"), 1.0),
-    "seed": (lambda v, n: _int(v, n), 0),
-    "request_rate": (lambda v, n: _rate(v, n), math.inf),
-    "random_range_ratio": (lambda v, n: _float(v, n), 0.0),
-    "random_prefix_len": (_exactly(0.0, "prompts share no fixed prefix in atomc bench"), 0),
-    "tensor_parallelism": (lambda v, n: _int(v, n, 1), 1),
-    "pipeline_parallel_size": (lambda v, n: _int(v, n, 1), 1),
-    "nnodes": (lambda v, n: _int(v, n, 1), 1),
-    "master_addr": (lambda v, n: str(v).strip(), ""),
-    "master_port": (lambda v, n: _int(v, n, 1), 29501),
-    "tokenizer_mode": (_only(("auto",), "prompts are token ids; no tokenizer is used"), "auto"),
-    "percentile_metrics": (_percentile_metrics, "ttft,tpot,itl,e2el"),
-    "metric_percentiles": (_metric_percentiles, ""),
-    "num_prompts": (lambda v, n: _int(v, n, 1), None),
-    "max_model_length": (lambda v, n: _int(v, n, 1), None),
-    "num_warmups": (lambda v, n: _int(v, n), 0),
-    "client_initial_wait_s": (lambda v, n: _float(v, n), 120.0),
-    "client_poll_count": (lambda v, n: _int(v, n, 1), 50),
-    "client_poll_wait_time": (lambda v, n: _float(v, n), 60.0),
-    "server_precheck_wait_s": (lambda v, n: _float(v, n), 30.0),
-    "server_warmup_wait_s": (lambda v, n: _float(v, n), 330.0),
-    "server_poll_count": (lambda v, n: _int(v, n, 1), 60),
-    "server_poll_wait_time": (lambda v, n: _float(v, n), 60.0),
-    "server_ready_timeout_s": (lambda v, n: _float(v, n), None),
-    "reuse_server_across_sweep": (_bool, None),
-    "bench_max_failed_requests": (lambda v, n: _int(v, n), None),
-    "bench_extra_args": (_empty("atomc bench takes no extra client flags; use the params fields"), ""),
-    "result_filename": (lambda v, n: _safe_name(v, n), "results"),
-    "scaling_baseline_output_throughput": (lambda v, n: _float(v, n) if str(v).strip() else None, None),
-}
-
-
-def _rate(value, name: str) -> float:
-    x = _float(value, name)
-    if x == 0:
-        raise SweepConfigError(f"params.{name} must be > 0 requests/s or inf, got {value!r}")
-    return x
-
-
-def _safe_name(value, name: str) -> str:
-    text = str(value).strip()
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", text):
-        raise SweepConfigError(f"params.{name} must be a plain file name, got {value!r}")
-    return text
-
-
-def parse_params(raw: dict) -> dict:
-    unknown = sorted(set(raw) - set(PARAMS))
-    if unknown:
-        raise SweepConfigError(f"unknown params {unknown}; known: {', '.join(sorted(PARAMS))}")
-    out = {}
-    for name, (parse, default) in PARAMS.items():
-        value = raw.get(name)
-        out[name] = default if value is None else parse(value, name)
-    return out
-
-
-def server_ready_timeout_s(params: dict) -> float:
-    """How long a server may take to answer /health: CVS's precheck + warm-up waits plus its poll
-    budget (count x wait); `server_ready_timeout_s` (atomc's own) replaces the sum when set."""
-    if params["server_ready_timeout_s"] is not None:
-        return params["server_ready_timeout_s"]
-    return (
-        params["server_precheck_wait_s"]
-        + params["server_warmup_wait_s"]
-        + params["server_poll_count"] * params["server_poll_wait_time"]
-    )
-
-
-def client_timeout_s(params: dict) -> float:
-    """How long one cell's client run may take before it is cut off (CVS: initial wait + polls)."""
-    return params["client_initial_wait_s"] + params["client_poll_count"] * params["client_poll_wait_time"]
-
-
-# --- cells ------------------------------------------------------------------------------------
-
-
-def cell_key(isl: int, osl: int, tp: int, pp: int, concurrency: int) -> str:
-    """The threshold key of a cell, as the page builds it (PP= always present; nnodes is not in it)."""
-    return f"ISL={isl},OSL={osl},TP={tp},PP={pp},CONC={concurrency}"
-
-
-@dataclass(frozen=True)
-class SweepCell:
-    combo: str
-    isl: int
-    osl: int
-    tp: int
-    pp: int
-    concurrency: int
-    num_prompts: int
-
-    @property
-    def key(self) -> str:
-        return cell_key(self.isl, self.osl, self.tp, self.pp, self.concurrency)
-
-
-def _positive_int(value, what: str) -> int:
-    try:
-        n = int(value)  # CVS writes isl/osl as strings
-    except (TypeError, ValueError):
-        raise SweepConfigError(f"{what} must be an integer, got {value!r}") from None
-    if n <= 0:
-        raise SweepConfigError(f"{what} must be positive, got {n}")
-    return n
-
-
-def build_cells(sweep: dict, params: dict) -> list[SweepCell]:
-    combos = {}
-    for combo in sweep.get("sequence_combinations") or []:
-        name = combo.get("name")
-        if not name or name in combos:
-            raise SweepConfigError(f"sequence_combinations needs unique names, got {name!r}")
-        combos[name] = combo
-    cells: list[SweepCell] = []
-    for i, run in enumerate(sweep.get("runs") or []):
-        combo = combos.get(run.get("combo"))
-        if combo is None:
-            raise SweepConfigError(
-                f"sweep.runs[{i}] names unknown combo {run.get('combo')!r} (known: {', '.join(combos) or 'none'})"
-            )
-        prompts = run.get("num_prompts", params.get("num_prompts"))
-        if prompts is None:
-            raise SweepConfigError(f"sweep.runs[{i}]: set params.num_prompts or the run's num_prompts")
-        cells.append(
-            SweepCell(
-                combo=combo["name"],
-                isl=_positive_int(combo.get("isl"), f"combo {combo['name']!r} isl"),
-                osl=_positive_int(combo.get("osl"), f"combo {combo['name']!r} osl"),
-                tp=params["tensor_parallelism"],
-                pp=params["pipeline_parallel_size"],
-                concurrency=_positive_int(run.get("concurrency"), f"sweep.runs[{i}].concurrency"),
-                num_prompts=_positive_int(prompts, f"sweep.runs[{i}].num_prompts"),
-            )
-        )
-    if not cells:
-        raise SweepConfigError("sweep.runs is empty: nothing to run")
-    keys = [c.key for c in cells]
-    if len(set(keys)) != len(keys):
-        raise SweepConfigError(f"two runs share a cell key; results would collide: {keys}")
-    return cells
-
-
-def cells_past_max_len(cells: list[SweepCell], params: dict) -> list[str]:
-    """Notes for cells whose longest request (range ratio included) exceeds `max_model_length`:
-    the server refuses those requests, which then count as failed. A note, not an error: shipped
-    lab files have such cells (an 8k prompt with ratio 0.8 against a 10k context)."""
-    limit = params["max_model_length"]
-    if limit is None:
-        return []
-    r = params["random_range_ratio"]
-    notes = []
-    for c in cells:
-        longest = math.ceil(c.isl * (1 + r)) + math.ceil(c.osl * (1 + r))
-        if longest > limit:
-            notes.append(
-                f"cell {c.key}: its longest request ({longest} tokens with random_range_ratio {r:g}) exceeds "
-                f"params.max_model_length {limit}; the server will refuse such requests (counted as failed)"
-            )
-    return notes
 
 
 # --- the whole config -------------------------------------------------------------------------

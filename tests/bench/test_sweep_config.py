@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from atomc import env
 from atomc.bench import config as cfgmod
 from atomc.bench import sweep as sw
 from atomc.bench.config import (
@@ -157,7 +158,7 @@ def test_page_multinode_cell_loads_and_gates_scaling(tmp_path):
 
 
 def test_page_profiles_file_loads_each_profile(tmp_path, monkeypatch):
-    monkeypatch.setattr(cfgmod.env, "user_name", lambda: "alice")
+    monkeypatch.setattr(env, "user_name", lambda: "alice")
     monkeypatch.delenv("CVS_CONFIG_PROFILE", raising=False)
     path = write(tmp_path, profiles_file(), "mi325x_atom_deepseek-r1_fp8_single.json")
     perf = load_sweep_config(path)
@@ -205,7 +206,7 @@ def test_default_profile_then_perf(tmp_path, monkeypatch):
 
 
 def test_placeholders(tmp_path, monkeypatch):
-    monkeypatch.setattr(cfgmod.env, "user_name", lambda: "bob")
+    monkeypatch.setattr(env, "user_name", lambda: "bob")
     data = single_node()
     data["paths"] = {"shared_fs": "/home/{user-id}", "log_dir": "{shared_fs}/LOGS", "models_dir": "/models"}
     data["model"] = {"id": "{paths.models_dir}/m"}
