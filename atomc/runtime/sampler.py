@@ -272,8 +272,8 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Seque
         apply_token_bitmask_inplace(
             logits, words, vocab_size=min(vocab, width), indices=_ROW_INDEX[1], backend="triton"
         )
-        if width < vocab:
-            logits[_ROW_INDEX[1].long(), width:] = _NEG_INF
+        if width < vocab:  # index_fill_ takes -inf as a kernel argument (no pageable copy, no sync)
+            logits[:, width:].index_fill_(0, _ROW_INDEX[1].long(), _NEG_INF)
         return
     mask_with_torch(logits, words, rows)
 
