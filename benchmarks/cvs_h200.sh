@@ -58,7 +58,7 @@ done
 
 PY=${PYTHON:-python}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CONFIG=$REPO/benchmarks/cvs/h200_atom_llama-3.1-8b_bf16_single.json
+CONFIG=benchmarks/cvs/h200_atom_llama-3.1-8b_bf16_single.json  # relative: the script runs from the repo root
 if [[ $PROFILE == tiny ]]; then
   TIMEOUT_S=${SUITE_TIMEOUT_S:-1800}  # a shared CPU compiles slowly
 else

@@ -86,11 +86,15 @@ def summary_section(report: dict) -> str:
 
 
 def gates_section(report: dict) -> str:
+    """The gated metrics (PASS / FAIL / SKIP) first; the metrics only recorded (INFO, most of a
+    sweep's rows) in a folded table below them, so a failed gate is never hundreds of rows down."""
     gates = report.get("gates") or []
     if not gates:
         return section("Gates", "<p>No gates: the run had no threshold file.</p>", "gates")
-    rows = [
-        [
+    headers = ["cell", "metric", "kind", "threshold", "actual", "verdict", "reason"]
+
+    def row(g: dict) -> list[str]:
+        return [
             escape(str(g.get("cell"))),
             escape(str(g.get("metric"))),
             escape(str(g.get("kind"))),
@@ -99,11 +103,16 @@ def gates_section(report: dict) -> str:
             badge(g.get("status", "?")),
             escape(str(g.get("reason", ""))),
         ]
-        for g in gates
-    ]
-    return section(
-        "Gates", table(["cell", "metric", "kind", "threshold", "actual", "verdict", "reason"], rows), "gates"
-    )
+
+    gated = [row(g) for g in gates if g.get("status") != "INFO"]
+    recorded = [row(g) for g in gates if g.get("status") == "INFO"]
+    body = table(headers, gated) if gated else "<p>No metric of this run is gated.</p>"
+    if recorded:
+        body += (
+            f"<details><summary>{len(recorded)} metrics recorded, not gated</summary>"
+            f"{table(headers, recorded)}</details>"
+        )
+    return section("Gates", body, "gates")
 
 
 def shape_key(key: str) -> str:

@@ -152,13 +152,24 @@ def preflight(cfg: SweepConfig, base_url: str | None, thresholds: dict, enforce:
     return chosen, external, notes
 
 
+def shown_path(path: Path | str | None) -> str | None:
+    """A path as a report shows it: relative to the working directory when it lies under it (a
+    report is shared, and the folder it ran in means nothing elsewhere), else as given."""
+    if path is None:
+        return None
+    path = Path(path)
+    with contextlib.suppress(ValueError):
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    return str(path)
+
+
 def new_report(cfg: SweepConfig, external: str | None, enforce: bool, threshold_file: Path | None, notes: list) -> dict:
     p = cfg.params
     return {
         "schema": REPORT_SCHEMA,
         "started_at": _now(),
         "finished_at": None,
-        "config": str(cfg.path),
+        "config": shown_path(cfg.path),
         "profile": cfg.profile,
         "schema_version": cfg.schema_version,
         "framework": cfg.framework,
@@ -172,7 +183,7 @@ def new_report(cfg: SweepConfig, external: str | None, enforce: bool, threshold_
         "topology": {k: p[k] for k in TOPOLOGY_FIELDS},
         "params": p,
         "enforce_thresholds": enforce,
-        "threshold_file": str(threshold_file) if threshold_file else None,
+        "threshold_file": shown_path(threshold_file),
         "cells": {},
         "blocks": [],
         "gates": [],

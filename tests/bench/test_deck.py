@@ -225,3 +225,20 @@ def test_errored_tasks_and_skipped_cells_render_with_their_reasons():
     html = deck.render_html(r)
     assert "lm-eval exited with code 3" in html and "length 131072: too long" in html
     assert parse(html).count("td", "heat") == 6  # the skipped cell adds no grid
+
+
+def test_gated_rows_come_first_and_recorded_ones_fold():
+    gates = [{"cell": "c", "metric": f"m{i}", "status": "INFO"} for i in range(30)]
+    gates.insert(20, {"cell": "c", "metric": "bad", "status": "FAIL", "reason": "too slow"})
+    html = deck.render_html({"cells": {}, "gates": gates})
+    details = html.index("<details>")
+    assert html.index("too slow") < details  # the failure is above the fold
+    assert "30 metrics recorded, not gated" in html and html.index(">m0<") > details
+
+
+def test_report_paths_are_relative_to_the_run_folder(tmp_path, monkeypatch):
+    from atomc.bench.suite import shown_path
+
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(tmp_path / "cvs" / "a.json") == "cvs/a.json"
+    assert shown_path("/elsewhere/b.json") == "/elsewhere/b.json" and shown_path(None) is None
