@@ -72,12 +72,20 @@ def run_child(cmd: list[str], timeout: float, log: Path | None) -> tuple[dict | 
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
+
+    def stop(signum, frame):  # a timeout around this script must not leave an engine holding the GPU
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         out += f"\n[killed after {timeout:.0f} s]"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if log is not None:
         log.write_text(out)
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
@@ -271,6 +279,7 @@ def main() -> None:
         "rooflines_tok_s": rooflines,
         "weight_GB": {w: roofline_bytes(cfg, w) / 1e9 for w in rooflines},
         "engines": [],
+        "speedups": {},
     }
     out = Path(args.out) if args.out else None
     if out:
@@ -281,17 +290,11 @@ def main() -> None:
             msg = f"skipped: {GPT_FAST_LLAMA} is missing (run benchmarks/peers/fetch_gpt_fast.sh and carry .peers/)"
             print(f"{engine}: {msg}", file=sys.stderr)
             results["engines"].append({"engine": engine, "skipped": msg})
-            continue
-        timeout = child_timeout(args.budget, time.monotonic() - started, args.reserve, len(engines) - 1 - i)
-        res, tail = run_child(child_command(args, engine), timeout, log)
-        weights = ENGINES[engine][2]
-        if res is None:
-            results["engines"].append({"engine": engine, "weights": weights, "error": tail})
         else:
-            rate = res.get("decode_tok_s", res["e2e_tok_s"])
-            res.update(key=engine, weights=weights, roofline_tok_s=rooflines[weights])
-            res["roofline_pct"] = 100 * rate / rooflines[weights]
-            results["engines"].append(res)
+            timeout = child_timeout(args.budget, time.monotonic() - started, args.reserve, len(engines) - 1 - i)
+            results["engines"].append(
+                engine_row(engine, *run_child(child_command(args, engine), timeout, log), rooflines)
+            )
         results["speedups"] = speedups(results["engines"])
         if out:  # after every engine: a later one failing or timing out keeps the numbers so far
             out.write_text(json.dumps(results, indent=2))
@@ -310,6 +313,16 @@ def main() -> None:
     for name, ratio in results["speedups"].items():
         print(f"  {name}: {ratio:.2f}x")
     sys.exit(1 if any("error" in r for r in results["engines"]) else 0)
+
+
+def engine_row(engine: str, res: dict | None, tail: str, rooflines: dict) -> dict:
+    """An engine's JSON entry: its result with its roofline share, or its output's tail."""
+    weights = ENGINES[engine][2]
+    if res is None:
+        return {"engine": engine, "weights": weights, "error": tail}
+    res.update(key=engine, weights=weights, roofline_tok_s=rooflines[weights])
+    res["roofline_pct"] = 100 * res.get("decode_tok_s", res["e2e_tok_s"]) / rooflines[weights]
+    return res
 
 
 def speedups(engines: list[dict]) -> dict:
