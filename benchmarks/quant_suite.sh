@@ -12,7 +12,8 @@
 #     so a cut costs those first)
 #   2 benchmarks/fp8_linear.py: FP8 GEMV / GEMM / _scaled_mm     ~90 s    110   fp8_linear.json, .log
 #     against bf16 at Llama-3.1-8B shapes (M 1 first, then
-#     DeepSeek-V3 block shapes at M 2048 / 4096, then M 8..4096)
+#     DeepSeek-V3 block shapes at M 2048 / 4096, then M 8..4096;
+#     ~185 timings of ~0.2 s at --rep-ms 10, ~25 Triton compiles)
 #   3 benchmarks/decode_bs1.py: Llama-3.1-8B batch-1 decode,      ~130 s   170   decode_bs1_llama31_8b.json, .<engine>.log
 #     atomc bf16 (~60 s: cold compile, 3 x 512 tokens; stopped
 #     where it would leave atomc fp8 less than 65 s) then atomc
@@ -76,7 +77,7 @@ tail -25 "$OUT/gpu_tests.log"
 # 2. FP8 linears against bf16
 T=$(box 110 190)
 stamp "2 fp8_linear" "$T"
-timeout -k 10 "$T" "$PY" benchmarks/fp8_linear.py "${TINY[@]}" --out "$OUT/fp8_linear.json" \
+timeout -k 10 "$T" "$PY" benchmarks/fp8_linear.py "${TINY[@]}" --rep-ms 10 --out "$OUT/fp8_linear.json" \
   >"$OUT/fp8_linear.log" 2>&1 || status=1
 grep -E "FAILED|wrote|Error" "$OUT/fp8_linear.log" | tail -12
 

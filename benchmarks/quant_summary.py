@@ -58,7 +58,7 @@ def linear_section(out: Path) -> list[str]:
     for name, t in targets.get("dsv3_block_gemm", {}).items():
         vs = f", {t['time_vs_scaled_mm']:.2f}x the time of _scaled_mm tensorwise" if "time_vs_scaled_mm" in t else ""
         ok = "meets" if t["meets_70pct"] else "below"
-        lines.append(f"  - block GEMM dsv3 {name}: {t['pct_fp8_peak']}% of the FP8 peak ({ok} 70%){vs}")
+        lines.append(f"  - block GEMM {name}: {t['pct_fp8_peak']}% of the FP8 peak ({ok} 70%){vs}")
     return lines
 
 

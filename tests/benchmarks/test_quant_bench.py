@@ -173,3 +173,22 @@ def test_suite_script_parses_and_names_existing_tests():
     files = block.replace("TESTS=(", "").split()
     assert len(files) == 5 and all((ROOT / f).is_file() for f in files)
     assert subprocess.run(["bash", str(ROOT / "benchmarks" / "quant_suite.sh")], capture_output=True).returncode != 0
+
+
+def test_summary_of_the_fp8_linear_targets(tmp_path):
+    linear = {
+        "rows": [{"shape": "qkv", "m": 8, "impl": "triton row", "us": 9.0, "rel_err": 0.3, "ok": False}],
+        "targets": {
+            "bs1_gemv": {"qkv gemv channel": {"speedup_vs_bf16": 1.6, "pct_hbm": 80.0}},
+            "dsv3_block_gemm": {"dsv3 o M=4096": dict(pct_fp8_peak=72.5, tflops=1435.0, meets_70pct=True,
+                                                      scaled_mm_tensor_pct_fp8_peak=80.0, time_vs_scaled_mm=1.1)},
+        },
+    }  # fmt: skip
+    (tmp_path / "fp8_linear.json").write_text(json.dumps(linear))
+    lines = quant_summary.linear_section(tmp_path)
+    assert lines == [
+        "- fp8_linear: 1 rows, 1 failed",
+        "  - qkv M=8 triton row: rel err 0.3",
+        "  - M=1 qkv gemv channel: 1.60x bf16, 80.0% of HBM",
+        "  - block GEMM dsv3 o M=4096: 72.5% of the FP8 peak (meets 70%), 1.10x the time of _scaled_mm tensorwise",
+    ]
