@@ -246,14 +246,28 @@ def make_checkpoint(name: str, root: Path, tiny: bool = False) -> Path:
     return out
 
 
-def weight_bytes(name: str | dict, dtype_bytes: int = 2) -> int:
+def weight_bytes(
+    name: str | dict, dtype_bytes: int = 2, linear_bytes: float | None = None, quantized_lm_head: bool = False,
+    row_scale_bytes: int = 0,
+) -> int:  # fmt: skip
     """Bytes of weights one decode step of a dense model streams (every parameter once; embeddings
-    read one row). Mixtures of experts: `ceilings.moe_shape` counts theirs."""
+    read one row). Mixtures of experts: `ceilings.moe_shape` counts theirs.
+
+    Quantised weights: the decoder's linears take `linear_bytes` a value (1 for FP8 / int8) plus
+    `row_scale_bytes` per output row (per-channel scales: 4 for atomc's fp32, 2 for gpt-fast's
+    bf16); the LM head too where `quantized_lm_head` (gpt-fast's int8 quantises every nn.Linear;
+    atomc never quantises it); norms and the embedding row stay at `dtype_bytes`."""
     c = CONFIGS[name] if isinstance(name, str) else name
     h, i, n = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     d, hq, hkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
-    per_layer = h * d * (hq + 2 * hkv) + hq * d * h + 3 * h * i + 2 * h
-    return dtype_bytes * (n * per_layer + c["vocab_size"] * h + h)
+    linear = h * d * (hq + 2 * hkv) + hq * d * h + 3 * h * i  # per layer
+    rows = d * (hq + 2 * hkv) + h + 2 * i + h  # output rows of qkv, o, gate_up, down
+    head, lm_rows = c["vocab_size"] * h, c["vocab_size"]
+    if linear_bytes is None:
+        return dtype_bytes * (n * (linear + 2 * h) + head + h)
+    total = n * (linear * linear_bytes + rows * row_scale_bytes + 2 * h * dtype_bytes) + h * dtype_bytes
+    total += head * linear_bytes + lm_rows * row_scale_bytes if quantized_lm_head else head * dtype_bytes
+    return int(total)
 
 
 if __name__ == "__main__":

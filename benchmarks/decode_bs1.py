@@ -1,10 +1,27 @@
 """Batch-1 decode (128 tokens in, 512 out): atomc next to transformers (static cache, auto torch.compile).
 
-Each engine runs in its own subprocess on the same GPU, one after the other. Weights are random
+Each engine runs in its own process on the same GPU, one after the other. Weights are random
 (bf16) with the real model shape, so bytes moved per token are the real ones. The roofline is
-weight bytes per token over the copy bandwidth measured in the same call (`ceilings.py`).
+weight bytes per token over the copy bandwidth measured in the same call (`ceilings.py`), counted
+per engine for the bytes its weights take: bf16; FP8 for atomc's online `--quantization fp8`
+(per-channel e4m3 linears with fp32 row scales, dynamic per-token activations; the LM head stays
+bf16); int8 for gpt-fast's weight-only int8 (every nn.Linear, the LM head too, bf16 row scales).
 
-    python benchmarks/decode_bs1.py --model llama-3.1-8b --out results.json
+Engines (`--engines`, comma-separated, run in that order):
+- `atomc`, `atomc-eager`: the model as the checkpoint is; `atomc-fp8`, `atomc-fp8-eager`: the same
+  with `quantization="fp8"` (what `atomc serve --quantization fp8` sets: EngineConfig.quantization);
+- `hf` (transformers, `generate` compiling a static cache), `hf-loop` (a gpt-fast-style loop);
+- `gpt-fast-int8`: gpt-fast's own Llama with its `int8` weight-only quantisation
+  (`peers/gpt_fast_llama.py`; needs `.peers/gpt-fast/llama/` from `peers/fetch_gpt_fast.sh`).
+
+Each engine's process is stopped where it would eat the `--reserve` s kept for each engine after it
+(within `--budget` s from the start), its output goes to `OUT.<engine>.log`, and the JSON is
+rewritten after every engine, so a hang or a crash keeps the numbers before it. `--tiny` runs the
+same code on the CPU with the 2-layer toy config, short prompts and a nominal bandwidth (a smoke
+test before GPU time; the percentages are then meaningless).
+
+    python benchmarks/decode_bs1.py --model llama-3.1-8b --engines atomc,atomc-fp8 --out results.json
+    python benchmarks/decode_bs1.py --engines atomc-eager,atomc-fp8-eager --tiny
 """
 
 from __future__ import annotations
@@ -12,16 +29,74 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 import ceilings  # noqa: E402
-from checkpoints import make_checkpoint, weight_bytes  # noqa: E402
+from checkpoints import make_checkpoint, model_config, weight_bytes  # noqa: E402
 
 PROMPT_LEN, OUTPUT_LEN = 128, 512
+TINY_LENS = (16, 24)  # prompt, output tokens under --tiny
+NOMINAL_CPU_BANDWIDTH = 20e9  # --tiny: no GPU copy to measure; the % is then only a smoke value
+# engine -> (what runs, enforce_eager, weight format for the roofline)
+ENGINES = {
+    "atomc": ("atomc", False, "bf16"),
+    "atomc-eager": ("atomc", True, "bf16"),
+    "atomc-fp8": ("atomc", False, "fp8"),
+    "atomc-fp8-eager": ("atomc", True, "fp8"),
+    "hf": ("hf", None, "bf16"),
+    "hf-loop": ("hf-loop", None, "bf16"),
+    "gpt-fast-int8": ("gpt-fast", None, "int8"),
+}
+GPT_FAST_LLAMA = HERE.parent / ".peers" / "gpt-fast" / "llama"
+
+
+def roofline_bytes(model: str | dict, weights: str) -> int:
+    """Weight bytes one token streams in the engine's weight format (module docstring)."""
+    if weights == "fp8":
+        return weight_bytes(model, linear_bytes=1, row_scale_bytes=4)
+    if weights == "int8":
+        return weight_bytes(model, linear_bytes=1, quantized_lm_head=True, row_scale_bytes=2)
+    return weight_bytes(model)
+
+
+def run_child(cmd: list[str], timeout: float, log: Path | None) -> tuple[dict | None, str]:
+    """Run one engine's process (in its own session, so a timeout also ends its compile workers);
+    returns (its RESULT json or None, the tail of its output)."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+
+    def stop(signum, frame):  # a timeout around this script must not leave an engine holding the GPU
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out += f"\n[killed after {timeout:.0f} s]"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if log is not None:
+        log.write_text(out)
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        return None, out[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :]), out[-3000:]
+
+
+def child_timeout(budget: float, elapsed: float, reserve: float, engines_after: int) -> float:
+    """What is left of the budget but the reserve of each engine after this one (30 s at least)."""
+    return max(budget - elapsed - reserve * engines_after, 30.0)
 
 
 def prompt_ids(n: int, vocab: int) -> list[int]:
@@ -38,8 +113,9 @@ def _sync(device: str) -> None:
 
 def run_atomc(
     model_dir: str, enforce_eager: bool, device: str = "cuda", prompt_len: int = PROMPT_LEN,
-    output_len: int = OUTPUT_LEN, vocab: int = 1 << 30,
+    output_len: int = OUTPUT_LEN, vocab: int = 1 << 30, quantization: str | None = None,
 ) -> dict:  # fmt: skip
+    """`quantization` is EngineConfig.quantization (the CLI's --quantization): None or "fp8"."""
     from atomc import LLM, SamplingParams
 
     t0 = time.perf_counter()
@@ -51,6 +127,7 @@ def run_atomc(
         max_model_len=1024,
         max_num_seqs=8,
         enforce_eager=enforce_eager,
+        quantization=quantization,
     )
     startup = time.perf_counter() - t0
     prompt = {"prompt_token_ids": prompt_ids(prompt_len, vocab)}
@@ -65,7 +142,8 @@ def run_atomc(
         decode = m["finish_time"] - m["first_token_time"]
         runs.append({"total_s": total, "decode_tok_s": (output_len - 1) / decode, "e2e_tok_s": output_len / total})
     best = max(runs, key=lambda r: r["decode_tok_s"])
-    return {"engine": "atomc" + (" (eager)" if enforce_eager else ""), "startup_s": startup, **best, "runs": runs}
+    name = "atomc" + (f" {quantization}" if quantization else "") + (" (eager)" if enforce_eager else "")
+    return {"engine": name, "quantization": quantization, "startup_s": startup, **best, "runs": runs}
 
 
 def run_hf(
@@ -138,55 +216,120 @@ def run_hf_loop(model_dir: str) -> dict:
     return {"engine": "transformers static cache + torch.compile loop", "startup_s": startup, **best, "runs": runs}
 
 
+def child_command(args, engine: str) -> list[str]:
+    if engine not in ENGINES:
+        raise SystemExit(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    if ENGINES[engine][0] == "gpt-fast":
+        if args.model != "llama-3.1-8b":
+            raise SystemExit("the gpt-fast int8 peer is its Llama-3.1-8B entry: --model llama-3.1-8b only")
+        cmd = [sys.executable, str(HERE / "peers" / "gpt_fast_llama.py"), "--quantize", "int8",
+               "--prompt-len", str(args.prompt_len), "--max-new-tokens", str(args.output_len)]  # fmt: skip
+        return cmd + (["--tiny"] if args.tiny else [])
+    cmd = [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine]
+    return cmd + (["--tiny"] if args.tiny else [])
+
+
+def run_engine_here(args, engine: str) -> dict:
+    kind, eager, weights = ENGINES[engine]
+    model_dir = str(make_checkpoint(args.model, Path(args.root), tiny=args.tiny))
+    device = "cpu" if args.tiny else "cuda"
+    lens = dict(prompt_len=args.prompt_len, output_len=args.output_len,
+                vocab=model_config(args.model, args.tiny)["vocab_size"])  # fmt: skip
+    if kind == "atomc":
+        return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None, **lens)
+    if kind == "hf":
+        return run_hf(model_dir, device=device, **lens)
+    if kind == "hf-loop":
+        if args.tiny:
+            raise SystemExit("hf-loop runs on CUDA only")
+        return run_hf_loop(model_dir)
+    raise SystemExit(f"engine {engine!r} does not run in this script's process")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--root", default="/tmp/atomc-bench-models")
-    ap.add_argument("--engines", default="atomc,hf")
+    ap.add_argument("--engines", default="atomc,hf", help="comma-separated, of: " + ", ".join(ENGINES))
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds for the whole run, from its start")
+    ap.add_argument("--reserve", type=float, default=100, help="seconds kept back for each engine still to run")
+    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: measured (nominal with --tiny)")
+    ap.add_argument("--tiny", action="store_true", help="the same code on the CPU, 2 small layers, short prompts")
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    model_dir = str(make_checkpoint(args.model, Path(args.root)))
+    started = time.monotonic()
+    args.prompt_len, args.output_len = TINY_LENS if args.tiny else (PROMPT_LEN, OUTPUT_LEN)
     if args.child:
-        res = {
-            "atomc": lambda: run_atomc(model_dir, False),
-            "atomc-eager": lambda: run_atomc(model_dir, True),
-            "hf": lambda: run_hf(model_dir),
-            "hf-loop": lambda: run_hf_loop(model_dir),
-        }[args.child]()
-        print("RESULT " + json.dumps(res))
+        print("RESULT " + json.dumps(run_engine_here(args, args.child)), flush=True)
         return
-    bw = ceilings.measure()["bandwidth"]
-    roofline = bw / weight_bytes(args.model)
-    results = {"model": args.model, "bandwidth_TBps": bw / 1e12, "roofline_tok_s": roofline, "engines": []}
-    for engine in args.engines.split(","):
-        proc = subprocess.run(
-            [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            results["engines"].append({"engine": engine, "error": proc.stderr[-3000:]})
-            continue
-        res = json.loads(lines[-1][len("RESULT ") :])
-        rate = res.get("decode_tok_s", res["e2e_tok_s"])
-        res["roofline_pct"] = 100 * rate / roofline
-        results["engines"].append(res)
+    engines = args.engines.split(",")
+    for engine in engines:
+        child_command(args, engine)  # an unknown engine fails before any GPU time is spent
+    make_checkpoint(args.model, Path(args.root), tiny=args.tiny)  # once, before the children race for it
+    cfg = model_config(args.model, args.tiny)
+    bw = args.bandwidth or (NOMINAL_CPU_BANDWIDTH if args.tiny else ceilings.measure()["bandwidth"])
+    rooflines = {w: bw / roofline_bytes(cfg, w) for w in ("bf16", "fp8", "int8")}
+    results = {
+        "model": args.model + (" (tiny)" if args.tiny else ""),
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "bandwidth_TBps": bw / 1e12,
+        "roofline_tok_s": rooflines["bf16"],
+        "rooflines_tok_s": rooflines,
+        "weight_GB": {w: roofline_bytes(cfg, w) / 1e9 for w in rooflines},
+        "engines": [],
+        "speedups": {},
+    }
+    out = Path(args.out) if args.out else None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    for i, engine in enumerate(engines):
+        log = out.with_name(f"{out.stem}.{engine}.log") if out else None
+        if ENGINES[engine][0] == "gpt-fast" and not (GPT_FAST_LLAMA / "generate.py").is_file():
+            msg = f"skipped: {GPT_FAST_LLAMA} is missing (run benchmarks/peers/fetch_gpt_fast.sh and carry .peers/)"
+            print(f"{engine}: {msg}", file=sys.stderr)
+            results["engines"].append({"engine": engine, "skipped": msg})
+        else:
+            timeout = child_timeout(args.budget, time.monotonic() - started, args.reserve, len(engines) - 1 - i)
+            results["engines"].append(
+                engine_row(engine, *run_child(child_command(args, engine), timeout, log), rooflines)
+            )
+        results["speedups"] = speedups(results["engines"])
+        if out:  # after every engine: a later one failing or timing out keeps the numbers so far
+            out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
-    print(f"\n{args.model} batch-1 decode, roofline {roofline:.0f} tok/s at {bw / 1e12:.2f} TB/s")
+    print(f"\n{results['model']} batch-1 decode, roofline {rooflines['bf16']:.0f} tok/s bf16, "
+          f"{rooflines['fp8']:.0f} fp8, {rooflines['int8']:.0f} int8 at {bw / 1e12:.2f} TB/s")  # fmt: skip
     for r in results["engines"]:
-        if "error" in r:
-            print(f"  {r['engine']:45s} ERROR {r['error'][-300:]}")
+        if "error" in r or "skipped" in r:
+            print(f"  {r['engine']:45s} {'ERROR ' + r['error'][-300:] if 'error' in r else r['skipped']}")
         else:
             print(
                 f"  {r['engine']:45s} decode {r.get('decode_tok_s', r['e2e_tok_s']):7.1f} tok/s "
-                f"({r['roofline_pct']:.0f}% of roofline), e2e {r['e2e_tok_s']:.1f} tok/s, "
+                f"({r['roofline_pct']:.0f}% of its {r['weights']} roofline), e2e {r['e2e_tok_s']:.1f} tok/s, "
                 f"startup {r['startup_s']:.1f} s"
             )
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+    for name, ratio in results["speedups"].items():
+        print(f"  {name}: {ratio:.2f}x")
+    sys.exit(1 if any("error" in r for r in results["engines"]) else 0)
+
+
+def engine_row(engine: str, res: dict | None, tail: str, rooflines: dict) -> dict:
+    """An engine's JSON entry: its result with its roofline share, or its output's tail."""
+    weights = ENGINES[engine][2]
+    if res is None:
+        return {"engine": engine, "weights": weights, "error": tail}
+    res.update(key=engine, weights=weights, roofline_tok_s=rooflines[weights])
+    res["roofline_pct"] = 100 * res.get("decode_tok_s", res["e2e_tok_s"]) / rooflines[weights]
+    return res
+
+
+def speedups(engines: list[dict]) -> dict:
+    """Each quantised atomc engine's decode rate over its bf16 counterpart's (eager with eager)."""
+    rate = {r["key"]: r.get("decode_tok_s", r["e2e_tok_s"]) for r in engines if "key" in r}
+    pairs = (("atomc-fp8", "atomc"), ("atomc-fp8-eager", "atomc-eager"), ("gpt-fast-int8", "atomc"))
+    return {f"{a} / {b}": rate[a] / rate[b] for a, b in pairs if a in rate and b in rate}
 
 
 if __name__ == "__main__":

@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,36 +31,11 @@ sys.path.insert(0, str(HERE))
 import ceilings  # noqa: E402
 import decode_bs1  # noqa: E402
 from checkpoints import MOE_MODELS, make_checkpoint, model_config  # noqa: E402
+from decode_bs1 import child_timeout, run_child  # noqa: E402,F401  (shared with decode_bs1.py)
 
 PEERS = {"mixtral-8x7b": "atomc,gpt-fast", "qwen3-30b-a3b": "atomc,hf", "gpt-oss-20b": "atomc,hf"}
 TINY_LENS = (16, 24)  # prompt, output tokens under --tiny
-NOMINAL_CPU_BANDWIDTH = 20e9  # --tiny: no copy to measure on a GPU; the % is then only a smoke value
-
-
-def run_child(cmd: list[str], timeout: float, log: Path | None) -> tuple[dict | None, str]:
-    """Run one engine's process (in its own session, so a timeout also ends its compile workers);
-    returns (its RESULT json or None, the tail of its output)."""
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        out += f"\n[killed after {timeout:.0f} s]"
-    if log is not None:
-        log.write_text(out)
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        return None, out[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :]), out[-3000:]
-
-
-def child_timeout(budget: float, elapsed: float, reserve: float, engines_after: int) -> float:
-    """What is left of the budget but the reserve of each engine after this one (30 s at least)."""
-    return max(budget - elapsed - reserve * engines_after, 30.0)
+NOMINAL_CPU_BANDWIDTH = decode_bs1.NOMINAL_CPU_BANDWIDTH
 
 
 def child_command(args, engine: str) -> list[str]:

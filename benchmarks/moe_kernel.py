@@ -5,6 +5,7 @@ torch build has it).
 
     python benchmarks/moe_kernel.py --out results/moe_kernel.json [--shapes mixtral,qwen3_moe] [--tokens 1,8] [--routes]
     python benchmarks/moe_kernel.py --weights mxfp4 --shapes gpt_oss --out results/moe_kernel_mxfp4.json
+    python benchmarks/moe_kernel.py --weights mxfp4 --shapes gpt_oss --tiny   # CPU, TRITON_INTERPRET=1, toy sizes
 
 `--weights mxfp4 | fp8_channel | fp8_block`: the experts are quantised to that format (MXFP4 by
 models/quant/mxfp4.py, FP8 by amax / 448 per row or per 128x128 block) and every bf16 row runs
@@ -17,25 +18,36 @@ replays of R back-to-back calls, each with its own random routing, so consecutiv
 different experts and the weights come from HBM (not L2) as in a model, which streams every
 layer between two uses of one layer's experts; the torch loop syncs the host (it lists the experts
 hit) and gets do_bench, L2 flushed. Each implementation is checked against the reference first.
+`--tiny` runs the same code on the CPU under TRITON_INTERPRET=1 in fp32 at toy sizes (8 experts,
+hidden and intermediate 64; wall-clock times, a smoke test before GPU time). The JSON is rewritten
+after every shape.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-from pathlib import Path
+import os
+import sys
 
-import torch
-from triton.testing import do_bench
+if "--tiny" in sys.argv:  # before triton and atomc are imported: they read it at import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from atomc.kernels.triton import moe_config
-from atomc.kernels.triton.moe import device_name, fused_experts
-from atomc.ops.moe import apply_activation, experts_reference, select_experts
-from atomc.ops.moe_quant import WEIGHT_FORMATS
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+from atomc.kernels.triton import moe_config  # noqa: E402
+from atomc.kernels.triton.moe import device_name, fused_experts  # noqa: E402
+from atomc.ops.moe import apply_activation, experts_reference, select_experts  # noqa: E402
+from atomc.ops.moe_quant import WEIGHT_FORMATS  # noqa: E402
 
 PEAK_GBPS = 4300.0
-BF16 = torch.bfloat16
+BF16 = torch.bfloat16  # the activation dtype (--tiny: float32, the interpreter has no bf16)
 DEV = "cuda"
 # name: (experts, hidden, intermediate, top_k, activation, biases)
 SHAPES = {
@@ -44,6 +56,25 @@ SHAPES = {
     "gpt_oss": (32, 2880, 2880, 4, "swiglu_oai", True),
 }
 TOKENS = (1, 8, 64, 512, 4096)
+REL_OK = 2e-2  # tests/kernels/test_triton_moe_quant_gpu.py's bound (bf16 activations, other sum orders)
+# --tiny: (experts, hidden, intermediate, top_k, activation, biases); tokens for the gemv, small and
+# sorted routes
+TINY_SHAPES = {
+    "mixtral": (8, 64, 64, 2, "silu", False),
+    "qwen3_moe": (8, 128, 128, 4, "silu", False),  # fp8_block needs whole 128-blocks to be exact
+    "gpt_oss": (8, 64, 64, 2, "swiglu_oai", True),
+}
+TINY_TOKENS = (1, 3, 40)
+
+
+def wall_us(fn, reps: int = 3) -> float:
+    """--tiny: median wall-clock µs of one call (a smoke value)."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
 
 
 def quantize_experts(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +123,8 @@ def graph_time_us(fn, calls: list[tuple]) -> float:
     """Median µs of one call, from replays of a graph holding every call in `calls` back to back."""
     for args in calls:
         fn(*args)  # compile and warm up outside the capture
+    if DEV == "cpu":
+        return wall_us(lambda: [fn(*args) for args in calls]) / len(calls)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -120,7 +153,7 @@ def bench_shape(
         per_value = 0.5 + 1 / 32 if weights_fmt == "mxfp4" else 1 + (4 / 128 if weights_fmt == "fp8_channel" else 0)
         q_bytes = 3 * h * inter * per_value + (3 * h * 2 if bias else 0)
     for t in tokens:
-        reps = 8 if t <= 64 else 2
+        reps = 2 if DEV == "cpu" else 8 if t <= 64 else 2
         calls = []
         for _ in range(reps):
             x = torch.randn(t, h, generator=g, device=DEV).to(BF16)
@@ -131,6 +164,7 @@ def bench_shape(
         x, weights, ids = calls[0]
         ref = experts_reference(x, weights, ids, w13, w2, b13, b2, None, act, 1.702, 7.0)
         cfg = moe_config.pick_config(t, e, h, inter, k, BF16, device_name(x.device))
+        qcfg = moe_config.pick_config(t, e, h, inter, k, BF16, device_name(x.device), weight_format=weights_fmt)
         impls = {
             "atomc_triton": (lambda x, w, i: fused_experts(x, w, i, w13, w2, b13, b2, None, act), True),
             "torch_loop": (lambda x, w, i: experts_reference(x, w, i, w13, w2, b13, b2, None, act, 1.702, 7.0), False),
@@ -157,11 +191,12 @@ def bench_shape(
             row = dict(shape=name, tokens=t, impl=impl, experts_touched=round(touched, 2), bytes=int(nbytes))
             try:
                 row["rel_err"] = rel_err(fn(x, weights, ids), ref)
+                row["ok"] = row["rel_err"] < REL_OK
                 if graphed:
                     us = graph_time_us(fn, calls)
                 else:
                     once = lambda fn=fn, a=calls[0]: fn(*a)  # noqa: E731
-                    us = do_bench(once, warmup=3, rep=30, return_mode="median") * 1e3
+                    us = wall_us(once) if DEV == "cpu" else do_bench(once, warmup=3, rep=30, return_mode="median") * 1e3
             except Exception as exc:  # e.g. grouped_mm on a GPU or dtype it does not support
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
                 print(f"{name:10s} M={t:5d} {impl:13s} failed: {row['error']}")
@@ -169,11 +204,14 @@ def bench_shape(
                 continue
             row.update(us=round(us, 2), gbps=round(nbytes / us / 1e3, 1), tflops=round(flops / us / 1e6, 2))
             row["pct_peak_bw"] = round(100 * row["gbps"] / PEAK_GBPS, 1)
-            if impl in ("atomc_triton", f"atomc_triton_{weights_fmt}"):
+            if impl == "atomc_triton":
                 row["route"] = cfg["path"]
+            elif impl == f"atomc_triton_{weights_fmt}":
+                row["route"] = qcfg["path"]
             rows.append(row)
             print(f"{name:10s} M={t:5d} {impl:13s} {us:9.1f} us {row['gbps']:8.1f} GB/s ({row['pct_peak_bw']:5.1f}%) "
-                  f"{row['tflops']:7.2f} TFLOP/s  err {row['rel_err']:.1e} {row.get('route', '')}")  # fmt: skip
+                  f"{row['tflops']:7.2f} TFLOP/s  err {row['rel_err']:.1e} {row.get('route', '')}"
+                  f"{'' if row['ok'] else '  CHECK FAILED'}")  # fmt: skip
 
 
 def main() -> None:
@@ -183,17 +221,29 @@ def main() -> None:
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--routes", action="store_true", help="also time each other route that can take M tokens")
     ap.add_argument("--weights", choices=("bf16", *WEIGHT_FORMATS), default="bf16", help="expert weight format")
+    ap.add_argument("--tiny", action="store_true", help="toy sizes on the CPU under TRITON_INTERPRET=1, fp32")
     args = ap.parse_args()
+    global DEV, BF16
+    if args.tiny:
+        DEV, BF16 = "cpu", torch.float32
+        SHAPES.update(TINY_SHAPES)
+        if args.tokens == ",".join(map(str, TOKENS)):
+            args.tokens = ",".join(map(str, TINY_TOKENS))
     tokens = [int(t) for t in args.tokens.split(",")]
     rows: list[dict] = []
+    meta = dict(gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (TRITON_INTERPRET=1)",
+                torch=torch.__version__, python=platform.python_version(), weights=args.weights)  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.shapes.split(","):
         bench_shape(name, tokens, rows, args.routes, args.weights)
-        torch.cuda.empty_cache()  # the shape's weights are gone with its frame
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
-                weights=args.weights)  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        if DEV == "cuda":
+            torch.cuda.empty_cache()  # the shape's weights are gone with its frame
+        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))  # what finished, so far
     print(f"wrote {args.out}")
+    # a peer that cannot run here (grouped_mm on some builds) is a row, not a failure
+    bad = [r for r in rows if r["impl"].startswith("atomc") and ("error" in r or not r.get("ok", True))]
+    print(f"{len(rows)} rows, {len(bad)} atomc rows failed" + "".join(f"\n  {r}" for r in bad))
+    sys.exit(1 if bad else 0)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@
 #   mixtral-moe/generate.py  prefill / decode_one_token / generate and its Inductor settings
 #   mixtral-moe/tp.py        imported by generate.py (tensor parallelism; unused at one GPU)
 #   LICENSE, and COMMIT (the commit they came from)
+# and, into .peers/gpt-fast/llama/, the pieces of its Llama that benchmarks/peers/gpt_fast_llama.py runs:
+#   model.py, generate.py, quantize.py (WeightOnlyInt8QuantHandler: its int8 weight-only mode),
+#   tokenizer.py (imported by generate.py and quantize.py), tp.py, LICENSE, COMMIT
 #
 #   bash benchmarks/peers/fetch_gpt_fast.sh GIT_DIR [REV]  # a clone or bare git dir of pytorch-labs/gpt-fast
 #   bash benchmarks/peers/fetch_gpt_fast.sh                # clones it from GitHub first
@@ -24,4 +27,9 @@ for f in mixtral-moe/model.py mixtral-moe/generate.py mixtral-moe/tp.py LICENSE;
   git -C "$SRC" show "$REV:$f" >"$DEST/$(basename "$f")"
 done
 git -C "$SRC" rev-parse "$REV" >"$DEST/COMMIT"
-echo "gpt-fast $(cat "$DEST/COMMIT") -> $DEST"
+mkdir -p "$DEST/llama"
+for f in model.py generate.py quantize.py tokenizer.py tp.py LICENSE; do
+  git -C "$SRC" show "$REV:$f" >"$DEST/llama/$f"
+done
+cp "$DEST/COMMIT" "$DEST/llama/COMMIT"
+echo "gpt-fast $(cat "$DEST/COMMIT") -> $DEST (Mixtral) and $DEST/llama (Llama)"
