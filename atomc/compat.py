@@ -55,6 +55,43 @@ def inductor_partition_options(splitting_ops: list[str]) -> dict[str, Any]:
     return opts
 
 
+def register_inductor_fallbacks(gm: torch.fx.GraphModule) -> list[str]:
+    """Give Inductor an explicit fallback for every custom op `gm` calls that has no lowering yet,
+    made exactly as Inductor makes its implicit one (the op's layout-constraint tag, else the default
+    for custom ops); returns the ops registered.
+
+    Why: on meeting an op without a lowering, torch 2.11's `GraphLowering.call_function` builds its
+    "Creating implicit fallback for" log line eagerly, whatever the log level: `str()` of every
+    argument, and an IR node prints its inputs recursively, once per path (no memo). An op first
+    met deep in the graph (the FP8 graph's plain `fused_add_rms_norm` is the final norm: it first
+    appears after the last layer) prints the whole graph, exponentially many times in the layer
+    count: an FP8 Llama-3.1-8B never finished lowering. Later torch formats the line lazily, so it
+    costs the same there only with Inductor's INFO logs on. With the fallback registered first, that
+    branch is never taken; the lowering is unchanged (the same fallback, the same constraint)."""
+    from torch._decomp import get_decompositions
+    from torch._inductor import config, lowering
+    from torch._library.utils import get_layout_constraint_tag, is_builtin
+
+    if not config.implicit_fallbacks:  # Inductor would refuse these ops: leave that error to it
+        return []
+    registered: list[str] = []
+    for node in gm.graph.nodes:
+        op = node.target
+        if (
+            node.op != "call_function"
+            or not isinstance(op, torch._ops.OpOverload)
+            or is_builtin(op)  # aten/prims: Inductor's own lowerings, decompositions and allow list
+            or op in lowering.lowerings
+            or hasattr(op, "_inductor_lowering_function")
+            or get_decompositions([op])
+        ):
+            continue
+        constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+        lowering.make_fallback(op, layout_constraint=constraint)
+        registered.append(str(op))
+    return registered
+
+
 def aot_compile(fn: Callable, args: tuple, backend: Callable) -> Any:
     """One Dynamo trace of `fn(*args)`; returns torch's AOTCompiledFunction (serializable)."""
     with aot_compile_enabled(), static_but_marked():

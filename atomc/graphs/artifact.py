@@ -132,6 +132,7 @@ def compile_pieces(entry_dir: Path, files: list[str], pieces: list[str]):
 
     def compile_fn(gm, example_inputs, splitting_ops):
         (entry_dir / PIECES_DIR).mkdir(exist_ok=True)
+        compat.register_inductor_fallbacks(gm)  # as inductor_compile does (compat says why)
         loaded: list[tuple[str, _Loaded]] = []
 
         def visit(name, split, sub, args):

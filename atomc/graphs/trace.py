@@ -79,6 +79,7 @@ class AtomcBackend:
 def inductor_compile(gm: torch.fx.GraphModule, example_inputs: list, splitting_ops: list[str]):
     from torch._inductor.compile_fx import compile_fx
 
+    compat.register_inductor_fallbacks(gm)  # before lowering: torch 2.11's implicit ones can hang it
     with torch._inductor.config.patch(compat.inductor_partition_options(splitting_ops)):
         compiled = compile_fx(gm, example_inputs)
     return compat.serializable_callable(compiled)
