@@ -1,0 +1,90 @@
+"""Tuned tiles of the FP8 linears (fp8_gemm.py, fp8_gemv.py): one JSON file per device, keyed by
+kernel, weight shape (N, K) and row count, and the rule that looks them up.
+
+    configs/fp8_linear,device=NVIDIA_H200.json
+    {"kernels": {"block_gemm": {"24576,1536": {"2048": {"block_m": 128, ...}, "4096": {...}}},
+                 "row_gemm": {...}, "gemv": {"4096,4096": {"1": {...}}}, "block_gemv": {...}},
+     "meta": {...}}
+
+A call takes its (N, K)'s entry for the largest row bucket <= M (else the smallest); a shape with no
+entry, or a device with no file (the CPU interpreter), runs the kernel's default
+(`fp8_gemm.gemm_config`, `fp8_gemv.gemv_config`). An entry need not name every knob: the default
+fills the rest. `benchmarks/fp8_linear.py --sweep --write-configs` writes the file (merging into
+what is there), as benchmarks/tune_moe.py does for the MoE tiles (moe_config.py).
+
+The files change how kernels are launched, never the traced graph, so they are read when a kernel
+first runs at a shape (cached per process) and are not part of the compile cache key.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+KERNELS = ("block_gemm", "row_gemm", "gemv", "block_gemv")
+
+
+def device_name(device: torch.device) -> str:
+    return _cuda_name(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else "cpu"
+
+
+@functools.cache
+def _cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def config_name(device_name: str) -> str:
+    dev = "".join(c if c.isalnum() or c in "-." else "_" for c in device_name)
+    return f"fp8_linear,device={dev}.json"
+
+
+def shape_key(n: int, k: int) -> str:
+    return f"{n},{k}"
+
+
+@functools.cache
+def load_table(device_name: str, directory: Path = CONFIG_DIR) -> dict:
+    """{kernel: {(n, k): {m: config}}} from the device's file ({} without one)."""
+    path = directory / config_name(device_name)
+    if not path.is_file():
+        return {}
+    raw = json.loads(path.read_text())
+    table: dict = {}
+    for kernel, shapes in raw.get("kernels", {}).items():
+        if kernel not in KERNELS:
+            raise ValueError(f"{path}: unknown FP8 kernel {kernel!r} (known: {', '.join(KERNELS)})")
+        for key, buckets in shapes.items():
+            n, k = (int(v) for v in key.split(","))
+            table.setdefault(kernel, {})[(n, k)] = {int(m): dict(cfg) for m, cfg in buckets.items()}
+    return table
+
+
+@functools.cache  # per (kernel, shape, M): a dict lookup per call after the first
+def tuned(kernel: str, n: int, k: int, m: int, device_name: str, directory: Path = CONFIG_DIR) -> dict | None:
+    """The tuned config for this call, or None (run the default). Callers must not modify it."""
+    buckets = load_table(device_name, directory).get(kernel, {}).get((n, k))
+    if not buckets:
+        return None
+    below = [b for b in buckets if b <= m]
+    return buckets[max(below) if below else min(buckets)]
+
+
+def merge_into_file(found: dict, device_name: str, meta: dict, directory: Path = CONFIG_DIR) -> Path:
+    """Write {kernel: {(n, k): {m: config}}} into the device's file, keeping entries it does not name."""
+    path = directory / config_name(device_name)
+    raw = json.loads(path.read_text()) if path.is_file() else {}
+    kernels = raw.setdefault("kernels", {})
+    for kernel, shapes in found.items():
+        for (n, k), buckets in shapes.items():
+            entry = kernels.setdefault(kernel, {}).setdefault(shape_key(n, k), {})
+            entry.update({str(m): cfg for m, cfg in sorted(buckets.items())})
+    raw["meta"] = meta
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(raw, indent=1, sort_keys=True) + "\n")
+    load_table.cache_clear()
+    tuned.cache_clear()
+    return path
