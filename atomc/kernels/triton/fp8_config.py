@@ -1,7 +1,7 @@
 """Tuned tiles of the FP8 linears (fp8_gemm.py, fp8_gemv.py): one JSON file per device, keyed by
 kernel, weight shape (N, K) and row count, and the rule that looks them up.
 
-    configs/fp8_linear,device=NVIDIA_H200.json
+    configs/fp8/fp8_linear,device=NVIDIA_H200.json
     {"kernels": {"block_gemm": {"24576,1536": {"2048": {"block_m": 128, ...}, "4096": {...}}},
                  "row_gemm": {...}, "gemv": {"4096,4096": {"1": {...}}}, "block_gemv": {...}},
      "meta": {...}}
@@ -24,8 +24,11 @@ from pathlib import Path
 
 import torch
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-KERNELS = ("block_gemm", "row_gemm", "gemv", "block_gemv")
+CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "fp8"  # beside the MoE files, apart
+# the knobs each kernel takes (fp8_gemm.fp8_gemm's config, fp8_gemv.fp8_gemv's keywords)
+GEMM_KNOBS = frozenset({"block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m"})
+GEMV_KNOBS = frozenset({"kernel", "block_n", "block_k", "split_k", "groups_per_step", "num_warps", "num_stages"})
+KERNELS = {"block_gemm": GEMM_KNOBS, "row_gemm": GEMM_KNOBS, "gemv": GEMV_KNOBS, "block_gemv": GEMV_KNOBS}
 
 
 def device_name(device: torch.device) -> str:
@@ -47,8 +50,8 @@ def shape_key(n: int, k: int) -> str:
 
 
 @functools.cache
-def load_table(device_name: str, directory: Path = CONFIG_DIR) -> dict:
-    """{kernel: {(n, k): {m: config}}} from the device's file ({} without one)."""
+def load_table(device_name: str, directory: Path) -> dict:
+    """{kernel: {(n, k): {m: config}}} from the device's file in `directory` ({} without one)."""
     path = directory / config_name(device_name)
     if not path.is_file():
         return {}
@@ -59,22 +62,28 @@ def load_table(device_name: str, directory: Path = CONFIG_DIR) -> dict:
             raise ValueError(f"{path}: unknown FP8 kernel {kernel!r} (known: {', '.join(KERNELS)})")
         for key, buckets in shapes.items():
             n, k = (int(v) for v in key.split(","))
+            for m, cfg in buckets.items():
+                unknown = set(cfg) - KERNELS[kernel]
+                if unknown:
+                    raise ValueError(f"{path}: {kernel} {key} M={m}: unknown knobs {sorted(unknown)}")
             table.setdefault(kernel, {})[(n, k)] = {int(m): dict(cfg) for m, cfg in buckets.items()}
     return table
 
 
 @functools.cache  # per (kernel, shape, M): a dict lookup per call after the first
-def tuned(kernel: str, n: int, k: int, m: int, device_name: str, directory: Path = CONFIG_DIR) -> dict | None:
-    """The tuned config for this call, or None (run the default). Callers must not modify it."""
-    buckets = load_table(device_name, directory).get(kernel, {}).get((n, k))
+def tuned(kernel: str, n: int, k: int, m: int, device_name: str, directory: Path | None = None) -> dict | None:
+    """The tuned config for this call, or None (run the default); `directory` defaults to
+    CONFIG_DIR. Callers must not modify the result (it is cached)."""
+    buckets = load_table(device_name, directory or CONFIG_DIR).get(kernel, {}).get((n, k))
     if not buckets:
         return None
     below = [b for b in buckets if b <= m]
     return buckets[max(below) if below else min(buckets)]
 
 
-def merge_into_file(found: dict, device_name: str, meta: dict, directory: Path = CONFIG_DIR) -> Path:
+def merge_into_file(found: dict, device_name: str, meta: dict, directory: Path | None = None) -> Path:
     """Write {kernel: {(n, k): {m: config}}} into the device's file, keeping entries it does not name."""
+    directory = directory or CONFIG_DIR
     path = directory / config_name(device_name)
     raw = json.loads(path.read_text()) if path.is_file() else {}
     kernels = raw.setdefault("kernels", {})
