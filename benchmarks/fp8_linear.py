@@ -2,7 +2,8 @@
 batch-1 GEMV) and DeepSeek-V3 shapes (128x128 block-scaled weights at prefill sizes), torch._scaled_mm
 next to atomc's Triton FP8 GEMM / GEMV (atomc/kernels/triton/fp8_*.py).
 
-    python benchmarks/fp8_linear.py --out results/fp8_linear.json [--sweep [--configs-out DIR] [--sweep-budget-s S]] [--rep-ms 20]
+    python benchmarks/fp8_linear.py --out results/fp8_linear.json [--rep-ms 20]
+        [--sweep [--configs-out DIR] [--sweep-budget-s S]]
         [--shapes qkv,o,gate_up,down] [--tokens 1,8,64,512,4096]
         [--dsv3-shapes q_b,kv_b,o,gate_up,down] [--dsv3-tokens 2048,4096]
     python benchmarks/fp8_linear.py --tiny   # the same code on the CPU (Triton interpreter, toy shapes)
@@ -32,14 +33,16 @@ the bytes: at most 2x), and per DeepSeek-V3 shape at M >= 2048 the block GEMM's 
 peak (target >= 70%) and its time against _scaled_mm per-tensor.
 
 `--sweep` also times candidate tiles for every Triton row it runs (the GEMM's: 128x128 / 128x256 /
-256x128 and smaller, 4 or 8 warps, 3-5 stages; the GEMV's: the tensor-core kernel's rows a program,
-K step, depth and split-K, and the CUDA-core kernel's), keeps the fastest that passes the check,
-and writes the winners into the tile table the kernels read (atomc/kernels/triton/fp8_config.py:
-`--configs-out DIR`, default the package's configs/fp8/, merged into the device's file), keyed by
-(N, K) and M. A row's `config` is the winner, `default_us` the default's time. `--sweep-budget-s`
-stops trying new candidates after that long (the default tiles are always timed), so a device
-call ends with a file. One call: the DeepSeek-V3 block GEMM sweep (`--shapes '' --sweep`), another
-the batch-1 GEMV sweep (`--tokens 1 --dsv3-shapes '' --sweep`).
+256x128 and smaller, 4 or 8 warps, 3-5 stages, pointer or tensor-descriptor (TMA) loads; the
+GEMV's: the tensor-core kernel's rows a program, K step, depth and split-K, and the CUDA-core
+kernel's; per-tensor GEMV rows time the default only, the per-channel sweep stands for both),
+keeps the fastest that passes the check, and writes the winners into the tile table the kernels
+read (atomc/kernels/triton/fp8_config.py; `--configs-out DIR`, default the package's
+configs/fp8/, merged into the device's file), keyed by (N, K) and M. A row's `config` is the
+winner, `default_us` the default's time. `--sweep-budget-s` stops trying new candidates after that
+long (the default tiles are always timed), so a device call ends with a file. One call: the
+DeepSeek-V3 block GEMM sweep (`--shapes '' --sweep`), another the batch-1 GEMV sweep (`--tokens 1
+--dsv3-shapes '' --sweep`).
 """
 
 from __future__ import annotations
@@ -240,6 +243,7 @@ def gemm_configs(m: int, block: bool) -> list[dict]:
     """GEMM candidates: at prefill sizes the Hopper FP8 tiles (128 or 256 a side, K step 128 = the
     scale group; 8 warps where the block path holds a dot tile beside the accumulator), 3-5 stages
     and two L2 groupings; smaller M tiles for fewer rows."""
+
     def tile(bm, bn, nw, st, gm=8):
         return dict(block_m=bm, block_n=bn, block_k=128, num_warps=nw, num_stages=st, group_m=gm)
 
@@ -248,6 +252,8 @@ def gemm_configs(m: int, block: bool) -> list[dict]:
                 itertools.product(((128, 128), (128, 256), (256, 128)), (8,), (3, 4, 5))]  # fmt: skip
         grid += [tile(128, 128, 4, st) for st in (3, 4)] + [tile(64, 256, 8, 4), tile(64, 128, 4, 4)]
         grid += [tile(128, 128, 8, 4, gm) for gm in (4, 16)] + [tile(128, 256, 8, 4, 16)]
+        grid += [dict(tile(bm, bn, 8, st), tma=True) for (bm, bn), st in
+                 itertools.product(((128, 128), (128, 256), (256, 128)), (3, 4))]  # fmt: skip
         return grid if block else grid + [tile(128, 256, 8, 3, 8)]
     return [
         tile(bm, bn, nw, st)
@@ -319,11 +325,11 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
     if m == 1:  # the GEMV
         impl = f"gemv {scheme}"
         try:
-            configs = [None, *(gemv_configs(block is not None) if sweep else [])]
+            # per-tensor and per-channel weights run one kernel: the channel run's sweep stands for both
+            configs = [None, *(gemv_configs(block is not None) if sweep and scheme != "tensor" else [])]
             t, cfg, check, t_default = timed_best(gemv, ws, want, configs)
             default = gemv_mod.pick_config(n, k, block is not None, xq.device)
             record(label, m, impl, t, nbytes, flops, "fp8", config=cfg or default, default_us=t_default, **check)
-            # per-tensor and per-channel weights run one kernel: the table keeps the channel run's
             if sweep and scheme != "tensor":
                 keep_best("block_gemv" if block else "gemv", n, k, 1, cfg, default)
         except Exception as exc:
@@ -381,10 +387,17 @@ def main() -> None:
     ap.add_argument("--dsv3-shapes", default=None, help=f"DeepSeek-V3 shapes ({', '.join(DSV3_SHAPES)}; '' for none)")
     ap.add_argument("--dsv3-tokens", default=None, help="M for them (default " + ",".join(map(str, DSV3_TOKENS)))
     ap.add_argument("--rep-ms", type=float, default=REP_MS, help="do_bench_cudagraph's rep (ms) per timing")
-    ap.add_argument("--sweep", action="store_true",
-                    help="also time candidate GEMV / GEMM tiles, keep the best, write them into the tile table")
-    ap.add_argument("--configs-out", type=Path, default=None,
-                    help="--sweep: the tile table's folder (default atomc/kernels/triton/configs/fp8/)")
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time candidate GEMV / GEMM tiles, keep the best, write them into the tile table",
+    )
+    ap.add_argument(
+        "--configs-out",
+        type=Path,
+        default=None,
+        help="--sweep: the tile table's folder (default atomc/kernels/triton/configs/fp8/)",
+    )
     ap.add_argument("--sweep-budget-s", type=float, default=float("inf"),
                     help="--sweep: try no new candidate after this many seconds")  # fmt: skip
     ap.add_argument("--tiny", action="store_true", help="toy shapes on the CPU under TRITON_INTERPRET=1")

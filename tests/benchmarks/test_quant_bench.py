@@ -209,7 +209,8 @@ def test_fp8_linear_sweep_keeps_the_fastest_candidate_that_passes(monkeypatch):
 
     monkeypatch.setattr(fp8_linear, "per_call_us", lambda fn, weights: times[fn.__defaults__[0]])
     monkeypatch.setattr(fp8_linear, "SWEEP_DEADLINE", float("inf"))
-    us, cfg, check, default_us = fp8_linear.timed_best(fn_for, [None], want, [None, "slow", "fast_wrong", "raises", "fast"])
+    configs = [None, "slow", "fast_wrong", "raises", "fast"]
+    us, cfg, check, default_us = fp8_linear.timed_best(fn_for, [None], want, configs)
     assert (us, cfg, check["ok"], default_us) == (20.0, "fast", True, 30.0)
     monkeypatch.setattr(fp8_linear, "SWEEP_DEADLINE", 0.0)  # budget spent: the default alone
     assert fp8_linear.timed_best(fn_for, [None], want, [None, "fast"])[:2] == (30.0, None)

@@ -141,25 +141,28 @@ GEMM_CONFIG = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2
 
 @pytest.mark.parametrize("m", [1, 5, 33])
 @pytest.mark.parametrize("scales", ["tensor", "rows"])
-def test_gemm_row_scales(m, scales):
-    n, k = 72, 80  # neither a multiple of the tiles: masked edges
+@pytest.mark.parametrize("tma", [False, True])
+def test_gemm_row_scales(m, scales, tma):
+    n, k = 72, 80  # neither a multiple of the tiles: masked (or, TMA, zero-filled) edges
     xq, w = _fp8((m, k)), _fp8((n, k), 1)
     xs, ws = (torch.rand(m, 1) / 100, torch.rand(n) / 100) if scales == "rows" else (torch.rand(1), torch.rand(1))
     bias = _rand(n, 3)
-    got = fp8_gemm(xq, xs, w, ws, bias, torch.float32, config=GEMM_CONFIG)
+    got = fp8_gemm(xq, xs, w, ws, bias, torch.float32, config={**GEMM_CONFIG, "tma": tma})
     close(got, ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32))
 
 
 @pytest.mark.parametrize("m", [1, 7, 40])
 @pytest.mark.parametrize("n,bn", [(200, 128), (96, 32)])
-def test_block_gemm(m, n, bn):
+@pytest.mark.parametrize("tma", [False, True])
+def test_block_gemm(m, n, bn, tma):
     k, bk = 192, 64
     xq, w = _fp8((m, k)), _fp8((n, k), 1)
     xs, ws = torch.rand(m, k // bk) / 100, torch.rand(-(-n // bn), k // bk) / 100
-    got = fp8_gemm(xq, xs, w, ws, None, torch.float16, block=(bn, bk), config=GEMM_CONFIG)
+    cfg = {**GEMM_CONFIG, "tma": tma}
+    got = fp8_gemm(xq, xs, w, ws, None, torch.float16, block=(bn, bk), config=cfg)
     close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32), 1e-3)
     # a K step smaller than the group: two dots a group, each scaled by the group's scales
-    got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(bn, bk), config={**GEMM_CONFIG, "block_k": 32})
+    got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(bn, bk), config={**cfg, "block_k": 32})
     close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32))
 
 
@@ -168,8 +171,20 @@ def test_block_gemm_gathers_weight_scales_when_a_tile_spans_blocks():
     m, n, k, bn, bk = 9, 80, 128, 16, 64
     xq, w = _fp8((m, k)), _fp8((n, k), 1)
     xs, ws = torch.rand(m, k // bk) / 100, torch.rand(n // bn, k // bk) / 100
-    got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(bn, bk), config=GEMM_CONFIG)
-    close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32))
+    for tma in (False, True):
+        got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(bn, bk), config={**GEMM_CONFIG, "tma": tma})
+        close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32))
+
+
+def test_gemm_tma_falls_back_to_pointer_loads_when_unaligned():
+    """A row stride of 24 bytes cannot be a tensor descriptor: the pointer loads run instead."""
+    from atomc.kernels.triton.fp8_gemm import _tma_ok
+
+    xq, w = _fp8((5, 24)), _fp8((32, 24), 1)
+    assert not _tma_ok(xq, w)
+    xs, ws = torch.rand(5, 1) / 100, torch.rand(32) / 100
+    got = fp8_gemm(xq, xs, w, ws, None, torch.float32, config={**GEMM_CONFIG, "block_k": 16, "tma": True})
+    close(got, ref.fp8_gemm_reference(xq, xs, w, ws, None, torch.float32))
 
 
 def test_block_gemm_3d_input():
@@ -216,7 +231,8 @@ def test_gemm_and_gemv_take_the_tuned_entry_for_their_shape(cpu_table):
     with pytest.raises(ValueError, match="unknown kernel 'cublas'"):
         fp8_gemv(x1, s1, w, ws[:, 0], None, torch.float32)
     cpu_table({"gemv": {(n, k): {1: dict(kernel="reduce", block_n=8, block_k=32)}}})
-    close(fp8_gemv(x1, s1, w, ws[:1, 0], None, torch.float32), ref.fp8_gemm_reference(x1, s1, w, ws[:1, 0], None, torch.float32))
+    ws1 = ws[:1, 0]
+    close(fp8_gemv(x1, s1, w, ws1, None, torch.float32), ref.fp8_gemm_reference(x1, s1, w, ws1, None, torch.float32))
 
 
 # ---- quant kernels ----

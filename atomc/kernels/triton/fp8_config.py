@@ -26,13 +26,15 @@ import torch
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "fp8"  # beside the MoE files, apart
 # the knobs each kernel takes (fp8_gemm.fp8_gemm's config, fp8_gemv.fp8_gemv's keywords)
-GEMM_KNOBS = frozenset({"block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m"})
+GEMM_KNOBS = frozenset({"block_m", "block_n", "block_k", "num_warps", "num_stages", "group_m", "tma"})
 GEMV_KNOBS = frozenset({"kernel", "block_n", "block_k", "split_k", "groups_per_step", "num_warps", "num_stages"})
 KERNELS = {"block_gemm": GEMM_KNOBS, "row_gemm": GEMM_KNOBS, "gemv": GEMV_KNOBS, "block_gemv": GEMV_KNOBS}
 
 
 def device_name(device: torch.device) -> str:
-    return _cuda_name(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else "cpu"
+    if device.type != "cuda":
+        return "cpu"
+    return _cuda_name(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.cache

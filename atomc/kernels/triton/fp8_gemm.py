@@ -25,6 +25,10 @@ per-step cost is what the first H200 run found 3x slower than the row path on th
 - no load masks: rows past M or N read a valid row (offs % M) and are dropped at the store, and K
   (a whole number of groups) needs no mask (EVEN_K), so the loop is loads, a dot and the FMA.
 
+Operand loads are pointer loads (cp.async, pipelined num_stages deep) or, with the `tma` knob, tensor
+descriptors (Hopper's bulk copies: no address arithmetic in the loop, zeros past the edges); the
+sweep decides which, the default is pointer loads until it has.
+
 Tiles: `gemm_config(M)` is the default by row count; a tuned entry for the weight's (N, K) on this
 device (fp8_config.py, written by `benchmarks/fp8_linear.py --sweep --write-configs`) overrides it.
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from atomc.kernels.triton import fp8_config
 
@@ -44,7 +49,7 @@ def _fp8_gemm_kernel(
     M, N, K, stride_am, stride_bn, stride_cm, stride_asm, stride_bsn, SCALE_ROWS,
     BLOCK_SCALES: tl.constexpr, A_ROWS: tl.constexpr, B_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
     GROUP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, SCALAR_BS: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, SCALAR_BS: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -62,8 +67,9 @@ def _fp8_gemm_kernel(
     # rows past the edge read a valid row and are dropped at the store: the loads need no mask
     rows_a = offs_m % M
     rows_b = offs_n % N
-    a_ptrs = a_ptr + rows_a.to(tl.int64)[:, None] * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + rows_b.to(tl.int64)[:, None] * stride_bn + offs_k[None, :]
+    if not TMA:
+        a_ptrs = a_ptr + rows_a.to(tl.int64)[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = b_ptr + rows_b.to(tl.int64)[:, None] * stride_bn + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if BLOCK_SCALES:
         last_group = K // GROUP_K - 1
@@ -75,7 +81,10 @@ def _fp8_gemm_kernel(
         a_s = tl.load(as_ptrs)  # group 0's scales; each step loads the next step's
         b_s = tl.load(bs_ptrs)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
+        if TMA:  # a_ptr, b_ptr are tensor descriptors: one bulk copy a tile, zeros past the edges
+            a = a_ptr.load([pid_m * BLOCK_M, k0])
+            b = b_ptr.load([pid_n * BLOCK_N, k0])
+        elif EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
@@ -95,8 +104,9 @@ def _fp8_gemm_kernel(
             b_s = b_s_next
         else:
             acc = tl.dot(a, tl.trans(b), acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+        if not TMA:
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
     if not BLOCK_SCALES:
         if A_ROWS:
             acc = acc * tl.load(as_ptr + rows_a)[:, None]
@@ -125,6 +135,11 @@ def gemm_config(m: int) -> dict:
     return dict(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)
 
 
+def _tma_ok(a: torch.Tensor, weight: torch.Tensor) -> bool:
+    """A bulk copy needs 16-byte aligned bases and row strides (e4m3: K a multiple of 16)."""
+    return all(t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 and t.stride(1) == 1 for t in (a, weight))
+
+
 def pick_config(m: int, n: int, k: int, block: bool, device: torch.device) -> dict:
     """gemm_config(m) with the tuned entry for (N, K) on this device laid over it."""
     found = fp8_config.tuned("block_gemm" if block else "row_gemm", n, k, m, fp8_config.device_name(device))
@@ -144,7 +159,7 @@ def fp8_gemm(
 ) -> torch.Tensor:
     """atomc::fp8_gemm (block None) or atomc::fp8_block_gemm (block = (bn, bk)) for xq [..., K]
     and a row-major weight [N, K]; `config` (any of block_m/n/k, num_warps, num_stages, group_m)
-    overrides the picked tiles."""
+    overrides the picked tiles; `tma` (bool) loads the operand tiles through tensor descriptors."""
     n, k = weight.shape
     a = xq.reshape(-1, k)
     a = a if a.stride(-1) == 1 else a.contiguous()
@@ -175,12 +190,17 @@ def fp8_gemm(
         strides = (0, 0, 1)
         a_rows, b_rows = a_s.numel() > 1, b_s.numel() > 1
     grid = (triton.cdiv(m, cfg["block_m"]) * triton.cdiv(n, cfg["block_n"]),)
+    tma = bool(cfg.get("tma")) and _tma_ok(a, weight)
+    a_arg, b_arg = a, weight
+    if tma:
+        a_arg = TensorDescriptor.from_tensor(a, [cfg["block_m"], block_k])
+        b_arg = TensorDescriptor.from_tensor(weight, [cfg["block_n"], block_k])
     _fp8_gemm_kernel[grid](
-        a, a_s, weight, b_s, bias if bias is not None else out, out,
+        a_arg, a_s, b_arg, b_s, bias if bias is not None else out, out,
         m, n, k, a.stride(0), weight.stride(0), out.stride(0), *strides,
         BLOCK_SCALES=block is not None, A_ROWS=a_rows, B_ROWS=b_rows, HAS_BIAS=bias is not None,
         GROUP_K=bk, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=block_k,
-        GROUP_M=cfg.get("group_m", 8), EVEN_K=k % block_k == 0, SCALAR_BS=scalar_bs,
+        GROUP_M=cfg.get("group_m", 8), EVEN_K=k % block_k == 0, SCALAR_BS=scalar_bs, TMA=tma,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out.view(*xq.shape[:-1], n)

@@ -235,7 +235,7 @@ def fp8_gemv(
     splits = triton.cdiv(k, k_per_split)
     atomic = splits > 1
     # split K adds fp32 partial sums into a zeroed buffer; one split writes the output directly
-    y = torch.zeros(n, dtype=torch.float32, device=xq.device) if atomic else torch.empty(n, dtype=out_dtype, device=xq.device)
+    y = torch.zeros(n, dtype=torch.float32, device=xq.device) if atomic else xq.new_empty(n, dtype=out_dtype)
     _fp8_gemv_dot_kernel[(triton.cdiv(n, bn_tile), splits)](
         x, xs, weight, ws, b, y, n, k, k_per_split, weight.stride(0), ws.stride(0) if ws.dim() == 2 else 0,
         block[0] if block is not None else 1,
