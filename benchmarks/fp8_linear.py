@@ -268,12 +268,14 @@ def gemv_configs(block: bool) -> list[dict]:
     if block:
         dot = [dict(kernel="dot", block_n=bn, block_k=128, num_stages=st, split_k=sk, num_warps=4)
                for bn, st, sk in itertools.product((16, 32), (4, 6, 8), (1, 2))]  # fmt: skip
+        dot += [dict(kernel="dot", block_n=16, block_k=128, num_stages=8, split_k=1, num_warps=nw) for nw in (2, 8)]
         reduce = [dict(kernel="reduce", block_n=bn, groups_per_step=r, num_warps=nw)
                   for bn, r, nw in itertools.product((2, 4, 8), (4, 8), (4, 8))]  # fmt: skip
         return dot + reduce
     dot = [dict(kernel="dot", block_n=bn, block_k=bk, num_stages=st, split_k=sk, num_warps=4)
            for bn, bk, st, sk in itertools.product((16, 32, 64), (256, 512, 1024), (3, 4, 6), (1, 2))
            if bn * bk <= 32768]  # fmt: skip
+    dot += [dict(kernel="dot", block_n=16, block_k=512, num_stages=4, split_k=1, num_warps=nw) for nw in (2, 8)]
     reduce = [dict(kernel="reduce", block_n=bn, block_k=bk, num_warps=nw)
               for bn, bk, nw in itertools.product((2, 4), (1024, 2048, 4096), (4, 8))]  # fmt: skip
     return dot + reduce

@@ -126,6 +126,15 @@ def test_gemv_block_scales(n, bn, knobs):
         close(fp8_gemv(xq, xs, w, ws, None, torch.float32, block=(bn, bk), kernel="reduce", groups_per_step=4), want)
 
 
+def test_block_gemv_with_blocks_under_16_rows_runs_the_reduce_kernel():
+    """bn = 8: a 16-row dot program would span two weight blocks; the CUDA-core kernel takes it."""
+    k, bk, n, bn = 128, 64, 24, 8
+    xq, w = _fp8((1, k)), _fp8((n, k), 1)
+    xs, ws = torch.rand(1, k // bk) / 100, torch.rand(n // bn, k // bk) / 100
+    got = fp8_gemv(xq, xs, w, ws, None, torch.float32, block=(bn, bk))
+    close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32))
+
+
 def test_gemv_rejects_bad_knobs():
     xq, w, s = _fp8((1, 64)), _fp8((32, 64), 1), torch.ones(1)
     with pytest.raises(ValueError, match="block_n >= 16"):

@@ -203,6 +203,8 @@ def fp8_gemv(
                  groups_per_step=groups_per_step, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     picked = pick_config(n, k, block is not None, xq.device)
     chosen = kernel or picked.get("kernel", "dot")
+    if block is not None and block[0] % 16 and chosen == "dot":  # 16-row programs would span weight blocks
+        chosen = "reduce"
     if picked.get("kernel", "dot") != chosen:  # another kernel than the picked one: its own defaults
         picked = gemv_config(n, k, block is not None) if chosen == "dot" else {}
     base = {**REDUCE_DEFAULTS, **picked} if chosen == "reduce" else picked
@@ -223,13 +225,10 @@ def fp8_gemv(
     bn_tile = cfg["block_n"]
     if bn_tile < 16 or bn_tile & (bn_tile - 1):
         raise ValueError(f"fp8_gemv: the dot kernel takes a power-of-two block_n >= 16, got {bn_tile}")
-    step = min(cfg["block_k"], max(16, triton.next_power_of_2(k)))
+    step = min(cfg["block_k"], max(32, triton.next_power_of_2(k)))  # an e4m3 MMA takes K in 32s
     if block is not None:
         step = min(step, bk)
-        if bn % bn_tile:  # a program's rows must share one weight block
-            bn_tile = max(16, math.gcd(bn_tile, bn))
-            if bn % bn_tile:
-                raise ValueError(f"fp8_gemv: the dot kernel needs block rows {bn} to be a multiple of 16")
+        bn_tile = math.gcd(bn_tile, bn)  # a program's rows share one weight block (bn a multiple of 16)
     splits = max(1, min(cfg.get("split_k", 1), triton.cdiv(k, step)))
     k_per_split = triton.cdiv(triton.cdiv(k, splits), step) * step
     splits = triton.cdiv(k, k_per_split)
