@@ -2,7 +2,8 @@
 batch-1 GEMV) and DeepSeek-V3 shapes (128x128 block-scaled weights at prefill sizes), torch._scaled_mm
 next to atomc's Triton FP8 GEMM / GEMV (atomc/kernels/triton/fp8_*.py).
 
-    python benchmarks/fp8_linear.py --out results/fp8_linear.json [--sweep] [--rep-ms 20]
+    python benchmarks/fp8_linear.py --out results/fp8_linear.json [--rep-ms 20]
+        [--sweep [--configs-out DIR] [--sweep-budget-s S]]
         [--shapes qkv,o,gate_up,down] [--tokens 1,8,64,512,4096]
         [--dsv3-shapes q_b,kv_b,o,gate_up,down] [--dsv3-tokens 2048,4096]
     python benchmarks/fp8_linear.py --tiny   # the same code on the CPU (Triton interpreter, toy shapes)
@@ -29,10 +30,19 @@ weight; the median µs of one call. `pct_hbm` = bytes (weight + x + out, each re
 The JSON (rewritten after every (shape, M), so a crash or a timeout keeps what finished) ends with
 `targets`: per shape at M = 1 the FP8 GEMV's speed-up over bf16 (batch-1 decode reads half
 the bytes: at most 2x), and per DeepSeek-V3 shape at M >= 2048 the block GEMM's share of the FP8
-peak (target >= 70%) and its time against _scaled_mm per-tensor. `--sweep` also times a grid of
-GEMV and GEMM tiles and keeps the best (the defaults in fp8_gemv.gemv_config /
-fp8_gemm.gemm_config are untuned starting points); it is far too slow for one device call at all
-shapes: give it one shape and a few M.
+peak (target >= 70%) and its time against _scaled_mm per-tensor.
+
+`--sweep` also times candidate tiles for every Triton row it runs (the GEMM's: 128x128 / 128x256 /
+256x128 and smaller, 4 or 8 warps, 3-5 stages, pointer or tensor-descriptor (TMA) loads; the
+GEMV's: the tensor-core kernel's rows a program, K step, depth and split-K, and the CUDA-core
+kernel's; per-tensor GEMV rows time the default only, the per-channel sweep stands for both),
+keeps the fastest that passes the check, and writes the winners into the tile table the kernels
+read (atomc/kernels/triton/fp8_config.py; `--configs-out DIR`, default the package's
+configs/fp8/, merged into the device's file), keyed by (N, K) and M. A row's `config` is the
+winner, `default_us` the default's time. `--sweep-budget-s` stops trying new candidates after that
+long (the default tiles are always timed), so a device call ends with a file. One call: the
+DeepSeek-V3 block GEMM sweep (`--shapes '' --sweep`), another the batch-1 GEMV sweep (`--tokens 1
+--dsv3-shapes '' --sweep`).
 """
 
 from __future__ import annotations
@@ -58,7 +68,9 @@ import triton  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
 from atomc.kernels.triton import fp8 as backend  # noqa: E402
-from atomc.kernels.triton import fp8_quant  # noqa: E402
+from atomc.kernels.triton import fp8_config, fp8_quant  # noqa: E402
+from atomc.kernels.triton import fp8_gemm as gemm_mod  # noqa: E402
+from atomc.kernels.triton import fp8_gemv as gemv_mod  # noqa: E402
 from atomc.kernels.triton.fp8_gemm import fp8_gemm  # noqa: E402
 from atomc.kernels.triton.fp8_gemv import fp8_gemv  # noqa: E402
 from atomc.ops import fp8 as ref  # noqa: E402
@@ -86,6 +98,8 @@ ROWS: list[dict] = []
 DEV, ACT = "cuda", torch.bfloat16  # --tiny: cpu, float32 (the interpreter has no bf16)
 REP_MS = 20
 BLOCK_TARGET_M = 2048  # the block GEMM's target holds from this M (--tiny: every M)
+FOUND: dict = {}  # --sweep: {kernel: {(n, k): {m: config}}}, written into the tile table
+SWEEP_DEADLINE = float("inf")  # time.monotonic() after which --sweep tries no new candidates
 
 
 def rel_err(out, want) -> float:
@@ -156,23 +170,34 @@ def checked(out, want) -> dict:
 
 
 def timed_best(fn_for, weights, want, configs):
-    """(µs, config, check) of the fastest config (configs: [None] for the default); a config whose
-    output fails the check is kept out of the sweep, but the default's time is kept either way
-    (flagged ok=False)."""
+    """(µs, config, check, default µs) of the fastest config (configs[0] is None: the default, always
+    timed, its time kept even when its check fails, flagged ok=False). A candidate that fails the
+    check, does not compile or raises is left out; none is tried after SWEEP_DEADLINE."""
     best = (float("inf"), None, None)
+    default_us = None
     for cfg in configs:
+        if cfg is not None and time.monotonic() > SWEEP_DEADLINE:
+            print(f"  sweep budget spent: {len(configs) - configs.index(cfg)} candidates not tried", flush=True)
+            break
         try:
             check = checked(fn_for(weights[0], cfg), want)
             if cfg is not None and not check["ok"]:
                 continue
             t = per_call_us(lambda w, cfg=cfg: fn_for(w, cfg), weights)
-        except triton.runtime.errors.OutOfResources:
+        except Exception:  # too much shared memory, a tile the kernel refuses, a compile error
             if cfg is None:
                 raise
             continue
+        if cfg is None:
+            default_us = t
         if t < best[0]:
             best = (t, cfg, check)
-    return best
+    return (*best, default_us)
+
+
+def keep_best(kernel: str, n: int, k: int, m: int, cfg: dict | None, default: dict) -> None:
+    """--sweep: the winner for the tile table (the default's own dict when it won)."""
+    FOUND.setdefault(kernel, {}).setdefault((n, k), {})[m] = dict(cfg if cfg is not None else default)
 
 
 def bench(family: str, shape: str, m: int, sweep: bool) -> None:
@@ -214,20 +239,46 @@ def bench(family: str, shape: str, m: int, sweep: bool) -> None:
             record_error(label, m, name, exc)
 
 
-def gemm_configs(m: int) -> list[dict]:
+def gemm_configs(m: int, block: bool) -> list[dict]:
+    """GEMM candidates: at prefill sizes the Hopper FP8 tiles (128 or 256 a side, K step 128 = the
+    scale group; 8 warps where the block path holds a dot tile beside the accumulator), 3-5 stages
+    and two L2 groupings; smaller M tiles for fewer rows."""
+
+    def tile(bm, bn, nw, st, gm=8):
+        return dict(block_m=bm, block_n=bn, block_k=128, num_warps=nw, num_stages=st, group_m=gm)
+
+    if m >= 1024:
+        grid = [tile(bm, bn, nw, st) for (bm, bn), nw, st in
+                itertools.product(((128, 128), (128, 256), (256, 128)), (8,), (3, 4, 5))]  # fmt: skip
+        grid += [tile(128, 128, 4, st) for st in (3, 4)] + [tile(64, 256, 8, 4), tile(64, 128, 4, 4)]
+        grid += [tile(128, 128, 8, 4, gm) for gm in (4, 16)] + [tile(128, 256, 8, 4, 16)]
+        grid += [dict(tile(bm, bn, 8, st), tma=True) for (bm, bn), st in
+                 itertools.product(((128, 128), (128, 256), (256, 128)), (3, 4))]  # fmt: skip
+        return grid if block else grid + [tile(128, 256, 8, 3, 8)]
     return [
-        dict(block_m=bm, block_n=bn, block_k=128, num_warps=nw, num_stages=st)
+        tile(bm, bn, nw, st)
         for bm, bn, nw, st in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (3, 4))
         if bm <= max(16, triton.next_power_of_2(m))
     ]
 
 
 def gemv_configs(block: bool) -> list[dict]:
+    """GEMV candidates: the tensor-core kernel (rows a program, K step, depth, split-K) and the
+    CUDA-core kernel (the first run's tiles and around them)."""
     if block:
-        grid = itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8), (4, 8))
-        return [dict(block_n=bn, groups_per_step=r, num_warps=nw) for bn, r, nw in grid]
-    grid = itertools.product((1, 2, 4, 8), (1024, 2048, 4096), (4, 8))
-    return [dict(block_n=bn, block_k=bk, num_warps=nw) for bn, bk, nw in grid]
+        dot = [dict(kernel="dot", block_n=bn, block_k=128, num_stages=st, split_k=sk, num_warps=4)
+               for bn, st, sk in itertools.product((16, 32), (4, 6, 8), (1, 2))]  # fmt: skip
+        dot += [dict(kernel="dot", block_n=16, block_k=128, num_stages=8, split_k=1, num_warps=nw) for nw in (2, 8)]
+        reduce = [dict(kernel="reduce", block_n=bn, groups_per_step=r, num_warps=nw)
+                  for bn, r, nw in itertools.product((2, 4, 8), (4, 8), (4, 8))]  # fmt: skip
+        return dot + reduce
+    dot = [dict(kernel="dot", block_n=bn, block_k=bk, num_stages=st, split_k=sk, num_warps=4)
+           for bn, bk, st, sk in itertools.product((16, 32, 64), (256, 512, 1024), (3, 4, 6), (1, 2))
+           if bn * bk <= 32768]  # fmt: skip
+    dot += [dict(kernel="dot", block_n=16, block_k=512, num_stages=4, split_k=1, num_warps=nw) for nw in (2, 8)]
+    reduce = [dict(kernel="reduce", block_n=bn, block_k=bk, num_warps=nw)
+              for bn, bk, nw in itertools.product((2, 4), (1024, 2048, 4096), (4, 8))]  # fmt: skip
+    return dot + reduce
 
 
 def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
@@ -265,17 +316,24 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
     if scheme != "tensor" and m > 1:  # the Triton GEMM (row scales and block scales)
         impl = f"triton {'block' if block else 'row'}"
         try:
-            configs = [None, *(gemm_configs(m) if sweep else [])]
-            t, cfg, check = timed_best(gemm, ws, want, configs)
-            record(label, m, impl, t, nbytes, flops, "fp8", config=cfg, **check)
+            configs = [None, *(gemm_configs(m, block is not None) if sweep else [])]
+            t, cfg, check, t_default = timed_best(gemm, ws, want, configs)
+            default = gemm_mod.pick_config(m, n, k, block is not None, xq.device)
+            record(label, m, impl, t, nbytes, flops, "fp8", config=cfg or default, default_us=t_default, **check)
+            if sweep:
+                keep_best("block_gemm" if block else "row_gemm", n, k, m, cfg, default)
         except Exception as exc:
             record_error(label, m, impl, exc)
     if m == 1:  # the GEMV
         impl = f"gemv {scheme}"
         try:
-            configs = [None, *(gemv_configs(block is not None) if sweep else [])]
-            t, cfg, check = timed_best(gemv, ws, want, configs)
-            record(label, m, impl, t, nbytes, flops, "fp8", config=cfg, **check)
+            # per-tensor and per-channel weights run one kernel: the channel run's sweep stands for both
+            configs = [None, *(gemv_configs(block is not None) if sweep and scheme != "tensor" else [])]
+            t, cfg, check, t_default = timed_best(gemv, ws, want, configs)
+            default = gemv_mod.pick_config(n, k, block is not None, xq.device)
+            record(label, m, impl, t, nbytes, flops, "fp8", config=cfg or default, default_us=t_default, **check)
+            if sweep and scheme != "tensor":
+                keep_best("block_gemv" if block else "gemv", n, k, 1, cfg, default)
         except Exception as exc:
             record_error(label, m, impl, exc)
     del ws
@@ -323,7 +381,7 @@ def plan(args) -> list[tuple[str, str, int]]:
 
 
 def main() -> None:
-    global DEV, ACT, REP_MS, BLOCK_TARGET_M
+    global DEV, ACT, REP_MS, BLOCK_TARGET_M, SWEEP_DEADLINE
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("results/fp8_linear.json"))
     ap.add_argument("--shapes", default=None, help=f"Llama-3.1-8B shapes ({', '.join(SHAPES)}; '' for none)")
@@ -331,7 +389,19 @@ def main() -> None:
     ap.add_argument("--dsv3-shapes", default=None, help=f"DeepSeek-V3 shapes ({', '.join(DSV3_SHAPES)}; '' for none)")
     ap.add_argument("--dsv3-tokens", default=None, help="M for them (default " + ",".join(map(str, DSV3_TOKENS)))
     ap.add_argument("--rep-ms", type=float, default=REP_MS, help="do_bench_cudagraph's rep (ms) per timing")
-    ap.add_argument("--sweep", action="store_true", help="also time a grid of GEMV / GEMM tiles, keep the best")
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time candidate GEMV / GEMM tiles, keep the best, write them into the tile table",
+    )
+    ap.add_argument(
+        "--configs-out",
+        type=Path,
+        default=None,
+        help="--sweep: the tile table's folder (default atomc/kernels/triton/configs/fp8/)",
+    )
+    ap.add_argument("--sweep-budget-s", type=float, default=float("inf"),
+                    help="--sweep: try no new candidate after this many seconds")  # fmt: skip
     ap.add_argument("--tiny", action="store_true", help="toy shapes on the CPU under TRITON_INTERPRET=1")
     args = ap.parse_args()
     REP_MS = args.rep_ms
@@ -349,6 +419,9 @@ def main() -> None:
     args.dsv3_shapes = defaults[2] if args.dsv3_shapes is None else args.dsv3_shapes
     args.dsv3_tokens = ",".join(map(str, defaults[3])) if args.dsv3_tokens is None else args.dsv3_tokens
     steps = plan(args)
+    SWEEP_DEADLINE = time.monotonic() + args.sweep_budget_s
+    if args.tiny and args.configs_out is None:  # toy shapes on the CPU: never into the package's table
+        args.configs_out = args.out.parent / "fp8_configs"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = dict(
         gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (TRITON_INTERPRET=1)", torch=torch.__version__,
@@ -359,6 +432,10 @@ def main() -> None:
         bench(family, shape, m, args.sweep)
         # after every (shape, M): a crash or a timeout later keeps what finished
         args.out.write_text(json.dumps({"meta": meta, "targets": targets(ROWS), "rows": ROWS}, indent=1))
+        if args.sweep and FOUND:
+            device = fp8_config.device_name(torch.device(DEV))
+            path = fp8_config.merge_into_file(FOUND, device, {**meta, "device": device}, args.configs_out)
+            print(f"  tile table: {path}", flush=True)
     print(json.dumps(targets(ROWS), indent=1))
     errors = [r for r in ROWS if "error" in r or r.get("ok") is False]
     print(f"wrote {args.out}: {len(ROWS)} rows, {len(errors)} failed")

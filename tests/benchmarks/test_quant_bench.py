@@ -3,6 +3,7 @@ rooflines, fp8_linear.py's plan and targets, quant_summary.py) on the CPU: what 
 before its one GPU call."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,48 @@ def test_summary_of_the_fp8_linear_targets(tmp_path):
         "  - M=1 qkv gemv channel: 1.60x bf16, 80.0% of HBM",
         "  - block GEMM dsv3 o M=4096: 72.5% of the FP8 peak (meets 70%), 1.10x the time of _scaled_mm tensorwise",
     ]
+
+
+def test_fp8_linear_sweep_keeps_the_fastest_candidate_that_passes(monkeypatch):
+    import fp8_linear
+    import torch
+
+    want = torch.ones(4)
+    times = {None: 30.0, "slow": 40.0, "fast_wrong": 1.0, "raises": 0.5, "fast": 20.0}
+
+    def fn_for(w, cfg):
+        if cfg == "raises":
+            raise RuntimeError("out of shared memory")
+        return want * (2 if cfg == "fast_wrong" else 1)
+
+    monkeypatch.setattr(fp8_linear, "per_call_us", lambda fn, weights: times[fn.__defaults__[0]])
+    monkeypatch.setattr(fp8_linear, "SWEEP_DEADLINE", float("inf"))
+    configs = [None, "slow", "fast_wrong", "raises", "fast"]
+    us, cfg, check, default_us = fp8_linear.timed_best(fn_for, [None], want, configs)
+    assert (us, cfg, check["ok"], default_us) == (20.0, "fast", True, 30.0)
+    monkeypatch.setattr(fp8_linear, "SWEEP_DEADLINE", 0.0)  # budget spent: the default alone
+    assert fp8_linear.timed_best(fn_for, [None], want, [None, "fast"])[:2] == (30.0, None)
+    fp8_linear.FOUND.clear()
+    fp8_linear.keep_best("gemv", 64, 128, 1, None, {"block_n": 16})
+    fp8_linear.keep_best("gemv", 64, 128, 1, {"block_n": 32}, {"block_n": 16})  # a winner replaces it
+    assert fp8_linear.FOUND == {"gemv": {(64, 128): {1: {"block_n": 32}}}}
+    fp8_linear.FOUND.clear()
+
+
+def test_fp8_linear_tiny_sweep_writes_a_tile_table(tmp_path):
+    """The whole --sweep path on the CPU (Triton interpreter), budget 0: the defaults are timed and
+    written as the winners into the table folder given, which the kernels' loader reads back."""
+    out = tmp_path / "fp8.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "fp8_linear.py"), "--tiny", "--sweep", "--sweep-budget-s", "0",
+           "--shapes", "", "--out", str(out), "--configs-out", str(tmp_path / "tiles")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's atomc, whatever is installed
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (table,) = (tmp_path / "tiles").glob("*.json")
+    raw = json.loads(table.read_text())
+    assert table.name == "fp8_linear,device=cpu.json" and raw["meta"]["device"] == "cpu"
+    # the tiny DeepSeek shape (kv_a: N 160, K 256) at M 33: the block GEMM's default tiles
+    assert raw["kernels"]["block_gemm"]["160,256"]["33"]["block_k"] == 128
+    rows = json.loads(out.read_text())["rows"]
+    (gemm,) = [r for r in rows if r["impl"] == "triton block"]
+    assert gemm["ok"] and gemm["config"] == raw["kernels"]["block_gemm"]["160,256"]["33"]

@@ -82,28 +82,65 @@ def test_interpreter_handles_e4m3():
 # ---- GEMV (one row) ----
 
 
+# the dot kernel (the default: tensor cores, 16-row tiles) and its split-K, and the reduce kernel
+GEMV_KNOBS = {
+    "dot": dict(block_n=16, block_k=64),
+    "dot split": dict(block_n=16, block_k=32, split_k=3),
+    "reduce": dict(kernel="reduce", block_n=4, block_k=64),
+}
+
+
 @pytest.mark.parametrize("n,k", [(48, 256), (37, 200), (64, 96)])
 @pytest.mark.parametrize("scales", ["tensor", "channel"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
-def test_gemv_per_tensor_and_channel(n, k, scales, out_dtype):
+@pytest.mark.parametrize("knobs", list(GEMV_KNOBS))
+def test_gemv_per_tensor_and_channel(n, k, scales, out_dtype, knobs):
     xq, w = _fp8((1, k)), _fp8((n, k), 1)
     xs = torch.rand(1, 1) / 100
     ws = torch.rand(n) / 100 if scales == "channel" else torch.rand(1) / 100
     bias = _rand(n, 2)
-    got = fp8_gemv(xq, xs, w, ws, bias, out_dtype, block_n=4, block_k=64)
+    got = fp8_gemv(xq, xs, w, ws, bias, out_dtype, **GEMV_KNOBS[knobs])
     close(got, ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32), 1e-5 if out_dtype == torch.float32 else 1e-3)
     assert got.shape == (1, n) and got.dtype == out_dtype
 
 
+BLOCK_GEMV_KNOBS = {
+    "dot": dict(),  # the default: one group a step
+    "dot half groups": dict(block_k=32),  # two steps a group share its scale
+    "dot split": dict(split_k=2, block_n=32),  # block_n drops to 16 where bn = 16
+    "reduce": dict(kernel="reduce", block_n=8),
+}
+
+
 @pytest.mark.parametrize("n,bn", [(200, 128), (64, 16), (48, 32)])
-@pytest.mark.parametrize("groups_per_step", [1, 2, 4])
-def test_gemv_block_scales(n, bn, groups_per_step):
-    k, bk = 384, 64  # 6 groups: a step of 4 has a ragged last step
+@pytest.mark.parametrize("knobs", list(BLOCK_GEMV_KNOBS))
+def test_gemv_block_scales(n, bn, knobs):
+    k, bk = 384, 64  # 6 groups
     xq, w = _fp8((1, k)), _fp8((n, k), 1)
     xs = torch.rand(1, k // bk) / 100
     ws = torch.rand(-(-n // bn), k // bk) / 100
-    got = fp8_gemv(xq, xs, w, ws, None, torch.float32, block=(bn, bk), block_n=8, groups_per_step=groups_per_step)
+    want = ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32)
+    got = fp8_gemv(xq, xs, w, ws, None, torch.float32, block=(bn, bk), **BLOCK_GEMV_KNOBS[knobs])
+    close(got, want)
+    if knobs == "reduce":  # a step of 4 of the 6 groups: a ragged last step
+        close(fp8_gemv(xq, xs, w, ws, None, torch.float32, block=(bn, bk), kernel="reduce", groups_per_step=4), want)
+
+
+def test_block_gemv_with_blocks_under_16_rows_runs_the_reduce_kernel():
+    """bn = 8: a 16-row dot program would span two weight blocks; the CUDA-core kernel takes it."""
+    k, bk, n, bn = 128, 64, 24, 8
+    xq, w = _fp8((1, k)), _fp8((n, k), 1)
+    xs, ws = torch.rand(1, k // bk) / 100, torch.rand(n // bn, k // bk) / 100
+    got = fp8_gemv(xq, xs, w, ws, None, torch.float32, block=(bn, bk))
     close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32))
+
+
+def test_gemv_rejects_bad_knobs():
+    xq, w, s = _fp8((1, 64)), _fp8((32, 64), 1), torch.ones(1)
+    with pytest.raises(ValueError, match="block_n >= 16"):
+        fp8_gemv(xq, s, w, s, None, torch.float32, block_n=8)
+    with pytest.raises(ValueError, match="unknown kernel"):
+        fp8_gemv(xq, s, w, s, None, torch.float32, kernel="cublas")
 
 
 # ---- GEMM ----
@@ -113,26 +150,50 @@ GEMM_CONFIG = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2
 
 @pytest.mark.parametrize("m", [1, 5, 33])
 @pytest.mark.parametrize("scales", ["tensor", "rows"])
-def test_gemm_row_scales(m, scales):
-    n, k = 72, 80  # neither a multiple of the tiles: masked edges
+@pytest.mark.parametrize("tma", [False, True])
+def test_gemm_row_scales(m, scales, tma):
+    n, k = 72, 80  # neither a multiple of the tiles: masked (or, TMA, zero-filled) edges
     xq, w = _fp8((m, k)), _fp8((n, k), 1)
     xs, ws = (torch.rand(m, 1) / 100, torch.rand(n) / 100) if scales == "rows" else (torch.rand(1), torch.rand(1))
     bias = _rand(n, 3)
-    got = fp8_gemm(xq, xs, w, ws, bias, torch.float32, config=GEMM_CONFIG)
+    got = fp8_gemm(xq, xs, w, ws, bias, torch.float32, config={**GEMM_CONFIG, "tma": tma})
     close(got, ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32))
 
 
 @pytest.mark.parametrize("m", [1, 7, 40])
 @pytest.mark.parametrize("n,bn", [(200, 128), (96, 32)])
-def test_block_gemm(m, n, bn):
+@pytest.mark.parametrize("tma", [False, True])
+def test_block_gemm(m, n, bn, tma):
     k, bk = 192, 64
     xq, w = _fp8((m, k)), _fp8((n, k), 1)
     xs, ws = torch.rand(m, k // bk) / 100, torch.rand(-(-n // bn), k // bk) / 100
-    got = fp8_gemm(xq, xs, w, ws, None, torch.float16, block=(bn, bk), config=GEMM_CONFIG)
+    cfg = {**GEMM_CONFIG, "tma": tma}
+    got = fp8_gemm(xq, xs, w, ws, None, torch.float16, block=(bn, bk), config=cfg)
     close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32), 1e-3)
     # a K step smaller than the group: two dots a group, each scaled by the group's scales
-    got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(bn, bk), config={**GEMM_CONFIG, "block_k": 32})
+    got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(bn, bk), config={**cfg, "block_k": 32})
     close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32))
+
+
+def test_block_gemm_gathers_weight_scales_when_a_tile_spans_blocks():
+    """bn = 16 under a 32-row tile: the per-row scale gather (SCALAR_BS off), rows of two blocks."""
+    m, n, k, bn, bk = 9, 80, 128, 16, 64
+    xq, w = _fp8((m, k)), _fp8((n, k), 1)
+    xs, ws = torch.rand(m, k // bk) / 100, torch.rand(n // bn, k // bk) / 100
+    for tma in (False, True):
+        got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(bn, bk), config={**GEMM_CONFIG, "tma": tma})
+        close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, bn, bk, None, torch.float32))
+
+
+def test_gemm_tma_falls_back_to_pointer_loads_when_unaligned():
+    """A row stride of 24 bytes cannot be a tensor descriptor: the pointer loads run instead."""
+    from atomc.kernels.triton.fp8_gemm import _tma_ok
+
+    xq, w = _fp8((5, 24)), _fp8((32, 24), 1)
+    assert not _tma_ok(xq, w)
+    xs, ws = torch.rand(5, 1) / 100, torch.rand(32) / 100
+    got = fp8_gemm(xq, xs, w, ws, None, torch.float32, config={**GEMM_CONFIG, "block_k": 16, "tma": True})
+    close(got, ref.fp8_gemm_reference(xq, xs, w, ws, None, torch.float32))
 
 
 def test_block_gemm_3d_input():
@@ -141,6 +202,46 @@ def test_block_gemm_3d_input():
     got = fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(64, 64), config=GEMM_CONFIG)
     assert got.shape == (2, 3, 64)
     close(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, 64, 64, None, torch.float32))
+
+
+# ---- the tile table (fp8_config.py): the kernels run what it holds for their (N, K) ----
+
+
+@pytest.fixture
+def cpu_table(tmp_path, monkeypatch):
+    from atomc.kernels.triton import fp8_config
+
+    monkeypatch.setattr(fp8_config, "CONFIG_DIR", tmp_path)
+    fp8_config.load_table.cache_clear(), fp8_config.tuned.cache_clear()
+
+    def write(found):
+        fp8_config.merge_into_file(found, "cpu", {"device": "cpu"})
+
+    yield write
+    fp8_config.load_table.cache_clear(), fp8_config.tuned.cache_clear()
+
+
+def test_gemm_and_gemv_take_the_tuned_entry_for_their_shape(cpu_table):
+    m, n, k = 40, 96, 128
+    xq, w = _fp8((m, k)), _fp8((n, k), 1)
+    xs, ws = torch.rand(m, 2) / 100, torch.rand(1, 2) / 100
+    want = ref.fp8_block_gemm_reference(xq, xs, w, ws, 128, 64, None, torch.float32)
+    # an entry the kernel refuses shows it was read; the default tiles would run
+    cpu_table({"block_gemm": {(n, k): {32: dict(block_k=48)}}})
+    with pytest.raises(ValueError, match="K step 48"):
+        fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(128, 64))
+    w2 = _fp8((n + 16, k), 2)  # another shape: no entry, the default tiles
+    close(fp8_gemm(xq, xs, w2, ws, None, torch.float32, block=(128, 64)),
+          ref.fp8_block_gemm_reference(xq, xs, w2, ws, 128, 64, None, torch.float32))  # fmt: skip
+    cpu_table({"block_gemm": {(n, k): {32: dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)}}})
+    close(fp8_gemm(xq, xs, w, ws, None, torch.float32, block=(128, 64)), want)
+    x1, s1 = xq[:1], torch.rand(1, 1) / 100
+    cpu_table({"gemv": {(n, k): {1: dict(kernel="cublas")}}})
+    with pytest.raises(ValueError, match="unknown kernel 'cublas'"):
+        fp8_gemv(x1, s1, w, ws[:, 0], None, torch.float32)
+    cpu_table({"gemv": {(n, k): {1: dict(kernel="reduce", block_n=8, block_k=32)}}})
+    ws1 = ws[:1, 0]
+    close(fp8_gemv(x1, s1, w, ws1, None, torch.float32), ref.fp8_gemm_reference(x1, s1, w, ws1, None, torch.float32))
 
 
 # ---- quant kernels ----

@@ -1,27 +1,44 @@
 """One-row FP8 GEMV for decode at batch 1: y[N] = (xq * x_scale) . (W_e4m3 * w_scale)^T (+ bias).
 
 At one row a linear is its weight reads, and e4m3 weights are half the bytes of bf16: this kernel
-is where FP8 pays at batch 1. It is the bf16 reduce GEMV (gemv.py) with e4m3 weights: each program
-streams a [BLOCK_N, BLOCK_K] weight tile along K (contiguous, coalesced), multiplies it by the row
-on the CUDA cores into an fp32 register tile and sums once at the end; BLOCK_N is small so even
-N = 4,096 spreads over many programs.
+is where FP8 pays at batch 1. Two kernels, picked per (N, K) by the tile table (fp8_config.py;
+default "dot"):
+
+- "dot" (default): tensor cores. The row padded to 16 (masked: no extra traffic) times a
+  [BLOCK_N >= 16, BLOCK_K] e4m3 weight tile per step into fp32. Why not the bf16 GEMV's CUDA-core
+  loop: at one e4m3 byte a weight value, that loop pays an e4m3 -> fp32 conversion (two
+  instructions on Hopper: e4m3x2 -> f16x2 -> f32) and a multiply-add per byte, 2.6x the
+  instructions per byte of bf16, and its fp32 register tile for the same bytes in flight is twice
+  bf16's, so fewer programs fit an SM; the first H200 run had it at 39-71% of HBM. A dot does the
+  conversion in the tensor core, and its loads are the ones Triton pipelines through shared memory
+  (num_stages deep), so the bytes in flight cost no registers; the same 16-row dot in the FP8 GEMM
+  at M = 8 read gate_up at 89% of HBM. `split_k` cuts K over programs (fp32 atomics) for shapes
+  with few row tiles.
+- "reduce": the bf16 reduce GEMV's loop (`gemv.row_dot`, shared: per-tensor / per-row scales go
+  after the sum, so the loop is the bf16 one on e4m3 loads), kept for the sweep to compare.
 
 Scales, as atomc::fp8_gemm / fp8_block_gemm give them:
 - per tensor ([1]) or per output row ([N]: per-channel weights, or a merged layer's per-section
   scales laid out by row) times x's one scale: applied once, after the sum;
-- block (`w_scale` [ceil(N/bn), K/bk], `x_scale` [K/bk] per token group): the tile is
-  [BLOCK_N, R, bk] (R groups of K a step) and each group's products are scaled by
-  w_scale[n // bn, g] * x_scale[g] before they are added, as the reference dequantises.
+- block (`w_scale` [ceil(N/bn), K/bk], `x_scale` [K/bk] per token group): a program's rows lie in
+  one weight block, so a group's scale is x_scale[g] * w_scale[n // bn, g], one value for the
+  program: the dot kernel multiplies each step's dot by it (a step inside one group, the scale
+  loaded a step ahead); the reduce kernel folds it into the row before the multiply-add, so a
+  weight value costs what it does per tensor (the first run's block GEMV multiplied every product
+  by a gathered [BLOCK_N, R] scale tile: 0.82-1.15x bf16).
 The activation is read as the op gives it: already e4m3 (the quant op before, or the fused norm /
 SiLU quant, wrote it), K bytes next to N*K of weight.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import fp8_config
 from atomc.kernels.triton.gemv import row_dot
 
 
@@ -50,40 +67,112 @@ def _fp8_block_gemv_kernel(
     N, K, stride_wn, stride_wsn, SCALE_ROWS,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, R: tl.constexpr, GROUP_K: tl.constexpr,
 ):  # fmt: skip
-    """Block scales: SCALE_ROWS = the weight block's rows (bn), GROUP_K its columns (bk)."""
+    """Block scales on the CUDA cores: SCALE_ROWS = the weight block's rows (bn, a multiple of
+    BLOCK_N, so a program's rows share one scale a group), GROUP_K its columns (bk). The group's
+    two scales are folded into the row x once per step ([R, GROUP_K], shared by the BLOCK_N rows),
+    so each weight value costs one multiply-add, as in the per-tensor loop."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    rows = offs_n % N  # in bounds: no load mask; the store drops rows past N
     offs_r = tl.arange(0, R)
     offs_j = tl.arange(0, GROUP_K)
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * stride_wn
-    ws_rows = ws_ptr + (offs_n // SCALE_ROWS)[:, None] * stride_wsn
+    w_rows = w_ptr + rows.to(tl.int64)[:, None, None] * stride_wn
+    ws_row = ws_ptr + ((tl.program_id(0) * BLOCK_N) // SCALE_ROWS) * stride_wsn
     acc = tl.zeros((BLOCK_N, R, GROUP_K), dtype=tl.float32)
     n_groups = K // GROUP_K
     for g0 in range(0, n_groups, R):
         g = g0 + offs_r  # the R groups of this step
         g_ok = g < n_groups
         offs_k = g[:, None] * GROUP_K + offs_j[None, :]  # [R, GROUP_K]
-        x = tl.load(x_ptr + offs_k, mask=g_ok[:, None], other=0.0).to(tl.float32)
-        x = x * tl.load(xs_ptr + g, mask=g_ok, other=0.0)[:, None]
-        w = tl.load(w_rows + offs_k[None, :, :], mask=n_ok[:, None, None] & g_ok[None, :, None], other=0.0)
-        s = tl.load(ws_rows + g[None, :], mask=n_ok[:, None] & g_ok[None, :], other=0.0)  # [BLOCK_N, R]
-        acc += w.to(tl.float32) * x[None, :, :] * s[:, :, None]
+        s = tl.load(xs_ptr + g, mask=g_ok, other=0.0) * tl.load(ws_row + g, mask=g_ok, other=0.0)
+        x = tl.load(x_ptr + offs_k, mask=g_ok[:, None], other=0.0).to(tl.float32) * s[:, None]
+        w = tl.load(w_rows + offs_k[None, :, :], mask=g_ok[None, :, None], other=0.0)
+        acc += w.to(tl.float32) * x[None, :, :]
     y = tl.sum(tl.sum(acc, 2), 1)
+    n_ok = offs_n < N
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
+@triton.jit
+def _fp8_gemv_dot_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr,
+    N, K, k_per_split, stride_wn, stride_wsn, SCALE_ROWS,
+    WS_ROWS: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Tensor cores: the row padded to 16 (rows 1-15 masked to zeros: no memory traffic) times a
+    [BLOCK_N, BLOCK_K] weight tile per step, fp32 accumulation; split K over program_id(1) adds
+    fp32 partial sums with atomics (ATOMIC). Block scales: a step lies inside one group (BLOCK_K
+    divides GROUP_K) and BLOCK_N inside one weight block, so a step's dot is scaled by one scalar
+    x_scale[g] * w_scale[n // bn, g], loaded a step ahead."""
+    pid_n = tl.program_id(0)
+    k_lo = tl.program_id(1) * k_per_split
+    offs_m = tl.arange(0, 16)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = offs_n % N  # in bounds: no load mask; the store drops rows past N
+    x_row = (offs_m == 0)[:, None]
+    x_ptrs = x_ptr + k_lo + offs_m[:, None] * 0 + offs_k[None, :]
+    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + k_lo + offs_k[None, :]
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    if BLOCK_SCALES:
+        last_group = K // GROUP_K - 1
+        ws_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_ROWS) * stride_wsn
+        s = tl.load(xs_ptr + k_lo // GROUP_K) * tl.load(ws_row + k_lo // GROUP_K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=x_row, other=0.0)
+            w = tl.load(w_ptrs)
+        else:
+            k_ok = (k0 + offs_k) < k_hi
+            x = tl.load(x_ptrs, mask=x_row & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+        if BLOCK_SCALES:
+            g_next = tl.minimum((k0 + BLOCK_K) // GROUP_K, last_group)
+            s_next = tl.load(xs_ptr + g_next) * tl.load(ws_row + g_next)
+            acc += tl.dot(x, tl.trans(w)) * s
+            s = s_next
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if not BLOCK_SCALES:
+        acc = acc * tl.load(xs_ptr)
+        if WS_ROWS:
+            acc = acc * tl.load(ws_ptr + rows)[None, :]
+        else:
+            acc = acc * tl.load(ws_ptr)
+    if HAS_BIAS:
+        first = (tl.program_id(1) == 0).to(tl.float32)  # the first K split adds it
+        acc += tl.load(b_ptr + rows).to(tl.float32)[None, :] * first
+    y_ptrs = y_ptr + offs_m[:, None] * 0 + offs_n[None, :]
+    ok = x_row & (offs_n < N)[None, :]
+    if ATOMIC:
+        tl.atomic_add(y_ptrs, acc, mask=ok)
+    else:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
 def gemv_config(n: int, k: int, block: bool) -> dict:
-    """Untuned starting points (the H200 sweep of benchmarks/fp8_linear.py --sweep decides): the
-    bf16 reduce GEMV's best tiles held the same bytes in flight per program, and an e4m3 value is
-    half a bf16 one, so the K tile doubles; block scales step 8 groups of 128 on 4 rows (the same
-    4 KiB a step)."""
+    """Default tiles (no tuned entry for the shape): the tensor-core kernel, 16 weight rows a
+    program (the fewest a dot takes: N = 4,096 still gives 256 programs), K steps of 512 values
+    four deep (32 KiB of weight in flight a program, staged in shared memory by Triton's pipeliner,
+    not held in registers); block scales step one 128-group at a time, eight deep. Why the dot and
+    not the CUDA-core loop: docs/kernels.md, "FP8 linears"."""
     if block:
-        return dict(block_n=4, groups_per_step=8, num_warps=4)
-    if n <= 4096:
-        return dict(block_n=2, block_k=4096, num_warps=8)
-    return dict(block_n=2, block_k=2048, num_warps=4)
+        return dict(kernel="dot", block_n=16, block_k=128, split_k=1, num_warps=4, num_stages=8)
+    return dict(kernel="dot", block_n=16, block_k=512, split_k=1, num_warps=4, num_stages=4)
+
+
+REDUCE_DEFAULTS = dict(block_n=2, block_k=2048, groups_per_step=8, num_warps=4)
+
+
+def pick_config(n: int, k: int, block: bool, device: torch.device) -> dict:
+    """gemv_config with the tuned entry for (N, K) on this device laid over it."""
+    found = fp8_config.tuned("block_gemv" if block else "gemv", n, k, 1, fp8_config.device_name(device))
+    return {**gemv_config(n, k, block), **found} if found else gemv_config(n, k, block)
 
 
 def fp8_gemv(
@@ -95,41 +184,86 @@ def fp8_gemv(
     out_dtype: torch.dtype,
     *,
     block: tuple[int, int] | None = None,
+    kernel: str | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
+    split_k: int | None = None,
     groups_per_step: int | None = None,
     num_warps: int | None = None,
-    num_stages: int = 4,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """atomc::fp8_gemm (block None) or atomc::fp8_block_gemm (block = (bn, bk)) for one row
-    xq [..., K] (one row in all); the keywords are tuning knobs, defaults from gemv_config."""
+    xq [..., K] (one row in all). The keywords are tuning knobs over the picked config: kernel
+    "dot" (tensor cores; block_n >= 16, split_k) or "reduce" (CUDA cores; block scales step
+    groups_per_step groups)."""
     n, k = weight.shape
     if xq.numel() != k or weight.stride(-1) != 1:
         raise ValueError(f"fp8_gemv takes one row and a row-major weight; got x {tuple(xq.shape)}")
-    cfg = gemv_config(n, k, block is not None)
-    block_n = block_n or cfg["block_n"]
-    num_warps = num_warps or cfg["num_warps"]
+    given = dict(kernel=kernel, block_n=block_n, block_k=block_k, split_k=split_k,
+                 groups_per_step=groups_per_step, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+    picked = pick_config(n, k, block is not None, xq.device)
+    chosen = kernel or picked.get("kernel", "dot")
+    if block is not None and block[0] % 16 and chosen == "dot":  # 16-row programs would span weight blocks
+        chosen = "reduce"
+    if picked.get("kernel", "dot") != chosen:  # another kernel than the picked one: its own defaults
+        picked = gemv_config(n, k, block is not None) if chosen == "dot" else {}
+    base = {**REDUCE_DEFAULTS, **picked} if chosen == "reduce" else picked
+    cfg = {**base, **{key: v for key, v in given.items() if v is not None}, "kernel": chosen}
     x = xq.reshape(k)
     x = x if x.stride(0) == 1 else x.contiguous()
-    y = torch.empty(n, dtype=out_dtype, device=xq.device)
-    b = bias if bias is not None else y
-    grid = (triton.cdiv(n, block_n),)
-    if block is None:
-        block_k = min(block_k or cfg["block_k"], triton.next_power_of_2(k))
-        ws = weight_scale.float().reshape(-1)
-        _fp8_gemv_kernel[grid](
-            x, x_scale.float().reshape(-1), weight, ws, b, y, n, k, weight.stride(0), 0,
-            WS_ROWS=ws.numel() > 1, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
-    else:
+    xs = x_scale.float().reshape(-1)
+    ws = weight_scale.float()
+    b = bias if bias is not None else weight
+    if block is not None:
         bn, bk = block
         if k % bk or bk & (bk - 1):
             raise ValueError(f"fp8_gemv: block columns {bk} must be a power of two dividing K = {k}")
-        r = min(groups_per_step or cfg["groups_per_step"], triton.next_power_of_2(k // bk))
-        ws = weight_scale.float()
-        _fp8_block_gemv_kernel[grid](
-            x, x_scale.float().reshape(-1), weight, ws, b, y, n, k, weight.stride(0), ws.stride(0), bn,
-            HAS_BIAS=bias is not None, BLOCK_N=block_n, R=r, GROUP_K=bk, num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
+    if chosen == "reduce":
+        return _reduce(x, xs, weight, ws, b, bias is not None, out_dtype, block, cfg).view(*xq.shape[:-1], n)
+    if chosen != "dot":
+        raise ValueError(f"fp8_gemv: unknown kernel {cfg['kernel']!r} (dot, reduce)")
+    bn_tile = cfg["block_n"]
+    if bn_tile < 16 or bn_tile & (bn_tile - 1):
+        raise ValueError(f"fp8_gemv: the dot kernel takes a power-of-two block_n >= 16, got {bn_tile}")
+    step = min(cfg["block_k"], max(32, triton.next_power_of_2(k)))  # an e4m3 MMA takes K in 32s
+    if block is not None:
+        step = min(step, bk)
+        bn_tile = math.gcd(bn_tile, bn)  # a program's rows share one weight block (bn a multiple of 16)
+    splits = max(1, min(cfg.get("split_k", 1), triton.cdiv(k, step)))
+    k_per_split = triton.cdiv(triton.cdiv(k, splits), step) * step
+    splits = triton.cdiv(k, k_per_split)
+    atomic = splits > 1
+    # split K adds fp32 partial sums into a zeroed buffer; one split writes the output directly
+    y = torch.zeros(n, dtype=torch.float32, device=xq.device) if atomic else xq.new_empty(n, dtype=out_dtype)
+    _fp8_gemv_dot_kernel[(triton.cdiv(n, bn_tile), splits)](
+        x, xs, weight, ws, b, y, n, k, k_per_split, weight.stride(0), ws.stride(0) if ws.dim() == 2 else 0,
+        block[0] if block is not None else 1,
+        WS_ROWS=ws.numel() > 1, BLOCK_SCALES=block is not None, HAS_BIAS=bias is not None, ATOMIC=atomic,
+        EVEN_K=k % step == 0, GROUP_K=block[1] if block is not None else step, BLOCK_N=bn_tile, BLOCK_K=step,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    y = y.to(out_dtype) if atomic else y
     return y.view(*xq.shape[:-1], n)
+
+
+def _reduce(x, xs, weight, ws, b, has_bias, out_dtype, block, cfg) -> torch.Tensor:
+    """The CUDA-core kernels (row_dot for per-tensor / per-row scales, the block loop for blocks)."""
+    n, k = weight.shape
+    y = torch.empty(n, dtype=out_dtype, device=x.device)
+    block_n, num_warps, num_stages = cfg["block_n"], cfg["num_warps"], cfg.get("num_stages", 4)
+    if block is None:
+        block_k = min(cfg["block_k"], triton.next_power_of_2(k))
+        _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
+            x, xs, weight, ws.reshape(-1), b, y, n, k, weight.stride(0), 0,
+            WS_ROWS=ws.numel() > 1, HAS_BIAS=has_bias, BLOCK_N=block_n, BLOCK_K=block_k,
+            num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+        return y
+    bn, bk = block
+    block_n = math.gcd(block_n, bn)  # a program's rows share one weight block
+    r = min(cfg["groups_per_step"], triton.next_power_of_2(k // bk))
+    _fp8_block_gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, xs, weight, ws, b, y, n, k, weight.stride(0), ws.stride(0), bn,
+        HAS_BIAS=has_bias, BLOCK_N=block_n, R=r, GROUP_K=bk, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return y
