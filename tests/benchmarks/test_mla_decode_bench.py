@@ -1,6 +1,6 @@
 """benchmarks/mla_decode.py's --tiny mode (the CPU smoke run through the Triton interpreter) runs,
-finds the kernel equal to the reference and prints a row's roofline arithmetic. In a child process: the interpreter setting must
-precede triton's first import."""
+finds the kernel equal to the reference and prints a row's roofline arithmetic. In a child
+process: the interpreter setting must precede triton's first import."""
 
 import os
 import subprocess

@@ -224,12 +224,13 @@ def test_segment_choice_fills_one_wave(monkeypatch):
 def test_default_tiles():
     tiles = importlib.import_module("atomc.kernels.triton.mla_attention").mla_tiles
     v3 = tiles(128, 512, True, 2)  # bf16 decode at V3's widths: 64 heads on two warpgroups
-    assert (v3["block_h"], v3["block_m"], v3["num_warps"], v3["tile_n"], v3["dv_split"]) == (64, 64, 8, 32, 1)
+    assert (v3["block_h"], v3["block_m"], v3["num_warps"], v3["tile_n"], v3["dv_split"]) == (64, 64, 8, 32, 2)
     assert tiles(128, 512, False, 2)["block_q"] == 1 and tiles(16, 512, False, 2)["block_q"] == 4
     assert tiles(16, 512, True, 2)["block_m"] == 16  # V2-Lite decode: one token's 16 heads
     fp32 = tiles(128, 512, True, 4)
     assert (fp32["block_h"], fp32["num_warps"], fp32["tile_n"]) == (32, 4, 16)
     old = tiles(128, 512, True, 2, block_h=32, tile_n=64, num_warps=4)  # the tiling before, by knobs
     assert (old["block_h"], old["block_m"], old["tile_n"], old["num_warps"]) == (32, 32, 64, 4)
+    assert tiles(4, 16, True, 4)["dv_split"] == 1  # kv_lora 16: no halves of a dot's 16 columns
     with pytest.raises(AssertionError, match="dv_split"):
         tiles(4, 16, True, 4, dv_split=2)  # halves of 8 columns: below a dot's 16
