@@ -13,9 +13,13 @@ that regime, as the fast MLA decode kernels are:
   m // BLOCK_H, head m % BLOCK_H of the program's head block). A Hopper warpgroup MMA is 64 rows
   tall, so 16-bit decode takes BLOCK_H 64 heads on 8 warps (two warpgroups, each holding half of
   the [64, 512] fp32 accumulator: 128 registers a thread); the 32-head, 4-warp tiling before
-  (about 16% of the tensor-core rate at bs 64 x 4k) is reachable through the knobs. V3's 128 heads
-  make 2 head blocks, the fastest part of the program id: a token's blocks read the same latent
-  tiles at about the same time, so the second read hits L2.
+  (about 16% of the tensor-core rate at bs 64 x 4k: its 32-row dots compile to mma.sync, and it
+  spills) is reachable through the knobs. Triton gives a dot that feeds another dot all warps
+  along M, so both warpgroups compute the same [64, TILE_N] scores: per key a warpgroup does
+  64 x (576 + 256) MMA work against 64 x 544 for an even split, a ceiling of 65% of the tensor
+  peak for this design (docs/kernels.md). V3's 128 heads make 2 head blocks, the fastest part of
+  the program id: a token's blocks read the same latent tiles at about the same time, so the
+  second read hits L2.
 - Scores are tensor-core dots over the pieces of the row as stored, never a padded 576: c_kv
   (whole, or as two halves with DV_SPLIT 2) plus the rope part as its own K = 64 dot. The value
   tile is the very c_kv piece the scores used (loaded once); with DV_SPLIT 2 the accumulator is
