@@ -36,6 +36,18 @@ Mixtures of experts (`moe_*`, for Mixtral, Qwen3-MoE, GPT-OSS; a model is a name
   measured dense matmul rate (a grouped expert GEMM is smaller, so this stays an upper bound).
 The serving ceiling and the decode-only bound are then formed as for dense models.
 
+MLA decode attention alone (`mla_decode_roofline`, for benchmarks/mla_decode.py): in the absorbed
+form every head's key is the token's whole latent row (kv_lora + rope values) and its value the
+c_kv part, and all heads read the same row. Per (head, key) the kernel does QK over kv_lora + rope
+and PV over kv_lora, 2 x (576 + 512) = 2,176 FLOPs at V3's widths, while the row is read once for
+all heads, 576 x 2 bytes in bf16. So
+    intensity = heads x 2 x (kv_lora + rope + kv_lora) / ((kv_lora + rope) x 2) = 1.89 x heads FLOP/B
+(242 at 128 heads) at any batch and context (queries and outputs, heads x (576 + 512) x 2 bytes a
+sequence, are left out: 6% at 4k context). The bound is min time = max(bytes / bandwidth,
+FLOPs / peak); with an H200's dense bf16 peak of 989 TFLOP/s against 4.3 TB/s (ridge 230 FLOP/B),
+V3's decode is compute-bound (by 5%), and 70% of HBM bandwidth means 0.7 x 4.3 TB/s x 242 FLOP/B
+= 730 TFLOP/s, 74% of the peak.
+
     python benchmarks/ceilings.py     # prints the measured rates as JSON
 """
 
@@ -85,6 +97,36 @@ def measure() -> dict:
     """{"bandwidth": bytes/s, "matmul_flops": FLOP/s, "device": name}, measured in a child process."""
     out = subprocess.run([sys.executable, __file__], check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+# dense bf16 tensor-core peaks (datasheets, FLOP/s), matched against torch.cuda.get_device_name()
+DENSE_BF16_PEAK = {"H200": 989.4e12, "H100": 989.4e12, "H800": 989.4e12, "H20": 148e12, "A100": 312e12}
+
+
+def dense_bf16_peak(device_name: str) -> float | None:
+    """The datasheet's dense bf16 rate of a GPU named `device_name`, None if not in the table."""
+    return next((flops for key, flops in DENSE_BF16_PEAK.items() if key in device_name), None)
+
+
+def mla_decode_roofline(
+    bs: int, ctx: int, heads: int, kv_lora: int, rope: int, bandwidth: float, peak_flops: float, dtype_bytes: int = 2
+) -> dict:
+    """The roofline of one MLA decode call (absorbed form, one query a sequence, every sequence at
+    context `ctx`): the latent bytes it must read, the FLOPs its dots do, and the bound
+    max(bytes / bandwidth, FLOPs / peak_flops) in seconds (see the module docstring)."""
+    latent_bytes = bs * ctx * (kv_lora + rope) * dtype_bytes
+    flops = 2 * bs * heads * ctx * ((kv_lora + rope) + kv_lora)  # QK over kv_lora + rope, PV over kv_lora
+    memory_s, compute_s = latent_bytes / bandwidth, flops / peak_flops
+    return {
+        "latent_bytes": latent_bytes,
+        "flops": flops,
+        "intensity": flops / latent_bytes,
+        "ridge": peak_flops / bandwidth,
+        "memory_s": memory_s,
+        "compute_s": compute_s,
+        "bound_s": max(memory_s, compute_s),
+        "bound": "compute" if compute_s > memory_s else "memory",
+    }
 
 
 def _config(model: str | dict) -> dict:

@@ -3,13 +3,17 @@
 atomc::mla_attention's torch reference.
 
     python benchmarks/mla_decode.py --out results/mla_decode.json [--bs 1,8] [--ctx 4096] [--no-reference]
-    python benchmarks/mla_decode.py --sweep --bs 8,64 --ctx 4096   # tile configs side by side
+    python benchmarks/mla_decode.py --sweep --bs 8,64 --ctx 4096,16384   # old and new tilings side by side
     python benchmarks/mla_decode.py --tiny     # CPU smoke run through the Triton interpreter
 
 GB/s counts the latent bytes read once (bs x ctx x 576 x 2), the floor any MLA decode must read
 (queries and outputs are small beside it); the issue's target is >= 70% of HBM bandwidth at
 bs >= 8, ctx >= 4k. The bandwidth is measured here (a 1 GiB device-to-device copy, bytes read +
-written over the time) and given next to each row. The kernel is timed as CUDA-graph replays of
+written over the time). At 128 heads the decode is compute-bound, though (1.89 x heads = 242 FLOP
+a latent byte, above an H200's ridge of 230: benchmarks/ceilings.py, `mla_decode_roofline`), so
+each row gives both: % of the copy bandwidth, and % of the roofline max(bytes / bandwidth, FLOPs /
+peak) with the datasheet's dense bf16 peak (and, beside it, with a cuBLAS GEMM's measured rate,
+what throttled clocks leave). The kernel is timed as CUDA-graph replays of
 calls over R different caches (R x the latent bytes >= 512 MiB), as a model's layers each read
 their own cache, so the latent comes from HBM and not from L2 (50 MiB on an H200 holds a whole
 bs 8 x 4k latent). The reference gathers the pages and runs SDPA; it gets do_bench once per row.
@@ -31,9 +35,11 @@ if TINY:
     os.environ["TRITON_INTERPRET"] = "1"  # before the first triton import
 
 import torch  # noqa: E402
+from ceilings import dense_bf16_peak, mla_decode_roofline  # noqa: E402
 
 from atomc.forward_context import AttentionMetadata  # noqa: E402
 from atomc.kernels.triton.mla_attention import mla_attention  # noqa: E402
+from atomc.kernels.triton.paged_attention import _pick_segments  # noqa: E402
 from atomc.ops.attention import paged_attention_reference  # noqa: E402
 
 HEADS, LORA, ROPE, PAGE = 128, 512, 64, 16
@@ -111,6 +117,30 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() * 2 / (ms * 1e-3)
 
 
+def matmul_rate() -> float:
+    """FLOP/s of a bf16 cuBLAS GEMM, 8192 x 8192 x 8192: the tensor-core rate this GPU sustains."""
+    from triton.testing import do_bench
+
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    ms = do_bench(lambda: a @ b, warmup=5, rep=50, return_mode="median")
+    return 2 * 8192**3 / (ms * 1e-3)
+
+
+def roofline_fields(bs: int, ctx: int, us: float, bw: float, peak: float, gemm: float) -> dict:
+    """A row's rates against the copy bandwidth and the two rooflines (datasheet peak, GEMM rate)."""
+    r = mla_decode_roofline(bs, ctx, HEADS, LORA, ROPE, bw, peak)
+    at_gemm = mla_decode_roofline(bs, ctx, HEADS, LORA, ROPE, bw, gemm)
+    return dict(
+        gbps=round(r["latent_bytes"] / us / 1e3, 1),
+        tflops=round(r["flops"] / us / 1e6, 1),
+        pct_bw=round(100 * r["memory_s"] / (us * 1e-6), 1),
+        pct_roofline=round(100 * r["bound_s"] / (us * 1e-6), 1),
+        pct_gemm_roofline=round(100 * at_gemm["bound_s"] / (us * 1e-6), 1),
+        bound=r["bound"],
+    )
+
+
 def graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw) -> float:
     """Median µs of one kernel call, from replays of a graph of one call per cache in `pools`."""
     from triton.testing import do_bench
@@ -125,19 +155,30 @@ def graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw) -> float:
     return do_bench(graph.replay, warmup=5, rep=50, return_mode="median") * 1e3 / len(pools)
 
 
-# --sweep: heads a tile x keys a step x warps (the defaults are 16, 32, 8). Each latent tile is read
-# by H / block_h programs (from L2 after the first), so a larger block_h saves L2 traffic but needs
-# a [block_h, 512] fp32 accumulator: 64 heads want 16 warps to stay out of local memory
-SWEEP = [
-    dict(block_h=h, tile_n=n, num_warps=w)
-    for h in (16, 32, 64)
-    for n in (16, 32, 64)
-    for w in (4, 8, 16)
-    if w >= h // 8  # 64 heads on 4 warps: 256 accumulator registers a thread
-]
+# --sweep: the tiling before the compute-bound rework (32 heads, 64 keys, 4 warps, with the MHA
+# decode's segment rule: "old"), the new 64-head / 8-warp tiles over keys a step x stages x c_kv
+# pieces (64 keys x 3 stages would need 288 KiB of shared memory: left out), and the new default
+# with forced segment counts (bs 8's auto is 8, bs 64's 1)
+OLD = dict(block_h=32, tile_n=64, num_warps=4, num_stages=2, dv_split=1, num_segments="old")
+NEW = dict(block_h=64, tile_n=32, num_warps=8, num_stages=2, dv_split=2)  # the kernel's default
+SWEEP = (
+    [OLD]
+    + [dict(NEW, tile_n=n, num_stages=st, dv_split=dv) for n, st in ((32, 2), (32, 3), (64, 2)) for dv in (1, 2)]
+    + [dict(NEW, num_segments=k) for k in (2, 4, 16)]
+)
 
 
-def bench_rows(bs: int, ctx: int, bw: float, configs: list[dict], with_reference: bool) -> list[dict]:
+def resolve(kw: dict, bs: int, ctx: int) -> dict:
+    """`num_segments="old"`: the count the MHA decode's rule gives (what the kernel used before)."""
+    if kw.get("num_segments") != "old":
+        return kw
+    head_blocks = -(-HEADS // kw["block_h"])
+    return dict(kw, num_segments=_pick_segments(torch.device("cuda", 0), bs, head_blocks, ctx, kw["tile_n"]))
+
+
+def bench_rows(
+    bs: int, ctx: int, rates: tuple[float, float, float], configs: list[dict], with_reference: bool
+) -> list[dict]:
     """One row per kernel config in `configs` (a failing one, e.g. out of shared memory, records
     its error), over the same inputs; the reference's time on every row."""
     from triton.testing import do_bench
@@ -152,8 +193,9 @@ def bench_rows(bs: int, ctx: int, bw: float, configs: list[dict], with_reference
     if with_reference:
         ref_us = round(do_bench(lambda: reference(q_absorbed, q_pe, pools[0], meta, scale), warmup=2, rep=20) * 1e3, 1)
     rows = []
-    for kw in configs:
-        row = dict(bs=bs, ctx=ctx, config=kw, reference_us=ref_us)
+    for config in configs:
+        kw = resolve(config, bs, ctx)
+        row = dict(bs=bs, ctx=ctx, config=config, launched=kw, reference_us=ref_us)
         try:
             row["rel_err"] = rel_err(kernel(q_absorbed, q_pe, pools[0], out, meta, scale, **kw), ref)
             us = graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw)
@@ -162,31 +204,47 @@ def bench_rows(bs: int, ctx: int, bw: float, configs: list[dict], with_reference
             print(f"bs {bs:3d} ctx {ctx:6d} {kw}: failed: {row['error']}")
             rows.append(row)
             continue
-        row.update(us=round(us, 2), gbps=round(latent_bytes / us / 1e3, 1))
-        row["pct_bw"] = round(100 * latent_bytes / (us * 1e-6) / bw, 1)
+        row.update(us=round(us, 2), **roofline_fields(bs, ctx, us, *rates))
         rows.append(row)
-        print(f"bs {bs:3d} ctx {ctx:6d}: {us:8.1f} us {row['gbps']:7.1f} GB/s ({row['pct_bw']:5.1f}% of copy bw)"
-              f" reference {ref_us or float('nan'):9.1f} us err {row['rel_err']:.1e} {kw or ''}")  # fmt: skip
+        print(f"bs {bs:3d} ctx {ctx:6d}: {row_text(row)} reference {ref_us or float('nan'):9.1f} us"
+              f" err {row['rel_err']:.1e} {kw or ''}")  # fmt: skip
     return rows
 
 
+def row_text(row: dict) -> str:
+    return (
+        f"{row['us']:8.1f} us {row['gbps']:7.1f} GB/s {row['tflops']:6.1f} TFLOP/s: {row['pct_bw']:5.1f}% of copy bw,"
+        f" {row['pct_roofline']:5.1f}% of the {row['bound']}-bound roofline ({row['pct_gemm_roofline']:5.1f}% at"
+        " the GEMM rate)"
+    )
+
+
 def run_gpu(args) -> None:
-    bw = copy_bandwidth()
-    print(f"copy bandwidth {bw / 1e9:.0f} GB/s ({torch.cuda.get_device_name()})")
-    knobs = dict(num_segments=args.segments, tile_n=args.tile_n, block_h=args.block_h, num_warps=args.num_warps)
+    bw, gemm = copy_bandwidth(), matmul_rate()
+    name = torch.cuda.get_device_name()
+    peak = dense_bf16_peak(name) or gemm
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s, bf16 GEMM {gemm / 1e12:.0f} TFLOP/s, peak {peak / 1e12:.0f}"
+          f" TFLOP/s ({name}); ridge {peak / bw:.0f} FLOP/B against 1.89 x {HEADS} = {1.889 * HEADS:.0f}")  # fmt: skip
+    knobs = dict(
+        num_segments=args.segments, tile_n=args.tile_n, block_h=args.block_h, num_warps=args.num_warps,
+        num_stages=args.num_stages, dv_split=args.dv_split,
+    )  # fmt: skip
     kw = {k: v for k, v in knobs.items() if v}
     configs = [dict(c, **kw) for c in SWEEP] if args.sweep else [kw]
     rows = []
     for ctx in args.ctx:
         for bs in args.bs:
-            found = bench_rows(bs, ctx, bw, configs, not args.no_reference)
+            found = bench_rows(bs, ctx, (bw, peak, gemm), configs, not args.no_reference)
             rows += found
             if args.sweep and any("us" in r for r in found):
                 best = min((r for r in found if "us" in r), key=lambda r: r["us"])
-                print(f"  best at bs {bs} ctx {ctx}: {best['config']} {best['us']} us ({best['pct_bw']}%)")
+                print(f"  best at bs {bs} ctx {ctx}: {best['config']} {row_text(best)}")
             torch.cuda.empty_cache()  # the row's caches are gone with its frame
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version())
-    meta.update(copy_bandwidth_gbps=round(bw / 1e9, 1), knobs=kw, sweep=args.sweep)
+    meta.update(
+        copy_bandwidth_gbps=round(bw / 1e9, 1), gemm_tflops=round(gemm / 1e12, 1), peak_tflops=round(peak / 1e12, 1)
+    )
+    meta.update(knobs=kw, sweep=args.sweep)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print(f"wrote {args.out}")
@@ -206,6 +264,9 @@ def run_tiny() -> None:
         latent = bs * ctx * (lora + rope) * 4
         print(f"tiny bs {bs} ctx {ctx}: {latent} latent bytes, {ms:.0f} ms interpreted, err {err:.1e}")
         assert err < 1e-5, f"kernel and reference disagree: {err}"
+    # the GPU rows' arithmetic, at V3 widths with an H200's nominal rates and a made-up 100 us
+    row = dict(us=100.0, **roofline_fields(64, 4096, 100.0, 4.3e12, 989.4e12, 800e12))
+    print(f"roofline check bs 64 ctx 4096 at 100 us: {row_text(row)}")
 
 
 def main() -> None:
@@ -217,7 +278,9 @@ def main() -> None:
     ap.add_argument("--tile-n", type=int, default=None, help="keys a step (default: the kernel's)")
     ap.add_argument("--block-h", type=int, default=None, help="heads a tile (default: the kernel's)")
     ap.add_argument("--num-warps", type=int, default=None, help="warps a program (default: the kernel's)")
-    ap.add_argument("--sweep", action="store_true", help="time every config of SWEEP (block_h x tile_n x warps)")
+    ap.add_argument("--num-stages", type=int, default=None, help="pipeline stages (default: the kernel's)")
+    ap.add_argument("--dv-split", type=int, default=None, help="c_kv pieces, 1 or 2 (default: the kernel's)")
+    ap.add_argument("--sweep", action="store_true", help="time every config of SWEEP (old tiling, new tiles, segments)")
     ap.add_argument("--no-reference", action="store_true", help="skip timing the torch reference")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run through the Triton interpreter")
     args = ap.parse_args()

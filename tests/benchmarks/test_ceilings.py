@@ -159,3 +159,27 @@ def test_serving_bounds_picks_the_definition():
     moe = ceilings.serving_bounds("qwen3-30b-a3b", 64, 1024, 1024, BW, FLOPS)
     assert moe["ceiling_tok_s"] == ceilings.moe_serving_ceiling("qwen3-30b-a3b", 64, 1024, 1024, BW, FLOPS)
     assert moe["distinct_experts_per_layer"] == pytest.approx(125.94, abs=0.01)
+
+
+# --- MLA decode attention --------------------------------------------------------------------------
+
+
+def test_mla_decode_roofline_at_v3_widths():
+    # bs 64 x 4k at 128 heads, kv_lora 512, rope 64: 302 MB of latent, 2 x (576 + 512) FLOPs a
+    # head and key; 242 FLOP/B against an H200's ridge of 989 / 4.3 = 230: compute-bound
+    r = ceilings.mla_decode_roofline(64, 4096, 128, 512, 64, BW, 989.4e12)
+    assert r["latent_bytes"] == 64 * 4096 * 576 * 2
+    assert r["flops"] == 64 * 4096 * 128 * 2 * (576 + 512)
+    assert r["intensity"] == pytest.approx(1.889 * 128, rel=1e-3) and r["ridge"] == pytest.approx(230.1, rel=1e-3)
+    assert r["bound"] == "compute" and r["bound_s"] == r["compute_s"] == pytest.approx(73.8e-6, rel=1e-3)
+    # 70% of HBM bandwidth at this intensity is ~728 TFLOP/s, 74% of the bf16 peak
+    assert 0.7 * BW * r["intensity"] == pytest.approx(728e12, rel=1e-3)
+    # the intensity does not depend on batch or context; 16 heads (V2-Lite) are memory-bound
+    assert ceilings.mla_decode_roofline(8, 16384, 128, 512, 64, BW, 989.4e12)["intensity"] == r["intensity"]
+    lite = ceilings.mla_decode_roofline(8, 4096, 16, 512, 64, BW, 989.4e12)
+    assert lite["bound"] == "memory" and lite["bound_s"] == lite["memory_s"]
+
+
+def test_dense_bf16_peak_lookup():
+    assert ceilings.dense_bf16_peak("NVIDIA H200") == 989.4e12
+    assert ceilings.dense_bf16_peak("Some GPU") is None

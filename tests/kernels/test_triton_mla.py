@@ -5,6 +5,7 @@ tokens so contexts span several pages, pages shuffled over the pool, padding row
 decode with and without split-KV, prefill over a cached prefix, mixed batches, several head blocks;
 then the op binding (atomc_triton::mla_attention) through the forward context, cache write included."""
 
+import importlib
 import os
 import sys
 
@@ -35,21 +36,22 @@ CASES = {  # (query tokens, context lengths) per sequence
 }
 
 
-def latent_batch(q_lens, seq_lens, heads, dtype, seed=0):
-    """q_absorbed, q_pe, the latent pages [blocks, PAGE, 1, LORA + ROPE] and the metadata."""
-    q, cache, _, meta = make_batch(q_lens, seq_lens, heads, 1, LORA + ROPE, dtype, "cpu", page=PAGE, seed=seed)
-    return q[..., :LORA], q[..., LORA:], cache, meta  # strided views, as the model's q_absorbed is
+def latent_batch(q_lens, seq_lens, heads, dtype, seed=0, lora=LORA, rope=ROPE):
+    """q_absorbed, q_pe, the latent pages [blocks, PAGE, 1, lora + rope] and the metadata."""
+    q, cache, _, meta = make_batch(q_lens, seq_lens, heads, 1, lora + rope, dtype, "cpu", page=PAGE, seed=seed)
+    return q[..., :lora], q[..., lora:], cache, meta  # strided views, as the model's q_absorbed is
 
 
 def reference(q_absorbed, q_pe, cache, meta, scale):
     """What atomc::mla_attention computes: MQA of [q_absorbed | q_pe] over the latent, values c_kv."""
     out = torch.zeros(*q_absorbed.shape, dtype=q_absorbed.dtype)
-    paged_attention_reference(torch.cat([q_absorbed, q_pe], -1), cache, cache[..., :LORA], out, meta, scale)
+    lora = q_absorbed.shape[-1]
+    paged_attention_reference(torch.cat([q_absorbed, q_pe], -1), cache, cache[..., :lora], out, meta, scale)
     return out
 
 
-def check(case, dtype, heads=4, **kw):
-    q_absorbed, q_pe, cache, meta = latent_batch(*CASES[case], heads, dtype)
+def check(case, dtype, heads=4, lora=LORA, rope=ROPE, **kw):
+    q_absorbed, q_pe, cache, meta = latent_batch(*CASES[case], heads, dtype, lora=lora, rope=rope)
     scale = 0.15
     out = torch.full(q_absorbed.shape, float("nan"), dtype=dtype)
     mla_attention(
@@ -151,3 +153,84 @@ def test_graph_padding_sequences_write_zeros_and_leave_the_rest_alone(segments):
     assert torch.equal(out[5], torch.zeros_like(out[5]))
     assert rel_err(out[live], ref[live]) < TOL[torch.float32]
     assert out[7:].isnan().all()
+
+
+# --- the compute-bound tiling: 64-head tiles, c_kv halves, one-wave split-KV ------------------------
+
+
+@pytest.mark.parametrize("dv_split", [1, 2])
+@pytest.mark.parametrize("case", ["decode", "mixed"])
+def test_64_head_tiles_over_heads_they_do_not_divide(case, dv_split):
+    # 80 heads in tiles of 64 (V3's tiling, 2 head blocks): the second block has 16 live rows; a
+    # mixed batch packs one token's 64 heads a prefill tile (causal mask on)
+    check(case, torch.float16, heads=80, block_h=64, tile_n=16, num_warps=8, dv_split=dv_split)
+
+
+@pytest.mark.parametrize("dv_split", [1, 2])
+@pytest.mark.parametrize("segments", [1, 4])
+def test_unpadded_widths_and_c_kv_halves(segments, dv_split):
+    # kv_lora 64 and rope 16 fill their blocks (no column mask); halves of 32 columns each, the
+    # rope part a K = 16 dot of its own
+    check("decode", torch.float32, heads=6, lora=64, rope=16, block_h=4, tile_n=16, num_segments=segments,
+          dv_split=dv_split)  # fmt: skip
+
+
+def test_c_kv_halves_over_a_masked_width():
+    check("prefill_over_prefix", torch.float32, heads=3, dv_split=2, tile_n=16)  # kv_lora 40: halves of 32
+
+
+def test_prefill_tiles_of_tokens_times_heads():
+    # 16 heads x 4 tokens a 64-row prefill tile (DeepSeek-V2-Lite's 16 heads), over a cached prefix
+    check("mixed", torch.float16, heads=16, tile_n=16)
+    check("prefill_over_prefix", torch.float16, heads=16, tile_n=16, num_segments=2)
+
+
+def test_split_kv_writes_and_reads_only_the_segments_a_sequence_used(monkeypatch):
+    """Scratch starts as NaN: the 3-key context of 4 segments of 2 x 16 keys writes segment 0 only
+    and the 41-key one segments 0 and 1; their other slots stay NaN (never written) and the output
+    still matches the reference (never read)."""
+    module = importlib.import_module("atomc.kernels.triton.mla_attention")
+    scratch = []
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def nan_empty(*args, **kw):
+        x = real_empty(*args, **kw).fill_(float("nan"))
+        scratch.append(x)
+        return x
+
+    monkeypatch.setattr(module.torch, "empty", nan_empty)
+    monkeypatch.setattr(module.torch, "empty_like", lambda x, **kw: nan_empty(x.shape, dtype=x.dtype))
+    check("decode", torch.float32, heads=4, num_segments=4, tile_n=16)  # contexts 3, 41, 17, 64
+    monkeypatch.setattr(module.torch, "empty", real_empty)
+    monkeypatch.setattr(module.torch, "empty_like", real_empty_like)
+    part_acc, part_m, part_l = scratch
+    used = {0: 1, 1: 2, 2: 1, 3: 2}  # segments of max(cdiv(len, 64), 2) x 16 = 32 keys
+    for tok, n in used.items():
+        for part in (part_m, part_l, part_acc):
+            assert not part[tok, :, :n].isnan().any()
+            assert part[tok, :, n:].isnan().all()
+
+
+def test_segment_choice_fills_one_wave(monkeypatch):
+    module = importlib.import_module("atomc.kernels.triton.mla_attention")
+    monkeypatch.setattr(module, "_num_sms", lambda index: 132)  # an H200
+    gpu = torch.device("cuda", 0)
+    pick = lambda seqs, max_len: module._mla_segments(gpu, seqs, 2, max_len, 32)  # V3: 2 head blocks of 64
+    assert pick(1, 4096) == 32 and pick(8, 4096) == pick(8, 16384) == 8
+    assert pick(16, 4096) == 4 and pick(32, 4096) == 2 and pick(64, 4096) == pick(48, 4096) == 1
+    assert pick(8, 100) == 2  # 2-tile segments: a 100-key context fills only 2
+
+
+def test_default_tiles():
+    tiles = importlib.import_module("atomc.kernels.triton.mla_attention").mla_tiles
+    v3 = tiles(128, 512, True, 2)  # bf16 decode at V3's widths: 64 heads on two warpgroups
+    assert (v3["block_h"], v3["block_m"], v3["num_warps"], v3["tile_n"], v3["dv_split"]) == (64, 64, 8, 32, 2)
+    assert tiles(128, 512, False, 2)["block_q"] == 1 and tiles(16, 512, False, 2)["block_q"] == 4
+    assert tiles(16, 512, True, 2)["block_m"] == 16  # V2-Lite decode: one token's 16 heads
+    fp32 = tiles(128, 512, True, 4)
+    assert (fp32["block_h"], fp32["num_warps"], fp32["tile_n"]) == (32, 4, 16)
+    old = tiles(128, 512, True, 2, block_h=32, tile_n=64, num_warps=4)  # the tiling before, by knobs
+    assert (old["block_h"], old["block_m"], old["tile_n"], old["num_warps"]) == (32, 32, 64, 4)
+    assert tiles(4, 16, True, 4)["dv_split"] == 1  # kv_lora 16: no halves of a dot's 16 columns
+    with pytest.raises(AssertionError, match="dv_split"):
+        tiles(4, 16, True, 4, dv_split=2)  # halves of 8 columns: below a dot's 16

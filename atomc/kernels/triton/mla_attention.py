@@ -2,31 +2,42 @@
 
 Every token caches one latent row [c_kv | k_pe] (kv_lora + rope values, e.g. 512 + 64) shared by
 all H heads: the key of every head is the whole row, its value the c_kv part (atomc/ops/mla.py).
-So MLA is multi-query attention with one wide head, and what costs is reading the latent rows:
-a kernel should load each latent tile once and use it for as many query rows as it can.
+So MLA is multi-query attention with one wide head. Per latent byte read, H heads do
+2 x (576 + 512) / (2 x 576) = 1.89 H FLOPs: 242 at V3's 128 heads, above an H200's ridge
+(989 TFLOP/s / 4.3 TB/s = 230), so V3's decode is bound by the tensor cores at any batch
+(docs/kernels.md, "MLA"; benchmarks/ceilings.py, `mla_decode_roofline`). The kernel is built for
+that regime, as the fast MLA decode kernels are:
 
-One kernel for decode, prefill, chunked prefill over a cached prefix and mixed batches:
-- The M rows of a program's tile are BLOCK_Q query tokens x BLOCK_H heads, heads of one token
-  first (row m = token m // BLOCK_H, head m % BLOCK_H of the program's head block). Any packing of
-  rows shares the latent tile (it is the same for every head and token); packing heads first keeps
-  the tile's tokens few, so a prefill tile's causal range ends closer to its queries (fewer tiles
-  past the diagonal are loaded and masked), decode needs no token packing at all, and the rows of
-  one token's heads are contiguous in q. H heads that do not fit one tile (V3: 128 with BLOCK_H 16,
-  whose fp32 accumulator [16, 512] already fills a warp group's registers) go to head blocks, a
-  grid axis; the programs of one token's head blocks read the same latent tiles at about the same
-  time, so all but the first read hit L2.
-- Scores are q_absorbed . c_kv + q_pe . k_pe (two dots, no concatenation), the value tile is the
-  very c_kv tile the scores used (loaded once), the accumulator [BLOCK_M, kv_lora] fp32.
+- Many query rows a program so one latent tile load feeds them all and the MMAs are full: the M
+  rows of a tile are BLOCK_Q query tokens x BLOCK_H heads, heads of one token first (row m = token
+  m // BLOCK_H, head m % BLOCK_H of the program's head block). A Hopper warpgroup MMA is 64 rows
+  tall, so 16-bit decode takes BLOCK_H 64 heads on 8 warps (two warpgroups, each holding half of
+  the [64, 512] fp32 accumulator: 128 registers a thread); the 32-head, 4-warp tiling before
+  (about 16% of the tensor-core rate at bs 64 x 4k: its 32-row dots compile to mma.sync, and it
+  spills) is reachable through the knobs. Triton gives a dot that feeds another dot all warps
+  along M, so both warpgroups compute the same [64, TILE_N] scores: per key a warpgroup does
+  64 x (576 + 256) MMA work against 64 x 544 for an even split, a ceiling of 65% of the tensor
+  peak for this design (docs/kernels.md). V3's 128 heads make 2 head blocks, the fastest part of
+  the program id: a token's blocks read the same latent tiles at about the same time, so the
+  second read hits L2.
+- Scores are tensor-core dots over the pieces of the row as stored, never a padded 576: c_kv
+  (whole, or as two halves with DV_SPLIT 2) plus the rope part as its own K = 64 dot. The value
+  tile is the very c_kv piece the scores used (loaded once); with DV_SPLIT 2 the accumulator is
+  two [M, kv_lora / 2] halves, each fed by its half of the tile.
+- Softmax in the log2 domain with the scale folded into one FMA per score (the running max is
+  kept scaled, p = exp2(s * scale_log2 - m)); fp32 accumulation; decode masks keys past the
+  context only (one query a sequence: its causal limit is the context end).
 - Split-KV for decode at small batch (`SPLIT`): each sequence's context is cut into NUM_SEGMENTS
-  pieces, partial (max, sum, acc) go to fp32 scratch, and a reduce kernel merges them by their
-  log-sum-exp, as the MHA decode does (paged_attention.py, whose sequence lookup and segment
-  choice this file reuses).
+  pieces of whole tiles; a program whose piece is empty exits before any load; the others write
+  fp32 partials (max, sum, acc), and a reduce kernel merges, for each sequence, only the segments
+  its context used. The segment count aims at one wave of programs (at 64 heads a program one fits
+  an SM), unlike the MHA decode's 4 programs an SM.
 
-Prefill in this absorbed form costs (kv_lora + rope) + kv_lora = 1088 multiply-adds a head and key
-pair at V3's widths, against 192 + 128 for the expanded form (per-head K/V up-projected from the
-latent, then ordinary attention): long prompts would run faster expanded, at the price of
-materialising K/V per chunk. Absorbed is what this kernel does for every batch today, so one
-kernel, one cache read path and one set of tests cover decode, prefill and mixed steps.
+One kernel for decode, prefill, chunked prefill over a cached prefix and mixed batches (prefill
+rows pack up to 64 tokens x heads; the causal mask is on there). Prefill in this absorbed form
+costs (kv_lora + rope) + kv_lora = 1088 multiply-adds a head and key pair at V3's widths, against
+192 + 128 for the expanded form (per-head K/V up-projected from the latent, then ordinary
+attention): long prompts would run faster expanded, at the price of materialising K/V per chunk.
 
 No host sync in the wrapper (grid sizes from host ints; `max_seq_len` may be an upper bound), so
 it is captured in CUDA graphs like the MHA kernel. `write_latent_cache` scatters this step's rows
@@ -39,7 +50,25 @@ import torch
 import triton
 import triton.language as tl
 
-from atomc.kernels.triton.paged_attention import MIN_SEG_TILES, _find_seq, _pick_segments
+from atomc.kernels.triton.paged_attention import MIN_SEG_TILES, _find_seq, _num_sms
+
+
+@triton.jit
+def _rows(ptr, rows, row_ok, COL0: tl.constexpr, COLS: tl.constexpr, LIMIT: tl.constexpr, FULL: tl.constexpr):
+    """[len(rows), COLS] of ptr + rows + COL0 + j; rows not row_ok and columns COL0 + j >= LIMIT
+    read 0 (FULL: no column is past LIMIT, so only the row mask is applied)."""
+    offs = COL0 + tl.arange(0, COLS)
+    ptrs = ptr + rows[:, None] + offs[None, :]
+    if FULL:
+        return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    return tl.load(ptrs, mask=row_ok[:, None] & (offs < LIMIT)[None, :], other=0.0)
+
+
+@triton.jit
+def _seg_len(seq_len, NUM_SEGMENTS: tl.constexpr, TILE_N: tl.constexpr, MIN_SEG_TILES: tl.constexpr):
+    # a multiple of TILE_N and at least MIN_SEG_TILES tiles (a short context leaves the last
+    # segments empty rather than one tile a program); the reduce recomputes it the same way
+    return tl.maximum(tl.cdiv(seq_len, NUM_SEGMENTS * TILE_N), MIN_SEG_TILES) * TILE_N
 
 
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
@@ -55,7 +84,7 @@ def _mla_kernel(
     KV_LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
-    MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr,
+    MIN_SEG_TILES: tl.constexpr, DV_SPLIT: tl.constexpr, DECODE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     # head blocks fastest: a token's run side by side (see the module docstring); one axis for
     # both, as a y axis would cap the q blocks at 65535
@@ -72,38 +101,35 @@ def _mla_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     prefix = seq_len - q_len  # cached tokens before this step's queries
 
+    kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)  # keys the block can see
+    kv_begin = 0
+    if SPLIT:
+        seg_len = _seg_len(seq_len, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES)
+        kv_begin = seg * seg_len
+        kv_end = tl.minimum(kv_end, kv_begin + seg_len)
+        if kv_begin >= kv_end:  # past this block's keys: the reduce reads no partial from here
+            return
+
+    CHUNK: tl.constexpr = BLOCK_C // DV_SPLIT  # c_kv columns a piece (a power of two)
+    FULL_C: tl.constexpr = KV_LORA == BLOCK_C
+    FULL_R: tl.constexpr = ROPE == BLOCK_R
     offs_m = tl.arange(0, BLOCK_M)
     q_local = q_block_local * BLOCK_Q + offs_m // BLOCK_H
     head = head_block * BLOCK_H + offs_m % BLOCK_H
     row_ok = (q_local < q_len) & (head < NUM_HEADS)
     q_pos = prefix + q_local  # causal: key n is visible iff n <= q_pos
     tok = (q_start + q_local).to(tl.int64)
-    offs_c = tl.arange(0, BLOCK_C)
-    offs_r = tl.arange(0, BLOCK_R)
-    c_ok = offs_c < KV_LORA
-    r_ok = offs_r < ROPE
+    q_rows = tok * stride_qct + head * stride_qch
+    qa = _rows(qc_ptr, q_rows, row_ok, 0, CHUNK, KV_LORA, FULL_C)
+    if DV_SPLIT == 2:
+        qb = _rows(qc_ptr, q_rows, row_ok, CHUNK, CHUNK, KV_LORA, FULL_C)
+    qr = _rows(qr_ptr, tok * stride_qrt + head * stride_qrh, row_ok, 0, BLOCK_R, ROPE, FULL_R)
 
-    qc = tl.load(
-        qc_ptr + (tok * stride_qct + head * stride_qch)[:, None] + offs_c[None, :],
-        mask=row_ok[:, None] & c_ok[None, :], other=0.0,
-    )  # fmt: skip
-    qr = tl.load(
-        qr_ptr + (tok * stride_qrt + head * stride_qrh)[:, None] + offs_r[None, :],
-        mask=row_ok[:, None] & r_ok[None, :], other=0.0,
-    )  # fmt: skip
-
-    kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)  # keys the block can see
-    kv_begin = 0
-    if SPLIT:
-        # per-sequence segment length, a multiple of TILE_N and at least MIN_SEG_TILES tiles
-        # (a short context leaves the last segments empty rather than one tile per program)
-        seg_len = tl.maximum(tl.cdiv(seq_len, NUM_SEGMENTS * TILE_N), MIN_SEG_TILES) * TILE_N
-        kv_begin = seg * seg_len
-        kv_end = tl.minimum(kv_end, kv_begin + seg_len)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, scaled (log2 domain)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+    acc_a = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    if DV_SPLIT == 2:
+        acc_b = tl.zeros([BLOCK_M, CHUNK], tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     offs_n = tl.arange(0, TILE_N)
     for start in range(kv_begin, kv_end, TILE_N):
@@ -111,91 +137,154 @@ def _mla_kernel(
         n_ok = n < kv_end
         page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
         row = page * stride_cb + (n % PAGE) * stride_cs
-        kc = tl.load(cache_ptr + row[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
-        kr = tl.load(
-            cache_ptr + row[:, None] + KV_LORA + offs_r[None, :], mask=n_ok[:, None] & r_ok[None, :], other=0.0
-        )
-        if IEEE:
-            s = tl.dot(qc, tl.trans(kc), input_precision="ieee")
-            s = tl.dot(qr, tl.trans(kr), s, input_precision="ieee")
+        ka = _rows(cache_ptr, row, n_ok, 0, CHUNK, KV_LORA, FULL_C)
+        s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
+        if DV_SPLIT == 2:
+            kb = _rows(cache_ptr, row, n_ok, CHUNK, CHUNK, KV_LORA, FULL_C)
+            s = tl.dot(qb, tl.trans(kb), s, input_precision=PRECISION)
+        kr = _rows(cache_ptr + KV_LORA, row, n_ok, 0, BLOCK_R, ROPE, FULL_R)
+        s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
+        if DECODE:
+            visible = n_ok[None, :]  # the one query of a sequence sees its whole context
         else:
-            s = tl.dot(qc, tl.trans(kc))
-            s = tl.dot(qr, tl.trans(kr), s)
-        s = s * qk_scale  # log2 domain: qk_scale = scale * log2(e)
-        visible = row_ok[:, None] & n_ok[None, :] & (n[None, :] <= q_pos[:, None])
+            visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked row: no inf - inf
-        p = tl.exp2(s - m_safe[:, None])
+        p = tl.exp2(s * qk_scale - m_safe[:, None])  # qk_scale = scale * log2(e): one FMA a score
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p.to(kc.dtype), kc, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(kc.dtype), kc)
-        acc = acc * alpha[:, None] + pv
+        p = p.to(ka.dtype)
+        acc_a = tl.dot(p, ka, acc_a * alpha[:, None], input_precision=PRECISION)
+        if DV_SPLIT == 2:
+            acc_b = tl.dot(p, kb, acc_b * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
+    offs_a = tl.arange(0, CHUNK)
     if SPLIT:
         # scratch [T, H, NUM_SEGMENTS(, BLOCK_C)], unnormalised
         idx = (tok * NUM_HEADS + head) * NUM_SEGMENTS + seg
         tl.store(part_m_ptr + idx, m_i, mask=row_ok)
         tl.store(part_l_ptr + idx, l_i, mask=row_ok)
-        tl.store(part_acc_ptr + idx[:, None] * BLOCK_C + offs_c[None, :], acc, mask=row_ok[:, None])
+        acc_rows = part_acc_ptr + idx[:, None] * BLOCK_C
+        tl.store(acc_rows + offs_a[None, :], acc_a, mask=row_ok[:, None])
+        if DV_SPLIT == 2:
+            tl.store(acc_rows + CHUNK + offs_a[None, :], acc_b, mask=row_ok[:, None])
     else:
         l_safe = tl.where(l_i > 0, l_i, 1.0)  # a row with no keys writes zeros, not NaN
-        o = acc / l_safe[:, None]
+        out_rows = out_ptr + (tok * stride_ot + head * stride_oh)[:, None]
         tl.store(
-            out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_c[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & c_ok[None, :],
-        )
+            out_rows + offs_a[None, :], (acc_a / l_safe[:, None]).to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & (offs_a < KV_LORA)[None, :],
+        )  # fmt: skip
+        if DV_SPLIT == 2:
+            tl.store(
+                out_rows + CHUNK + offs_a[None, :], (acc_b / l_safe[:, None]).to(out_ptr.dtype.element_ty),
+                mask=row_ok[:, None] & (CHUNK + offs_a < KV_LORA)[None, :],
+            )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def _mla_reduce_kernel(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_seqs,
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, seq_lens_ptr, num_seqs,
     stride_ot, stride_oh,
-    KV_LORA: tl.constexpr, BLOCK_C: tl.constexpr, NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
-    HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+    KV_LORA: tl.constexpr, BLOCK_C: tl.constexpr, NUM_HEADS: tl.constexpr, RED_H: tl.constexpr,
+    RED_HEAD_BLOCKS: tl.constexpr, RED_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr, MIN_SEG_TILES: tl.constexpr,
 ):  # fmt: skip
-    # the attention kernel's q-block mapping, so only rows some sequence owns are written
-    head_block = tl.program_id(0) % HEAD_BLOCKS
-    q_block = tl.program_id(0) // HEAD_BLOCKS
+    # the attention kernel's q-block mapping (same BLOCK_Q), its own head blocks (RED_H heads: the
+    # merge holds [RED_M, BLOCK_C] fp32, small enough for 4 warps), so only owned rows are written
+    head_block = tl.program_id(0) % RED_HEAD_BLOCKS
+    q_block = tl.program_id(0) // RED_HEAD_BLOCKS
     seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     q_block_local = q_block - (q_start // BLOCK_Q + seq)
     if q_block_local * BLOCK_Q >= q_len:
         return
-    offs_m = tl.arange(0, BLOCK_M)
-    q_local = q_block_local * BLOCK_Q + offs_m // BLOCK_H
-    head = head_block * BLOCK_H + offs_m % BLOCK_H
+    seq_len = tl.load(seq_lens_ptr + seq)
+    kv_end = tl.minimum(seq_len, seq_len - q_len + (q_block_local + 1) * BLOCK_Q)
+    # the segments the attention kernel wrote for this q block (the rest exited without a store)
+    used = tl.cdiv(kv_end, _seg_len(seq_len, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES))
+
+    offs_m = tl.arange(0, RED_M)
+    q_local = q_block_local * BLOCK_Q + offs_m // RED_H
+    head = head_block * RED_H + offs_m % RED_H
     row_ok = (q_local < q_len) & (head < NUM_HEADS)
     tok = (q_start + q_local).to(tl.int64)
     offs_s = tl.arange(0, NUM_SEGMENTS)
     offs_c = tl.arange(0, BLOCK_C)
 
     base = (tok * NUM_HEADS + head) * NUM_SEGMENTS
-    m = tl.load(part_m_ptr + base[:, None] + offs_s[None, :], mask=row_ok[:, None], other=float("-inf"))
-    lsum = tl.load(part_l_ptr + base[:, None] + offs_s[None, :], mask=row_ok[:, None], other=0.0)
+    wrote = row_ok[:, None] & (offs_s < used)[None, :]
+    m = tl.load(part_m_ptr + base[:, None] + offs_s[None, :], mask=wrote, other=float("-inf"))
+    lsum = tl.load(part_l_ptr + base[:, None] + offs_s[None, :], mask=wrote, other=0.0)
     m_max = tl.max(m, 1)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max[:, None])  # an empty segment (m = -inf) weighs 0
+    w = tl.exp2(m - m_max[:, None])  # a segment with no visible key (m = -inf) weighs 0
     denom = tl.sum(w * lsum, 1)
-    acc = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
-    for s in range(NUM_SEGMENTS):
+    acc = tl.zeros([RED_M, BLOCK_C], tl.float32)
+    for s in range(0, used):
         a = tl.load(part_acc_ptr + (base + s)[:, None] * BLOCK_C + offs_c[None, :], mask=row_ok[:, None], other=0.0)
         w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
         acc += a * w_s[:, None]
-    denom = tl.where(denom > 0, denom, 1.0)
+    denom = tl.where(denom > 0, denom, 1.0)  # no key at all (a graph's padding sequence): zeros
     o = acc / denom[:, None]
     tl.store(
         out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_c[None, :],
         o.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & (offs_c < KV_LORA)[None, :],
     )
+
+
+def _mla_segments(device: torch.device, num_seqs: int, head_blocks: int, max_seq_len: int, tile_n: int) -> int:
+    """Split-KV segment count for decode: the most (a power of two, at most 32) that keeps the
+    programs within one wave, one a streaming multiprocessor (a 64-head program's accumulator and
+    tiles take an SM's registers and most of its shared memory), and no more than `max_seq_len`
+    fills with MIN_SEG_TILES-tile segments. V3 on 132 SMs: bs 1 -> 32, bs 8 -> 8, bs 32 -> 2,
+    bs 64 -> 1 (128 programs). Untimed guess (docs/kernels.md: the sweep settles it)."""
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
+    programs = num_seqs * head_blocks
+    fit = sms // programs
+    if fit < 2:
+        return 1
+    want = 1 << (fit.bit_length() - 1)  # largest power of two <= fit
+    most = triton.next_power_of_2(max(1, triton.cdiv(max_seq_len, MIN_SEG_TILES * tile_n)))
+    return max(1, min(want, most, 32))
+
+
+def mla_tiles(
+    num_heads: int, kv_lora: int, decode: bool, element_size: int,
+    block_h: int | None = None, tile_n: int | None = None, num_warps: int | None = None,
+    num_stages: int | None = None, dv_split: int | None = None,
+) -> dict:  # fmt: skip
+    """The tiling mla_attention launches with: the given knobs, the defaults for the rest.
+    16-bit: 64 heads (prefill: 64 rows of tokens x heads) a program, 32 keys a step, 8 warps, 2
+    stages, c_kv as two halves (compiled for sm_90 with Triton 3.9: 144 KiB of shared memory, 255
+    registers and 16 bytes of spill a thread, against 56 bytes with one piece); fp32 (tests, tiny
+    models) keeps the smaller 32-head / 16-key tiles its shared memory allows."""
+    half = element_size <= 2
+    if block_h is None:
+        block_h = 64 if half else 32
+    block_h = min(triton.next_power_of_2(num_heads), triton.next_power_of_2(block_h))
+    # decode: one token a program (at least 16 rows for tl.dot); prefill: tokens x heads up to
+    # one warpgroup MMA's 64 rows (fp32: 32, what its accumulator leaves registers for)
+    block_m = max(16, block_h) if decode else max(64 if half else 32, block_h)
+    block_c = max(16, triton.next_power_of_2(kv_lora))
+    if tile_n is None:
+        # a [32, 576] bf16 latent tile is 36 KiB a stage beside the 72 KiB of a 64-head query
+        tile_n = 32 if half else 16
+    if num_warps is None:
+        # <= 128 accumulator floats a thread: [64, 512] fp32 over two warpgroups
+        num_warps = 8 if block_m * block_c >= (64 if decode else 16) * 512 else 4
+    if dv_split is None:
+        dv_split = 2 if block_c >= 32 else 1
+    assert dv_split in (1, 2) and block_c % (16 * dv_split) == 0, f"dv_split {dv_split} over kv_lora {kv_lora}"
+    return dict(
+        block_h=block_h, block_m=block_m, block_q=block_m // block_h, block_c=block_c, tile_n=tile_n,
+        num_warps=num_warps, num_stages=2 if num_stages is None else num_stages, dv_split=dv_split,
+    )  # fmt: skip
 
 
 def mla_attention(
@@ -215,7 +304,8 @@ def mla_attention(
     block_h: int | None = None,
     tile_n: int | None = None,
     num_warps: int | None = None,
-    num_stages: int = 2,
+    num_stages: int | None = None,
+    dv_split: int | None = None,
 ) -> torch.Tensor:
     """Causal latent attention of q_absorbed [T, H, kv_lora] and q_pe [T, H, rope] over the latent
     pages [blocks, page, 1, kv_lora + rope]; writes out [T, H, kv_lora].
@@ -223,8 +313,9 @@ def mla_attention(
     Sequence i's queries are rows query_start_loc[i]:query_start_loc[i+1], the last q_len of its
     seq_lens[i] positions; rows no sequence owns are left untouched. `num_segments` forces split-KV
     (> 1) or not (1); by default decode batches too small to fill the GPU are split. `block_h`
-    (heads a tile, a power of two), `tile_n` (keys a step, >= 16), `num_warps`, `num_stages`:
-    tuning knobs for benchmarks."""
+    (heads a tile, a power of two), `tile_n` (keys a step, >= 16), `num_warps`, `num_stages`,
+    `dv_split` (1: c_kv as one piece; 2: two halves, two accumulators): tuning knobs for
+    benchmarks (`mla_tiles`)."""
     num_tokens, num_heads, kv_lora = q_absorbed.shape
     _, page, one, latent_dim = latent_cache.shape
     rope = latent_dim - kv_lora
@@ -235,30 +326,20 @@ def mla_attention(
     if num_seqs == 0 or num_tokens == 0:
         return out
     decode = max_query_len == 1
-    if block_h is None:
-        # decode: 32 heads a program (the H200 sweep at V3 widths, bs 64 x 4k: 458 us against 950 us
-        # for 16 heads, 32 keys, 8 warps); prefill: a [16, 512] fp32 accumulator a program
-        block_h = 32 if decode else 16
-    block_h = min(triton.next_power_of_2(num_heads), triton.next_power_of_2(block_h))
-    # decode: one token a program (at least 16 rows for tl.dot); prefill: 32 rows, about what the
-    # [rows, kv_lora] fp32 accumulator leaves registers for at kv_lora 512
-    block_m = max(16 if decode else 32, block_h)
-    block_q = block_m // block_h
+    t = mla_tiles(
+        num_heads, kv_lora, decode, latent_cache.element_size(), block_h, tile_n, num_warps, num_stages, dv_split
+    )
+    block_h, block_q, block_c, tile_n = t["block_h"], t["block_q"], t["block_c"], t["tile_n"]
     head_blocks = triton.cdiv(num_heads, block_h)
-    block_c = max(16, triton.next_power_of_2(kv_lora))
     block_r = max(16, triton.next_power_of_2(rope))
-    if tile_n is None:
-        # a [64, 576] bf16 latent tile is 72 KiB of shared memory a stage (decode); fp32 tiles twice that
-        tile_n = (64 if decode else 32) if latent_cache.element_size() <= 2 else 16
-    if num_warps is None:
-        num_warps = 4 if decode else (8 if block_m * block_c >= 16 * 512 else 4)
     q_blocks = num_tokens // block_q + num_seqs  # upper bound (see _find_seq); spare programs exit
 
     if num_segments is None:
-        num_segments = _pick_segments(q_absorbed.device, num_seqs, head_blocks, max_seq_len, tile_n) if decode else 1
+        num_segments = _mla_segments(q_absorbed.device, num_seqs, head_blocks, max_seq_len, tile_n) if decode else 1
     num_segments = triton.next_power_of_2(num_segments)
     split = num_segments > 1
     if split:
+        # only the segments a sequence's context reaches are written, and only those are read
         dev = q_absorbed.device
         part_acc = torch.empty(num_tokens, num_heads, num_segments, block_c, dtype=torch.float32, device=dev)
         part_m = torch.empty(num_tokens, num_heads, num_segments, dtype=torch.float32, device=dev)
@@ -266,10 +347,6 @@ def mla_attention(
     else:
         part_acc = part_m = part_l = out  # unused
 
-    common = dict(
-        KV_LORA=kv_lora, BLOCK_C=block_c, NUM_HEADS=num_heads, BLOCK_H=block_h, HEAD_BLOCKS=head_blocks,
-        BLOCK_M=block_m,
-    )  # fmt: skip
     _mla_kernel[(head_blocks * q_blocks, num_segments)](
         q_absorbed, q_pe, latent_cache, out,
         part_acc, part_m, part_l,
@@ -279,17 +356,22 @@ def mla_attention(
         latent_cache.stride(0), latent_cache.stride(1),
         out.stride(0), out.stride(1),
         block_tables.stride(0),
-        ROPE=rope, BLOCK_R=block_r, BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page,
-        NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=MIN_SEG_TILES,
-        IEEE=q_absorbed.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
-        **common,
+        KV_LORA=kv_lora, ROPE=rope, BLOCK_C=block_c, BLOCK_R=block_r, NUM_HEADS=num_heads, BLOCK_H=block_h,
+        HEAD_BLOCKS=head_blocks, BLOCK_M=t["block_m"], BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page,
+        NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=MIN_SEG_TILES, DV_SPLIT=t["dv_split"],
+        DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32",
+        num_warps=t["num_warps"], num_stages=t["num_stages"],
     )  # fmt: skip
     if split:
-        _mla_reduce_kernel[(head_blocks * q_blocks,)](
-            out, part_acc, part_m, part_l, query_start_loc, num_seqs,
+        red_h = max(1, min(block_h, 16 // block_q))  # about 16 rows a merge program
+        red_m = block_q * red_h
+        red_head_blocks = triton.cdiv(num_heads, red_h)
+        _mla_reduce_kernel[(red_head_blocks * q_blocks,)](
+            out, part_acc, part_m, part_l, query_start_loc, seq_lens, num_seqs,
             out.stride(0), out.stride(1),
-            BLOCK_Q=block_q, NUM_SEGMENTS=num_segments, num_warps=4,
-            **common,
+            KV_LORA=kv_lora, BLOCK_C=block_c, NUM_HEADS=num_heads, RED_H=red_h, RED_HEAD_BLOCKS=red_head_blocks,
+            RED_M=red_m, BLOCK_Q=block_q, TILE_N=tile_n, NUM_SEGMENTS=num_segments, MIN_SEG_TILES=MIN_SEG_TILES,
+            num_warps=4 if red_m * block_c <= 16 * 512 else 8,
         )  # fmt: skip
     return out
 

@@ -1,0 +1,37 @@
+"""benchmarks/mla_compile_check.py compiles the Triton MLA kernel for sm_90 on a machine without
+a GPU: the new default tiles become warpgroup MMAs fed by async copies within an H200's shared
+memory, the tiling before stays on mma.sync. In a child process (no interpreter there)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = """
+import json, sys
+sys.path.insert(0, "benchmarks")
+import mla_compile_check as c
+from mla_decode import NEW, OLD
+print(json.dumps([c.resources(c.compile_config(cfg)) for cfg in (NEW, OLD)]))
+"""
+
+
+def test_default_tiles_compile_to_warpgroup_mmas():
+    triton = pytest.importorskip("triton")
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("this Triton has no CUDA tools")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    new, old = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert new["wgmma"] >= 3 and new["mma_sync"] == 0 and new["async_copies"] > 0
+    assert new["shared"] <= 227 * 1024 and 0 < new["registers"] <= 255
+    assert [4, 2] in new["mma_warps"]  # the PV accumulator split over two warpgroups
+    assert old["wgmma"] == 0 and old["mma_sync"] == 3  # 32-row tiles: below a warpgroup MMA's 64
