@@ -23,7 +23,6 @@ missing; random ids need neither).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import types
@@ -34,6 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from checkpoints import CONFIGS, tiny_config  # noqa: E402
+from peers.gpt_fast_run import compile_decode_step, gpt_fast_commit, rate_fields, report, timed_generations  # noqa: E402
 
 GPT_FAST_NAME = "llama-3.1-8b"  # gpt-fast's transformer_configs entry
 
@@ -144,41 +144,25 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     nbytes = model_bytes(model)
 
-    compiled = torch.compile(gen.decode_one_token, mode="reduce-overhead", fullgraph=True)
-
-    def decode_one_token(*a, **kw):
-        # generate.py clones each step's outputs, but torch 2.11 refuses to read a CUDA-graph output
-        # once the next replay has begun: hand back copies (two tiny copies a token)
-        torch.compiler.cudagraph_mark_step_begin()
-        return tuple(t.clone() for t in compiled(*a, **kw))
-
-    gen.decode_one_token = decode_one_token
+    compile_decode_step(gen)
     torch.manual_seed(1234)
     prompt = torch.randint(3, margs.vocab_size, (args.prompt_len,), dtype=torch.int, device=device)
-    compile_s, runs = None, []
-    for i in range(-1, args.num_samples):
-        gen.device_sync(device=device)
-        t0 = time.perf_counter()
+
+    def generate() -> int:
         y, _ = gen.generate(
             model, prompt, args.max_new_tokens, batch_size=1, interactive=False, draft_model=None,
             temperature=0.8, top_k=200,
         )  # fmt: skip
-        gen.device_sync(device=device)
-        t = time.perf_counter() - t0
-        if i == -1:
-            compile_s = t
-            continue
-        tokens = y.size(-1) - args.prompt_len
-        runs.append({"total_s": t, "tokens": tokens, "e2e_tok_s": tokens / t})
-    rates = [r["e2e_tok_s"] for r in runs]
+        return y.size(-1) - args.prompt_len
+
+    compile_s, runs = timed_generations(gen, device, args.num_samples, generate)
     res = {
         "engine": f"gpt-fast llama ({args.quantize if args.quantize != 'none' else 'bf16'}, compiled, reduce-overhead)",
-        "gpt_fast_commit": _commit(Path(args.gpt_fast_dir)),
+        "gpt_fast_commit": gpt_fast_commit(Path(args.gpt_fast_dir)),
         "quantize": args.quantize,
         "prompt_len": args.prompt_len,
         "max_new_tokens": args.max_new_tokens,
-        "e2e_tok_s": max(rates),
-        "mean_tok_s": sum(rates) / len(rates),  # what gpt-fast prints as "Average tokens/sec"
+        **rate_fields(runs),
         "model_GB": nbytes / 1e9,  # gpt-fast's "Bandwidth achieved" counts these bytes a token
         "startup_s": build_s + compile_s,
         "build_s": build_s,
@@ -186,14 +170,7 @@ def main() -> None:
         "max_memory_reserved_GB": torch.cuda.max_memory_reserved() / 1e9 if device.startswith("cuda") else None,
         "runs": runs,
     }
-    print("RESULT " + json.dumps(res), flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=2))
-
-
-def _commit(folder: Path) -> str | None:
-    f = folder / "COMMIT"
-    return f.read_text().strip() if f.is_file() else None
+    report(res, args.out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ tokenized string. Its eager prefill gathers every prompt token's expert weights 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import types
@@ -31,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from checkpoints import CONFIGS, tiny_config  # noqa: E402
+from peers.gpt_fast_run import compile_decode_step, gpt_fast_commit, rate_fields, report, timed_generations  # noqa: E402
 
 
 def import_gpt_fast(folder: Path):
@@ -112,52 +112,28 @@ def main() -> None:
 
     # what generate.py's main() does with --compile
     torch._inductor.config.assert_indirect_indexing = False
-    compiled = torch.compile(gen.decode_one_token, mode="reduce-overhead", fullgraph=True)
-
-    def decode_one_token(*args, **kwargs):
-        # generate.py feeds each step's token (a view of the CUDA graph's output) to the next step;
-        # torch 2.11 refuses to read an output the next replay overwrites, so hand back copies
-        # (two tiny copies per token, about 10 us against an 8 ms step)
-        torch.compiler.cudagraph_mark_step_begin()
-        return tuple(t.clone() for t in compiled(*args, **kwargs))
-
-    gen.decode_one_token = decode_one_token
+    compile_decode_step(gen)
     torch.manual_seed(1234)
     prompt = torch.randint(3, margs.vocab_size, (args.prompt_len,), dtype=torch.int, device=device)
-    compile_s, runs = None, []
-    for i in range(-1, args.num_samples):
-        gen.device_sync(device=device)
-        t0 = time.perf_counter()
+
+    def generate() -> int:
         y = gen.generate(model, prompt, args.max_new_tokens, interactive=False, temperature=0.8, top_k=200)
-        gen.device_sync(device=device)
-        t = time.perf_counter() - t0
-        if i == -1:
-            compile_s = t
-            continue
-        tokens = y.size(0) - args.prompt_len
-        runs.append({"total_s": t, "tokens": tokens, "e2e_tok_s": tokens / t})
-    rates = [r["e2e_tok_s"] for r in runs]
+        return y.size(0) - args.prompt_len
+
+    compile_s, runs = timed_generations(gen, device, args.num_samples, generate)
     res = {
         "engine": "gpt-fast mixtral-moe (compiled, reduce-overhead)",
-        "gpt_fast_commit": _commit(Path(args.gpt_fast_dir)),
+        "gpt_fast_commit": gpt_fast_commit(Path(args.gpt_fast_dir)),
         "prompt_len": args.prompt_len,
         "max_new_tokens": args.max_new_tokens,
-        "e2e_tok_s": max(rates),
-        "mean_tok_s": sum(rates) / len(rates),  # what gpt-fast prints as "Average tokens/sec"
+        **rate_fields(runs),
         "startup_s": build_s + compile_s,
         "build_s": build_s,
         "compile_run_s": compile_s,
         "max_memory_reserved_GB": torch.cuda.max_memory_reserved() / 1e9 if device.startswith("cuda") else None,
         "runs": runs,
     }
-    print("RESULT " + json.dumps(res), flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=2))
-
-
-def _commit(folder: Path) -> str | None:
-    f = folder / "COMMIT"
-    return f.read_text().strip() if f.is_file() else None
+    report(res, args.out)
 
 
 if __name__ == "__main__":
