@@ -104,8 +104,9 @@ def moe_gate_up_kernel(
         acc_g = _dot(acc_g, a, wg, IEEE)
         acc_u = _dot(acc_u, a, wu, IEEE)
     if HAS_BIAS:
-        acc_g += bias_row(b_ptr, e, stride_be, offs_n, n_ok)[None, :]
-        acc_u += bias_row(b_ptr, e, stride_be, INTER + offs_n, n_ok)[None, :]
+        b = b_ptr + e.to(tl.int64) * stride_be
+        acc_g += bias_row(b, offs_n, n_ok)[None, :]
+        acc_u += bias_row(b + INTER, offs_n, n_ok)[None, :]
     h = round_activate(acc_g, acc_u, alpha, limit, dtype, ACT)
     out = act_ptr + rows.to(tl.int64)[:, None] * stride_am + offs_n[None, :]
     tl.store(out, h.to(dtype), mask=ok[:, None] & n_ok[None, :])
@@ -140,7 +141,7 @@ def moe_down_kernel(
         w = weight_tile(w_rows, s_base, w_n, n_ok, k0, INTER, stride_sn, stride_sk, a.dtype, WEIGHTS, BLOCK_N, BLOCK_K)
         acc = _dot(acc, a, w, IEEE)
     if HAS_BIAS:
-        acc += bias_row(b_ptr, e, stride_be, offs_n, n_ok)[None, :]
+        acc += bias_row(b_ptr + e.to(tl.int64) * stride_be, offs_n, n_ok)[None, :]
     out = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=ok[:, None] & n_ok[None, :])
 

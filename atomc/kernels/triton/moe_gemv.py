@@ -60,8 +60,9 @@ def moe_gate_up_gemv_kernel(
     gate = tl.sum(acc_g, 1)
     up = tl.sum(acc_u, 1)
     if HAS_BIAS:
-        gate += bias_row(b_ptr, e, stride_be, offs_n, n_ok)
-        up += bias_row(b_ptr, e, stride_be, INTER + offs_n, n_ok)
+        b = b_ptr + e.to(tl.int64) * stride_be
+        gate += bias_row(b, offs_n, n_ok)
+        up += bias_row(b + INTER, offs_n, n_ok)
     h = round_activate(gate, up, alpha, limit, dtype, ACT)
     tl.store(act_ptr + j * stride_am + offs_n, h.to(dtype), mask=n_ok)
 
@@ -118,7 +119,7 @@ def moe_down_combine_gemv_kernel(
                 acc += w.to(tl.float32) * a
             y = tl.sum(acc, 1)
             if HAS_BIAS:
-                y += bias_row(b_ptr, e, stride_be, offs_n, n_ok)
+                y += bias_row(b_ptr + e.to(tl.int64) * stride_be, offs_n, n_ok)
             y = y.to(dtype).to(tl.float32)  # rounded as the reference's GEMM output
             total += y * tl.load(weights_ptr + s)
     tl.store(out_ptr + offs_n, total.to(dtype), mask=n_ok)

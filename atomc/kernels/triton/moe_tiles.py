@@ -27,7 +27,7 @@ DENSE, FP8_ROW, FP8_BLOCK, MXFP4 = 0, 1, 2, 3
 WEIGHT_CODES = {"": DENSE, "fp8_channel": FP8_ROW, "fp8_block": FP8_BLOCK, "mxfp4": MXFP4}
 MXFP4_GROUP = 32  # values per e8m0 scale (16 bytes)
 ACT_SILU, ACT_SWIGLU_OAI = 0, 1
-TWO_POW_126 = 2.0**126  # exact in fp32
+TWO_POW_126 = tl.constexpr(2.0**126)  # exact in fp32; a constexpr so jit code may read it
 
 
 @triton.jit
@@ -47,9 +47,9 @@ def round_activate(acc_g, acc_u, alpha, limit, dtype: tl.constexpr, ACT: tl.cons
 
 
 @triton.jit
-def bias_row(b_ptr, e, stride_be, offs, ok):
-    """Expert e's bias at `offs`, fp32 (1-D, as offs)."""
-    return tl.load(b_ptr + e.to(tl.int64) * stride_be + offs, mask=ok, other=0.0).to(tl.float32)
+def bias_row(b, offs, ok):
+    """The bias row at `b` (an expert's bias, or its up half) at `offs`, fp32 (1-D, as offs)."""
+    return tl.load(b + offs, mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
