@@ -2,6 +2,12 @@
 atomc/kernels/triton/moe_config.py reads (configs/E=..,H=..,I=..,topk=..,dtype=..,device=...json).
 
     python benchmarks/tune_moe.py --shapes qwen3_moe [--tokens 1,8,64,512] [--quick] [--out-dir DIR]
+    python benchmarks/tune_moe.py --shapes gpt_oss --weights mxfp4   # quantised experts' own file
+
+`--weights mxfp4 | fp8_channel | fp8_block` tunes the quantised kernels (moe_quant.py) on the
+experts quantised as benchmarks/moe_kernel.py does it, into the file named with the format
+(`...,weights=mxfp4,device=...json`); their one-token route always fuses the combine, so the
+unfused down candidates are left out.
 
 Per M bucket it tries every route that can take M tokens (the one-token GEMV, the few-pair route
 when M * top_k fits it, the sorted route) and keeps the fastest, so the file also records where
@@ -22,11 +28,12 @@ import time
 from pathlib import Path
 
 import torch
-from moe_kernel import BF16, DEV, SHAPES, graph_time_us
+from moe_kernel import BF16, DEV, SHAPES, graph_time_us, quantize_experts
 
 from atomc.kernels.triton import moe_config
 from atomc.kernels.triton.moe import device_name, fused_experts
 from atomc.ops.moe import select_experts
+from atomc.ops.moe_quant import WEIGHT_FORMATS
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_TILES = [dict(block_m=0, block_n=n, block_k=k, num_warps=w, num_stages=s)
@@ -44,10 +51,21 @@ SORTED_TILES = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s)
 SORTED_BLOCK_M = (16, 32, 64, 128)
 
 
-def timer(weights13, weights2, b13, b2, act, calls):
+def timer(weights13, weights2, b13, b2, act, calls, weights_fmt: str = "bf16"):
+    """weights13 / weights2: the bf16 experts, or for a quantised format (packed, scale) pairs."""
+
+    def run(cfg: dict):
+        if weights_fmt == "bf16":
+            return lambda x, w, i: fused_experts(x, w, i, weights13, weights2, b13, b2, None, act, config=cfg)
+        from atomc.kernels.triton.moe_quant import fused_experts_quant
+
+        (q13, s13), (q2, s2) = weights13, weights2
+        return lambda x, w, i: fused_experts_quant(x, w, i, q13, s13, q2, s2, b13, b2, None, act, 1.702, 7.0,
+                                                   weights_fmt, config=cfg)  # fmt: skip
+
     def time_config(cfg: dict) -> float:
         try:
-            fn = lambda x, w, i: fused_experts(x, w, i, weights13, weights2, b13, b2, None, act, config=cfg)  # noqa: E731
+            fn = run(cfg)
             return graph_time_us(fn, calls)
         except Exception as exc:  # out of shared memory, too many registers: not a candidate
             print(f"    skip {cfg}: {type(exc).__name__}")
@@ -65,13 +83,16 @@ def search(time_config, path: str, gate_up_tiles: list[dict], down_tiles: list[d
     return best_us, {**base, "down": down_tiles[best_dn]}
 
 
-def tune_shape(name: str, tokens: list[int], quick: bool) -> dict:
+def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf16") -> dict:
     e, h, inter, k, act, bias = SHAPES[name]
     g = torch.Generator(DEV).manual_seed(0)
     w13 = (torch.randn(e, 2 * inter, h, generator=g, device=DEV) / h**0.5).to(BF16)
     w2 = (torch.randn(e, h, inter, generator=g, device=DEV) / inter**0.5).to(BF16)
     b13 = (0.5 * torch.randn(e, 2 * inter, generator=g, device=DEV)).to(BF16) if bias else None
     b2 = (0.5 * torch.randn(e, h, generator=g, device=DEV)).to(BF16) if bias else None
+    fmt = "" if weights_fmt == "bf16" else weights_fmt
+    if fmt:
+        w13, w2 = quantize_experts(w13, fmt), quantize_experts(w2, fmt)
     buckets = {}
     for t in tokens:
         t0 = time.time()
@@ -79,13 +100,15 @@ def tune_shape(name: str, tokens: list[int], quick: bool) -> dict:
         for _ in range(4 if t <= 64 else 2):
             weights, ids = select_experts(torch.randn(t, e, generator=g, device=DEV), k)
             calls.append((torch.randn(t, h, generator=g, device=DEV).to(BF16), weights, ids))
-        time_config = timer(w13, w2, b13, b2, act, calls)
-        default = moe_config.default_config(t, k, e, inter)
+        time_config = timer(w13, w2, b13, b2, act, calls, weights_fmt)
+        default = moe_config.default_config(t, k, e, inter, fmt)
         default_us = time_config(default)
         found = []
         if t == 1:
             tiles = GEMV_TILES[::3] if quick else GEMV_TILES
             down = GEMV_DOWN_TILES[::3] if quick else GEMV_DOWN_TILES
+            if fmt:  # the quantised one-token route always fuses the combine
+                down = [tile for tile in down if tile["fuse_combine"]]
             found.append(search(time_config, "gemv", tiles, down, default["gate_up"]))
         if t * k <= moe_config.SMALL_PATH_MAX_PAIRS:
             tiles = SMALL_TILES[::3] if quick else SMALL_TILES
@@ -100,7 +123,8 @@ def tune_shape(name: str, tokens: list[int], quick: bool) -> dict:
             best_us, best = default_us, default
         buckets[str(t)] = best
         print(f"{name} M={t}: {best_us:.1f} us ({best['path']}), default {default_us:.1f} us, {time.time() - t0:.0f} s")
-    meta = {"shape": name, "device": device_name(torch.device(DEV)), "torch": torch.__version__}
+    meta = {"shape": name, "device": device_name(torch.device(DEV)), "torch": torch.__version__,
+            "weights": weights_fmt}  # fmt: skip
     return {"buckets": buckets, "meta": meta}
 
 
@@ -110,13 +134,15 @@ def main() -> None:
     ap.add_argument("--tokens", default=",".join(map(str, BUCKETS)))
     ap.add_argument("--quick", action="store_true", help="a third of the grid")
     ap.add_argument("--out-dir", type=Path, default=moe_config.CONFIG_DIR)
+    ap.add_argument("--weights", choices=("bf16", *WEIGHT_FORMATS), default="bf16", help="expert weight format")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name in args.shapes.split(","):
         e, h, inter, k, _, _ = SHAPES[name]
-        result = tune_shape(name, tokens, args.quick)
-        path = args.out_dir / moe_config.config_name(e, h, inter, k, BF16, device_name(torch.device(DEV)))
+        result = tune_shape(name, tokens, args.quick, args.weights)
+        fmt = "" if args.weights == "bf16" else args.weights
+        path = args.out_dir / moe_config.config_name(e, h, inter, k, BF16, device_name(torch.device(DEV)), fmt)
         path.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {path}")
         torch.cuda.empty_cache()

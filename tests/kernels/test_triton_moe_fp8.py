@@ -1,5 +1,6 @@
-"""The Triton fused MoE with FP8 experts (weight-only: atomc/kernels/triton/moe_quant.py,
-moe_fp8_kernels.py) against atomc::moe_quant's reference (dequantise, then the per-expert loop)
+"""The Triton fused MoE with FP8 experts (weight-only: atomc/kernels/triton/moe_quant.py on
+moe_gemm.py's and moe_gemv.py's kernels, the format a constexpr) against atomc::moe_quant's
+reference (dequantise, then the per-expert loop)
 on CPU through the Triton interpreter, fp32 and fp16: per-row ("fp8_channel") and 128x128-block
 ("fp8_block") scales, every route, both activations with biases, an expert map. H = 200 and
 I = 136 are not multiples of 128, so partial scale blocks and every tile edge are masked; the

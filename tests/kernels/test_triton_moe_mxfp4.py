@@ -1,4 +1,4 @@
-"""The Triton fused MoE with MXFP4 experts (atomc/kernels/triton/moe_quant.py, moe_mxfp4_kernels.py)
+"""The Triton fused MoE with MXFP4 experts (atomc/kernels/triton/moe_quant.py: moe_mxfp4_gemv.py, moe_gemm.py)
 against atomc::moe_quant's reference (dequantise, then the per-expert loop) on CPU through the
 Triton interpreter, in fp32 and fp16 (the interpreter mishandles bf16): the one-token GEMV route,
 the few-pair and the sorted routes, both activations, biases, an expert map. H = 96 and I = 64

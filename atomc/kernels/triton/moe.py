@@ -25,14 +25,9 @@ import triton
 
 from atomc.kernels.triton import moe_config, moe_gemv
 from atomc.kernels.triton.moe_align import align_by_expert
-from atomc.kernels.triton.moe_gemm import (
-    ACT_SILU,
-    ACT_SWIGLU_OAI,
-    moe_combine_kernel,
-    moe_down_kernel,
-    moe_gate_up_kernel,
-)
+from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
 from atomc.kernels.triton.moe_routing import handles, softmax_topk
+from atomc.kernels.triton.moe_tiles import ACT_SILU, ACT_SWIGLU_OAI, DENSE
 from atomc.ops.moe import select_experts
 
 ACTIVATION_CODES = {"silu": ACT_SILU, "swiglu_oai": ACT_SWIGLU_OAI}
@@ -125,19 +120,19 @@ def _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, c
     if sorted_route and dn.get("block_m", block_m) != block_m:
         raise ValueError("fused_moe: both GEMMs of the sorted path share one block_m (one alignment)")
     moe_gate_up_kernel[(row_groups, triton.cdiv(inter, gu["block_n"]))](
-        x, w13, w13_bias if w13_bias is not None else w13, act, *route,
+        x, w13, w13, w13_bias if w13_bias is not None else w13, act, *route,
         p, h, inter,
-        x.stride(0), w13.stride(0), w13.stride(1), 0 if w13_bias is None else w13_bias.stride(0), act.stride(0),
-        float(alpha), float(limit),
+        x.stride(0), w13.stride(0), w13.stride(1), 0, 0, 0, 0 if w13_bias is None else w13_bias.stride(0),
+        act.stride(0), float(alpha), float(limit),
         TOPK=k, ACT=code, HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route,
-        IEEE=ieee, BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"], BLOCK_SLOTS=slots,
+        IEEE=ieee, WEIGHTS=DENSE, BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"], BLOCK_SLOTS=slots,
         num_warps=gu["num_warps"], num_stages=gu["num_stages"],
     )  # fmt: skip
     moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
-        act, w2, w2_bias if w2_bias is not None else w2, y, *route,
+        act, w2, w2, w2_bias if w2_bias is not None else w2, y, *route,
         p, h, inter,
-        act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
-        TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee,
+        act.stride(0), w2.stride(0), w2.stride(1), 0, 0, 0, 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
+        TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=DENSE,
         BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"], BLOCK_SLOTS=slots,
         num_warps=dn["num_warps"], num_stages=dn["num_stages"],
     )  # fmt: skip

@@ -52,10 +52,16 @@ def load_configs(name: str, directory: Path = CONFIG_DIR) -> dict[int, dict] | N
     return {int(m): cfg for m, cfg in raw["buckets"].items()}
 
 
-def default_config(tokens: int, top_k: int, experts: int, inter: int = 0) -> dict:
+def default_config(tokens: int, top_k: int, experts: int, inter: int = 0, weight_format: str = "") -> dict:
     """Untuned shapes: the one-row GEMV for one token (two weight rows per program, as the dense
     `gemv` reduce kernel's H200 sweep found best), small tensor-core tiles for few pairs, and tiles
-    growing with the expected rows per expert (tokens * top_k / experts) for many."""
+    growing with the expected rows per expert (tokens * top_k / experts) for many. MXFP4's GEMV
+    takes four rows of 1024 values a step, a [4, 32, 16]-byte tile (16 bytes a thread at 4 warps:
+    its rows are a quarter of bf16's bytes, so a program takes more of them); its tensor-core
+    tiles are the bf16 ones (each block_k a multiple of the 32-value scale group)."""
+    if tokens == 1 and weight_format == "mxfp4":
+        tile = dict(block_m=0, block_n=4, block_k=1024, num_warps=4, num_stages=4)
+        return {"path": "gemv", "gate_up": tile, "down": dict(tile)}
     if tokens == 1:
         down_k = 2048 if inter >= 2048 else max(16, 1 << max(0, inter - 1).bit_length())
         return {"path": "gemv", "gate_up": dict(block_m=0, block_n=2, block_k=1024, num_warps=4, num_stages=4),
@@ -90,7 +96,7 @@ def pick_config(
     """The tuned configuration for this shape and token count when a file has one, else the default;
     "path" always filled in. Callers must not modify the result (it is cached)."""
     tuned = load_configs(config_name(experts, hidden, inter, top_k, dtype, device_name, weight_format), directory)
-    default = default_config(tokens, top_k, experts, inter)
+    default = default_config(tokens, top_k, experts, inter, weight_format)
     if not tuned:
         return default
     below = [m for m in tuned if m <= tokens]

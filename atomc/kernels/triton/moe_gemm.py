@@ -14,6 +14,12 @@ Both paths of `fused_moe` run these kernels; they differ only in how a program f
 Both write per-pair rows ([P, I] activations, then [P, H] expert outputs in x's dtype, as the
 reference rounds them); the weighted sum over k is `moe_combine`. Each output row is written by
 exactly one program: no atomics, the same result every run.
+
+The expert weights may be quantised (WEIGHTS, a moe_tiles.py format code: FP8 per row or per
+128x128 block, MXFP4): each weight tile is then dequantised in registers to the activations'
+dtype before the tensor-core dot (`weight_tile`). The format is a constexpr, so the bf16 kernels
+compile to the same plain loads they had; the quantised formats share the routing, loop and
+epilogue instead of copying them.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-ACT_SILU, ACT_SWIGLU_OAI = 0, 1
+from atomc.kernels.triton.moe_tiles import bias_row, round_activate, weight_tile
 
 
 @triton.jit
@@ -53,68 +59,70 @@ def _rows(
 
 
 @triton.jit
+def _dot(acc, a, w, IEEE: tl.constexpr):
+    """acc + a @ w.T; fp32 inputs (IEEE) as exact fp32 products, not TF32."""
+    if IEEE:
+        return acc + tl.dot(a, tl.trans(w), input_precision="ieee")
+    return acc + tl.dot(a, tl.trans(w))
+
+
+@triton.jit
 def moe_gate_up_kernel(
-    x_ptr, w_ptr, b_ptr, act_ptr,
+    x_ptr, w_ptr, s_ptr, b_ptr, act_ptr,
     local_ids, sorted_ids, block_expert, num_padded,
     P, H, INTER,
-    stride_xm, stride_we, stride_wn, stride_be, stride_am,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_am,
     alpha, limit,
     TOPK: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
+    WEIGHTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
 ):  # fmt: skip
-    """act[p, n] = act(x[p // TOPK] @ w13[e, n] (gate), x @ w13[e, INTER + n] (up)) for this block's pairs."""
+    """act[p, n] = act(x[p // TOPK] @ w13[e, n] (gate), x @ w13[e, INTER + n] (up)) for this block's
+    pairs; w13 in the WEIGHTS format (moe_tiles.py; s_ptr its scales, unused for DENSE)."""
     e, rows, ok, go = _rows(
         local_ids, sorted_ids, block_expert, num_padded, P, TOPK, ROUTE_SORTED, BLOCK_M, BLOCK_SLOTS
     )
     if go == 0:
         return
+    dtype = act_ptr.dtype.element_ty
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < INTER
     tokens = (rows // TOPK).to(tl.int64)
-    w_gate = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    rows_g = offs_n.to(tl.int64)
+    w_gate = w_ptr + e.to(tl.int64) * stride_we + rows_g[:, None] * stride_wn
     w_up = w_gate + INTER * stride_wn
+    s_base = s_ptr + e.to(tl.int64) * stride_se
+    x_rows = x_ptr + tokens[:, None] * stride_xm
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < H
-        a = tl.load(x_ptr + tokens[:, None] * stride_xm + offs_k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-        wm = n_ok[:, None] & k_ok[None, :]
-        wg = tl.load(w_gate + offs_k[None, :], mask=wm, other=0.0)
-        wu = tl.load(w_up + offs_k[None, :], mask=wm, other=0.0)
-        if IEEE:  # fp32 inputs: exact fp32 products, not TF32
-            acc_g += tl.dot(a, tl.trans(wg), input_precision="ieee")
-            acc_u += tl.dot(a, tl.trans(wu), input_precision="ieee")
-        else:
-            acc_g += tl.dot(a, tl.trans(wg))
-            acc_u += tl.dot(a, tl.trans(wu))
+        a = tl.load(x_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < H)[None, :], other=0.0)
+        wg = weight_tile(w_gate, s_base, rows_g, n_ok, k0, H, stride_sn, stride_sk, a.dtype, WEIGHTS, BLOCK_N, BLOCK_K)
+        wu = weight_tile(w_up, s_base, rows_g + INTER, n_ok, k0, H, stride_sn, stride_sk, a.dtype, WEIGHTS, BLOCK_N,
+                         BLOCK_K)  # fmt: skip
+        acc_g = _dot(acc_g, a, wg, IEEE)
+        acc_u = _dot(acc_u, a, wu, IEEE)
     if HAS_BIAS:
         b = b_ptr + e.to(tl.int64) * stride_be
-        acc_g += tl.load(b + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        acc_u += tl.load(b + INTER + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    # round to the activation's dtype first, as the reference's GEMM output is
-    gate = acc_g.to(act_ptr.dtype.element_ty).to(tl.float32)
-    up = acc_u.to(act_ptr.dtype.element_ty).to(tl.float32)
-    if ACT == 0:  # silu(gate) * up
-        h = gate / (1.0 + tl.exp(-gate)) * up
-    else:  # GPT-OSS: gate clamped above, up clamped both ways, gate * sigmoid(alpha * gate) * (up + 1)
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        h = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+        acc_g += bias_row(b, offs_n, n_ok)[None, :]
+        acc_u += bias_row(b + INTER, offs_n, n_ok)[None, :]
+    h = round_activate(acc_g, acc_u, alpha, limit, dtype, ACT)
     out = act_ptr + rows.to(tl.int64)[:, None] * stride_am + offs_n[None, :]
-    tl.store(out, h.to(act_ptr.dtype.element_ty), mask=ok[:, None] & n_ok[None, :])
+    tl.store(out, h.to(dtype), mask=ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def moe_down_kernel(
-    act_ptr, w_ptr, b_ptr, y_ptr,
+    act_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
     local_ids, sorted_ids, block_expert, num_padded,
     P, H, INTER,
-    stride_am, stride_we, stride_wn, stride_be, stride_ym,
+    stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_ym,
     TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
+    WEIGHTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
 ):  # fmt: skip
-    """y[p, n] = act[p] @ w2[e, n] (+ b2[e, n]) for this block's pairs, in y's dtype."""
+    """y[p, n] = act[p] @ w2[e, n] (+ b2[e, n]) for this block's pairs, in y's dtype; w2 in the WEIGHTS format."""
     e, rows, ok, go = _rows(
         local_ids, sorted_ids, block_expert, num_padded, P, TOPK, ROUTE_SORTED, BLOCK_M, BLOCK_SLOTS
     )
@@ -123,19 +131,17 @@ def moe_down_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * stride_am
-    w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    w_n = offs_n.to(tl.int64)
+    w_rows = w_ptr + e.to(tl.int64) * stride_we + w_n[:, None] * stride_wn
+    s_base = s_ptr + e.to(tl.int64) * stride_se
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < INTER
-        a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if IEEE:
-            acc += tl.dot(a, tl.trans(w), input_precision="ieee")
-        else:
-            acc += tl.dot(a, tl.trans(w))
+        a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < INTER)[None, :], other=0.0)
+        w = weight_tile(w_rows, s_base, w_n, n_ok, k0, INTER, stride_sn, stride_sk, a.dtype, WEIGHTS, BLOCK_N, BLOCK_K)
+        acc = _dot(acc, a, w, IEEE)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + e.to(tl.int64) * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc += bias_row(b_ptr + e.to(tl.int64) * stride_be, offs_n, n_ok)[None, :]
     out = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=ok[:, None] & n_ok[None, :])
 

@@ -13,6 +13,10 @@ down tile): program n owns output rows n*BLOCK_N.. and walks the token's k exper
 so the [k, H] expert outputs never go to memory and the combine kernel's launch is gone (at one
 token every launch is a few microseconds of a ~50 us layer). The unfused pair (down GEMV into y,
 then `moe_combine_kernel`) stays as a tuning candidate: the fused kernel has k times fewer programs.
+
+The gate/up and fused down GEMVs also take FP8 experts (WEIGHTS, moe_tiles.py: the tile dequantised
+in registers, then the same fp32 multiply-adds); MXFP4 experts have their own GEMVs
+(moe_mxfp4_gemv.py), whose tiles keep a scale-group axis.
 """
 
 from __future__ import annotations
@@ -20,46 +24,47 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton.moe_tiles import DENSE, bias_row, round_activate, weight_tile
+
 
 @triton.jit
 def moe_gate_up_gemv_kernel(
-    x_ptr, w_ptr, b_ptr, act_ptr, local_ids,
-    H, INTER, stride_we, stride_wn, stride_be, stride_am,
+    x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, local_ids,
+    H, INTER, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_am,
     alpha, limit,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    """act[j, n] = act(x @ w13[e_j, n], x @ w13[e_j, INTER + n]); w13 DENSE or FP8 (moe_tiles.py;
+    MXFP4 has its own GEMVs, moe_mxfp4_gemv.py)."""
     j = tl.program_id(0)
     e = tl.load(local_ids + j)
     if e < 0:  # on another rank
         return
+    dtype = act_ptr.dtype.element_ty
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < INTER
-    w_gate = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+    rows = offs_n.to(tl.int64)
+    w_gate = w_ptr + e.to(tl.int64) * stride_we + rows[:, None] * stride_wn
     w_up = w_gate + INTER * stride_wn
+    s_base = s_ptr + e.to(tl.int64) * stride_se
     acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < H
-        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        wm = n_ok[:, None] & k_ok[None, :]
-        acc_g += tl.load(w_gate + offs_k[None, :], mask=wm, other=0.0).to(tl.float32) * x
-        acc_u += tl.load(w_up + offs_k[None, :], mask=wm, other=0.0).to(tl.float32) * x
+        x = tl.load(x_ptr + offs_k, mask=offs_k < H, other=0.0).to(tl.float32)[None, :]
+        wg = weight_tile(w_gate, s_base, rows, n_ok, k0, H, stride_sn, stride_sk, dtype, WEIGHTS, BLOCK_N, BLOCK_K)
+        wu = weight_tile(w_up, s_base, rows + INTER, n_ok, k0, H, stride_sn, stride_sk, dtype, WEIGHTS, BLOCK_N,
+                         BLOCK_K)  # fmt: skip
+        acc_g += wg.to(tl.float32) * x
+        acc_u += wu.to(tl.float32) * x
     gate = tl.sum(acc_g, 1)
     up = tl.sum(acc_u, 1)
     if HAS_BIAS:
         b = b_ptr + e.to(tl.int64) * stride_be
-        gate += tl.load(b + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-        up += tl.load(b + INTER + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    gate = gate.to(act_ptr.dtype.element_ty).to(tl.float32)  # rounded as the reference's GEMM output
-    up = up.to(act_ptr.dtype.element_ty).to(tl.float32)
-    if ACT == 0:
-        h = gate / (1.0 + tl.exp(-gate)) * up
-    else:
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        h = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
-    tl.store(act_ptr + j * stride_am + offs_n, h.to(act_ptr.dtype.element_ty), mask=n_ok)
+        gate += bias_row(b, offs_n, n_ok)
+        up += bias_row(b + INTER, offs_n, n_ok)
+    h = round_activate(gate, up, alpha, limit, dtype, ACT)
+    tl.store(act_ptr + j * stride_am + offs_n, h.to(dtype), mask=n_ok)
 
 
 @triton.jit
@@ -89,32 +94,35 @@ def moe_down_gemv_kernel(
 
 @triton.jit
 def moe_down_combine_gemv_kernel(
-    act_ptr, w_ptr, b_ptr, weights_ptr, local_ids, out_ptr,
-    H, INTER, stride_am, stride_we, stride_wn, stride_be,
-    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    act_ptr, w_ptr, s_ptr, b_ptr, weights_ptr, local_ids, out_ptr,
+    H, INTER, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be,
+    TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """out[n] = sum over slots s (in order) of weight[s] * round(act[s] @ w2[e_s][n] (+ b)); slots whose
-    expert is on another rank add nothing."""
+    expert is on another rank add nothing. w2 DENSE or FP8."""
+    dtype = out_ptr.dtype.element_ty
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
+    rows = offs_n.to(tl.int64)
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for s in tl.static_range(TOPK):
         e = tl.load(local_ids + s)
         if e >= 0:
-            w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
+            w_rows = w_ptr + e.to(tl.int64) * stride_we + rows[:, None] * stride_wn
+            s_base = s_ptr + e.to(tl.int64) * stride_se
             acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
             for k0 in range(0, INTER, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
-                k_ok = offs_k < INTER
-                a = tl.load(act_ptr + s * stride_am + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-                wm = n_ok[:, None] & k_ok[None, :]
-                acc += tl.load(w_rows + offs_k[None, :], mask=wm, other=0.0).to(tl.float32) * a
+                a = tl.load(act_ptr + s * stride_am + offs_k, mask=offs_k < INTER, other=0.0).to(tl.float32)[None, :]
+                w = weight_tile(w_rows, s_base, rows, n_ok, k0, INTER, stride_sn, stride_sk, dtype, WEIGHTS, BLOCK_N,
+                                BLOCK_K)  # fmt: skip
+                acc += w.to(tl.float32) * a
             y = tl.sum(acc, 1)
             if HAS_BIAS:
-                y += tl.load(b_ptr + e.to(tl.int64) * stride_be + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-            y = y.to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded as the reference's GEMM output
+                y += bias_row(b_ptr + e.to(tl.int64) * stride_be, offs_n, n_ok)
+            y = y.to(dtype).to(tl.float32)  # rounded as the reference's GEMM output
             total += y * tl.load(weights_ptr + s)
-    tl.store(out_ptr + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+    tl.store(out_ptr + offs_n, total.to(dtype), mask=n_ok)
 
 
 def combines_in_down(config: dict) -> bool:
@@ -133,17 +141,17 @@ def launch(
     inter, h = w2.shape[2], w2.shape[1]
     gu, dn = config["gate_up"], config["down"]
     moe_gate_up_gemv_kernel[(k, triton.cdiv(inter, gu["block_n"]))](
-        x, w13, w13_bias if w13_bias is not None else w13, act, local,
-        h, inter, w13.stride(0), w13.stride(1), 0 if w13_bias is None else w13_bias.stride(0), act.stride(0),
+        x, w13, w13, w13_bias if w13_bias is not None else w13, act, local,
+        h, inter, w13.stride(0), w13.stride(1), 0, 0, 0, 0 if w13_bias is None else w13_bias.stride(0), act.stride(0),
         float(alpha), float(limit),
-        ACT=activation_code, HAS_BIAS=w13_bias is not None, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"],
+        ACT=activation_code, HAS_BIAS=w13_bias is not None, WEIGHTS=DENSE, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"],
         num_warps=gu["num_warps"], num_stages=gu["num_stages"],
     )  # fmt: skip
     if combines_in_down(config):
         moe_down_combine_gemv_kernel[(triton.cdiv(h, dn["block_n"]),)](
-            act, w2, w2_bias if w2_bias is not None else w2, weights, local, out,
-            h, inter, act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0),
-            TOPK=k, HAS_BIAS=w2_bias is not None, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
+            act, w2, w2, w2_bias if w2_bias is not None else w2, weights, local, out,
+            h, inter, act.stride(0), w2.stride(0), w2.stride(1), 0, 0, 0, 0 if w2_bias is None else w2_bias.stride(0),
+            TOPK=k, HAS_BIAS=w2_bias is not None, WEIGHTS=DENSE, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
             num_warps=dn["num_warps"], num_stages=dn["num_stages"],
         )  # fmt: skip
         return

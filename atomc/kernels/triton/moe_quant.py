@@ -1,12 +1,12 @@
 """`fused_moe_quant`: atomc::moe_quant on Triton: quantised experts dequantised in registers.
 
-The routes of moe.py's `fused_experts`, with each format's kernels (MXFP4: moe_mxfp4_kernels.py;
-FP8 per-row or 128x128-block scales: moe_fp8_kernels.py): one token, the two GEMVs with the
-weighted sum done in the down GEMV (the "fuse_combine" tile flag is not read: this route always
-fuses); few pairs, the unsorted tensor-core kernels; many pairs, the expert-sorted ones, then
-`moe_combine_kernel`. Tiles come from moe_config.py with the format as `weight_format` (its own
-tuned files, else the bf16 defaults); a tile's `block_k` counts input values. MXFP4 needs it a
-multiple of 32 (one scale group, so a step never splits a byte pair).
+The routes of moe.py's `fused_experts` on the same kernels with the format as a constexpr
+(moe_tiles.py): one token, the two GEMVs with the weighted sum done in the down GEMV (the
+"fuse_combine" tile flag is not read: this route always fuses; FP8 on moe_gemv.py's kernels,
+MXFP4 on its own, moe_mxfp4_gemv.py); few pairs, moe_gemm.py's unsorted tensor-core kernels; many
+pairs, the expert-sorted ones, then `moe_combine_kernel`. Tiles come from moe_config.py with the
+format as `weight_format` (its own tuned files, else its defaults); `block_k` counts input values,
+for MXFP4 a multiple of 32 (whole scale groups).
 """
 
 from __future__ import annotations
@@ -17,34 +17,22 @@ import triton
 from atomc.kernels.triton import moe_config
 from atomc.kernels.triton.moe import ACTIVATION_CODES, COMBINE_BLOCK_H, device_name
 from atomc.kernels.triton.moe_align import align_by_expert
-from atomc.kernels.triton.moe_fp8_kernels import (
-    fp8_down_combine_gemv_kernel,
-    fp8_down_kernel,
-    fp8_gate_up_gemv_kernel,
-    fp8_gate_up_kernel,
-)
-from atomc.kernels.triton.moe_gemm import moe_combine_kernel
-from atomc.kernels.triton.moe_mxfp4_kernels import (
-    mxfp4_down_combine_gemv_kernel,
-    mxfp4_down_kernel,
-    mxfp4_gate_up_gemv_kernel,
-    mxfp4_gate_up_kernel,
-)
+from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
+from atomc.kernels.triton.moe_gemv import moe_down_combine_gemv_kernel, moe_gate_up_gemv_kernel
+from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, mxfp4_gate_up_gemv_kernel
 from atomc.kernels.triton.moe_routing import handles, softmax_topk
+from atomc.kernels.triton.moe_tiles import MXFP4_GROUP, WEIGHT_CODES
 from atomc.ops.moe import select_experts
 from atomc.ops.moe_quant import WEIGHT_FORMATS
 
 FP8_FORMATS = ("fp8_channel", "fp8_block")
 
 
-def _step(tile: dict, weight_format: str) -> int:
-    """The tile's K step in the kernel's units: bytes for MXFP4 (block_k values = block_k / 2 bytes),
-    values for FP8 (each element finds its own block scale, so any step works)."""
+def _block_k(tile: dict, weight_format: str) -> int:
+    """The tile's K step (input values); an MXFP4 step is whole 32-value scale groups."""
     block_k = tile["block_k"]
-    if weight_format == "mxfp4":
-        if block_k % 32:
-            raise ValueError(f"fused_moe_quant: an MXFP4 tile's block_k ({block_k}) must be a multiple of 32")
-        return block_k // 2
+    if weight_format == "mxfp4" and block_k % MXFP4_GROUP:
+        raise ValueError(f"fused_moe_quant: an MXFP4 tile's block_k ({block_k}) must be a multiple of 32")
     return block_k
 
 
@@ -102,10 +90,8 @@ def fused_experts_quant(
     if t == 0:
         return out
     mx = weight_format == "mxfp4"
-    extra = {} if mx else {"BLOCK_SCALES": weight_format == "fp8_block"}
-    kname = "BLOCK_KB" if mx else "BLOCK_K"
-    act = x.new_empty(p, inter)
     code = ACTIVATION_CODES[activation]
+    act = x.new_empty(p, inter)
     weights = weights.float().contiguous()
     gu, dn = config["gate_up"], config["down"]
     b13 = w13_bias if w13_bias is not None else x
@@ -113,29 +99,27 @@ def fused_experts_quant(
     sb13 = 0 if w13_bias is None else w13_bias.stride(0)
     sb2 = 0 if w2_bias is None else w2_bias.stride(0)
     s13, s2 = _scale_strides(w13_scale), _scale_strides(w2_scale)
-    if not mx:  # the MXFP4 kernels index scale bytes themselves (one a 16-byte group)
-        s13_args, s2_args = s13, s2
-    else:
-        s13_args, s2_args = s13[:2], s2[:2]
     if config["path"] == "gemv":
         if t != 1:
             raise ValueError(f"fused_moe_quant: the gemv route takes one token, got {t}")
-        gate_up, down = (
-            (mxfp4_gate_up_gemv_kernel, mxfp4_down_combine_gemv_kernel) if mx
-            else (fp8_gate_up_gemv_kernel, fp8_down_combine_gemv_kernel)
-        )  # fmt: skip
+        if mx:  # scales indexed by (row, group): the group stride is 1 (contiguous)
+            gate_up, down, fmt = mxfp4_gate_up_gemv_kernel, mxfp4_down_combine_gemv_kernel, {}
+            s13, s2 = s13[:2], s2[:2]
+        else:
+            gate_up, down = moe_gate_up_gemv_kernel, moe_down_combine_gemv_kernel
+            fmt = {"WEIGHTS": WEIGHT_CODES[weight_format]}
         gate_up[(k, triton.cdiv(inter, gu["block_n"]))](
             x, w13, w13_scale, b13, act, local,
-            h, inter, w13.stride(0), w13.stride(1), *s13_args, sb13, act.stride(0),
+            h, inter, w13.stride(0), w13.stride(1), *s13, sb13, act.stride(0),
             float(alpha), float(limit),
-            ACT=code, HAS_BIAS=w13_bias is not None, BLOCK_N=gu["block_n"], **{kname: _step(gu, weight_format)},
-            **extra, num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+            ACT=code, HAS_BIAS=w13_bias is not None, **fmt, BLOCK_N=gu["block_n"], BLOCK_K=_block_k(gu, weight_format),
+            num_warps=gu["num_warps"], num_stages=gu["num_stages"],
         )  # fmt: skip
         down[(triton.cdiv(h, dn["block_n"]),)](
             act, w2, w2_scale, b2, weights, local, out,
-            h, inter, act.stride(0), w2.stride(0), w2.stride(1), *s2_args, sb2,
-            TOPK=k, HAS_BIAS=w2_bias is not None, BLOCK_N=dn["block_n"], **{kname: _step(dn, weight_format)},
-            **extra, num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+            h, inter, act.stride(0), w2.stride(0), w2.stride(1), *s2, sb2,
+            TOPK=k, HAS_BIAS=w2_bias is not None, **fmt, BLOCK_N=dn["block_n"], BLOCK_K=_block_k(dn, weight_format),
+            num_warps=dn["num_warps"], num_stages=dn["num_stages"],
         )  # fmt: skip
         return out
     sorted_route = config["path"] == "sorted"
@@ -157,22 +141,22 @@ def fused_experts_quant(
     slots = triton.next_power_of_2(k)
     route = (local, sorted_ids, block_expert, num_padded)
     y = x.new_empty(p, h)
-    gate_up, down = (mxfp4_gate_up_kernel, mxfp4_down_kernel) if mx else (fp8_gate_up_kernel, fp8_down_kernel)
-    gate_up[(row_groups, triton.cdiv(inter, gu["block_n"]))](
+    wcode = WEIGHT_CODES[weight_format]
+    moe_gate_up_kernel[(row_groups, triton.cdiv(inter, gu["block_n"]))](
         x, w13, w13_scale, b13, act, *route,
         p, h, inter,
-        x.stride(0), w13.stride(0), w13.stride(1), *s13_args, sb13, act.stride(0),
+        x.stride(0), w13.stride(0), w13.stride(1), *s13, sb13, act.stride(0),
         float(alpha), float(limit),
-        TOPK=k, ACT=code, HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, **extra,
-        BLOCK_M=block_m, BLOCK_N=gu["block_n"], **{kname: _step(gu, weight_format)}, BLOCK_SLOTS=slots,
+        TOPK=k, ACT=code, HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=wcode,
+        BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=_block_k(gu, weight_format), BLOCK_SLOTS=slots,
         num_warps=gu["num_warps"], num_stages=gu["num_stages"],
     )  # fmt: skip
-    down[(row_groups, triton.cdiv(h, dn["block_n"]))](
+    moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2_scale, b2, y, *route,
         p, h, inter,
-        act.stride(0), w2.stride(0), w2.stride(1), *s2_args, sb2, y.stride(0),
-        TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, **extra,
-        BLOCK_M=block_m, BLOCK_N=dn["block_n"], **{kname: _step(dn, weight_format)}, BLOCK_SLOTS=slots,
+        act.stride(0), w2.stride(0), w2.stride(1), *s2, sb2, y.stride(0),
+        TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=wcode,
+        BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=_block_k(dn, weight_format), BLOCK_SLOTS=slots,
         num_warps=dn["num_warps"], num_stages=dn["num_stages"],
     )  # fmt: skip
     block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))

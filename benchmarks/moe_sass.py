@@ -1,0 +1,108 @@
+"""The quantised MoE kernels compiled for the H200 (sm_90) on any machine, no GPU needed: each
+kernel's registers, spills, shared memory and the opcodes of its main loop, from the SASS of
+Triton's own ptxas / nvdisasm (shipped in the triton wheel).
+
+    python benchmarks/moe_sass.py [--json]
+
+Why: on a CPU-only machine this is the only look at what a kernel will execute. The first MXFP4
+MoE was slow on the H200 for reasons visible here (per-value scale loads, exp2 on the MUFU unit,
+int-to-float conversions); tests/kernels/test_moe_sass.py keeps them out of the MXFP4 loops.
+Arguments are specialised as the JIT would for 16-byte-aligned tensors and strides. The loop is
+the SASS between the kernel's first loop label and its backward branch; `--json` prints
+{kernel: {"regs", "spills", "smem", "loop": {opcode: count}}} (opcodes without modifiers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, not interpreted ones
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from atomc.kernels.triton.moe_gemm import moe_gate_up_kernel  # noqa: E402
+from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, mxfp4_gate_up_gemv_kernel  # noqa: E402
+from atomc.kernels.triton.moe_tiles import MXFP4  # noqa: E402
+
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+ROUTE = dict(local_ids="*i32", sorted_ids="*i32", block_expert="*i32", num_padded="*i32", P="i32", H="i32", INTER="i32")
+# name: (kernel, signature, constexprs, num_warps, num_stages), GPT-OSS-20B's bf16 activations
+KERNELS = {
+    "mxfp4_gate_up_gemv": (mxfp4_gate_up_gemv_kernel,
+        dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32", H="i32",
+             INTER="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_be="i32",
+             stride_am="i32", alpha="fp32", limit="fp32"),
+        dict(ACT=1, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024), 4, 4),
+    "mxfp4_down_combine_gemv": (mxfp4_down_combine_gemv_kernel,
+        dict(act_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", weights_ptr="*fp32", local_ids="*i32",
+             out_ptr="*bf16", H="i32", INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32",
+             stride_se="i32", stride_sn="i32", stride_be="i32"),
+        dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024), 4, 4),
+    "mxfp4_gate_up_sorted": (moe_gate_up_kernel,
+        dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", act_ptr="*bf16", **ROUTE, stride_xm="i32",
+             stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32", stride_be="i32",
+             stride_am="i32", alpha="fp32", limit="fp32"),
+        dict(TOPK=4, ACT=1, HAS_BIAS=True, ROUTE_SORTED=True, IEEE=False, WEIGHTS=MXFP4, BLOCK_M=64, BLOCK_N=64,
+             BLOCK_K=128, BLOCK_SLOTS=4), 4, 3),
+}  # fmt: skip
+
+
+def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+    aligned = {(i,): [["tt.divisibility", 16]] for i, (k, v) in enumerate(signature.items())
+               if v.startswith("*") or k.startswith(("stride", "H", "INTER"))}  # fmt: skip
+    names = list(fn.arg_names)
+    src = ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
+                    constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=aligned)  # fmt: skip
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=num_warps, num_stages=num_stages))  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([BIN / "nvdisasm", "-c", cubin], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([BIN / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    spills = re.search(r"LOCAL:(\d+)", usage)
+    return {"regs": int(regs[1]) if regs else None, "spills": int(spills[1]) if spills else None,
+            "smem": kernel.metadata.shared, "loop": loop_opcodes(sass)}  # fmt: skip
+
+
+def loop_opcodes(sass: str) -> dict[str, int]:
+    """Opcode counts of the first loop: from a label to the branch back to it."""
+    lines = sass.splitlines()
+    for i, line in enumerate(lines):
+        label = re.match(r"^(\.L_x_\d+):", line)
+        if not label:
+            continue
+        back = [j for j in range(i + 1, len(lines)) if f"`({label[1]})" in lines[j]]
+        if back:
+            ops = [re.search(r"\*/\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", ln) for ln in lines[i + 1 : back[0] + 1]]
+            return dict(collections.Counter(m[1] for m in ops if m))
+    return {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    report = {name: compile_sm90(*spec) for name, spec in KERNELS.items()}
+    if args.json:
+        print(json.dumps(report))
+        return
+    for name, r in report.items():
+        top = ", ".join(f"{op} {n}" for op, n in sorted(r["loop"].items(), key=lambda kv: -kv[1])[:12])
+        print(f"{name}: {r['regs']} regs, {r['spills']} B spilled, {r['smem']} B smem; loop: {top}")
+
+
+if __name__ == "__main__":
+    main()
