@@ -33,7 +33,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from checkpoints import CONFIGS, tiny_config  # noqa: E402
-from peers.gpt_fast_run import compile_decode_step, gpt_fast_commit, rate_fields, report, timed_generations  # noqa: E402
+from peers.gpt_fast_run import (  # noqa: E402
+    build_random,
+    compile_decode_step,
+    gpt_fast_commit,
+    rate_fields,
+    report,
+    timed_generations,
+)
 
 GPT_FAST_NAME = "llama-3.1-8b"  # gpt-fast's transformer_configs entry
 
@@ -80,26 +87,6 @@ def model_args(gmodel, tiny: bool):
     if got != want:
         raise SystemExit(f"gpt-fast's {GPT_FAST_NAME} entry {got} is not the published config {want}")
     return args
-
-
-def build_random(gmodel, args, device: str, dtype: torch.dtype):
-    """gpt-fast's Transformer with random weights on `device` (norm weights 1)."""
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            model = gmodel.Transformer(args)
-    finally:
-        torch.set_default_dtype(prev)
-    model = model.to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    return model.eval()
 
 
 def quantize_int8(gquant, model):

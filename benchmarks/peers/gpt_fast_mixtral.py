@@ -30,7 +30,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from checkpoints import CONFIGS, tiny_config  # noqa: E402
-from peers.gpt_fast_run import compile_decode_step, gpt_fast_commit, rate_fields, report, timed_generations  # noqa: E402
+from peers.gpt_fast_run import (  # noqa: E402
+    build_random,
+    compile_decode_step,
+    gpt_fast_commit,
+    rate_fields,
+    report,
+    timed_generations,
+)
 
 
 def import_gpt_fast(folder: Path):
@@ -71,26 +78,6 @@ def model_args(gmodel, tiny: bool):
     return args
 
 
-def build_random(gmodel, args, device: str):
-    """gpt-fast's Transformer with random bf16 weights on `device` (norm weights 1)."""
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("meta"):
-            model = gmodel.Transformer(args)
-    finally:
-        torch.set_default_dtype(prev)
-    model = model.to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    return model.eval()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpt-fast-dir", default=str(ROOT / ".peers" / "gpt-fast"))
@@ -106,7 +93,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     margs = model_args(gmodel, args.tiny)
-    model = build_random(gmodel, margs, device)
+    model = build_random(gmodel, margs, device, torch.bfloat16)
     gen.device_sync(device=device)
     build_s = time.perf_counter() - t0
 

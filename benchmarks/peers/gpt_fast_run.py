@@ -12,6 +12,26 @@ from pathlib import Path
 import torch
 
 
+def build_random(gmodel, args, device: str, dtype: torch.dtype):
+    """gpt-fast's Transformer with random weights on `device` (norm weights 1)."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = gmodel.Transformer(args)
+    finally:
+        torch.set_default_dtype(prev)
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
 def compile_decode_step(gen) -> None:
     """gen.decode_one_token compiled (reduce-overhead, fullgraph), handing back copies of its outputs:
     generate.py feeds each step's token (a view of the CUDA graph's output) to the next step, and
