@@ -290,10 +290,7 @@ class LLMEngine(EngineClient):
             outputs += self._complete(self._in_flight)
         if launched is not None and launched.masked_rows:
             # every constrained row's matcher has its previous token now: mask and sample this step
-            self.structured.finish_sampling(
-                launched.pending, [launched.samplers[k] for k in launched.masked_rows], launched.masked_rows,
-                len(launched.samplers),
-            )
+            self.structured.finish_sampling(launched.pending, launched.samplers, launched.masked_rows)
         self._in_flight = launched
         if launched is not None and not self.config.scheduler.async_scheduling:
             outputs += self._complete(launched)

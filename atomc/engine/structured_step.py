@@ -99,11 +99,11 @@ class StructuredSteps:
             log.warning("sequence %d: token %d is outside its grammar; the sequence ends", seq.seq_id, token)
         return ok
 
-    def finish_sampling(self, pending, seqs: list[Sequence], rows: list[int], num_rows: int) -> None:
-        """Fill the bitmask of a launched step's constrained rows (`seqs`, at sampled rows `rows` of
-        the step's `num_rows`) and queue their masking and the step's sampling (module docstring)."""
-        grammars = [None if seq.finished else seq.grammar for seq in seqs]
-        bitmask = self._buffer(num_rows)
+    def finish_sampling(self, pending, samplers: list[Sequence], rows: list[int]) -> None:
+        """Fill the bitmask of a launched step's constrained rows (`rows`, indices into its sampled
+        sequences `samplers`) and queue their masking and the step's sampling (module docstring)."""
+        grammars = [None if samplers[k].finished else samplers[k].grammar for k in rows]
+        bitmask = self._buffer(len(samplers))
         fill_bitmask(grammars, bitmask, rows)
         pending.finish_sampling(bitmask)
 

@@ -14,6 +14,7 @@ rides back with the tokens, so the check costs no extra device sync.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -236,7 +237,6 @@ def _draw_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch
 
 
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
-_ROW_INDEX: list = [None, None]  # (rows, device int32 tensor) of the last masked step: usually the same rows
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int] | None = None) -> None:
@@ -257,25 +257,23 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: Seque
         return
     width = bitmask.shape[1] * 32
     device = logits.device
-    if bitmask.device == device:
-        words = bitmask
-    elif device.type == "cuda" and bitmask.is_pinned():
-        words = bitmask.to(device, non_blocking=True)
-    else:
-        words = to_device(bitmask, torch.int32, device)
+    words = bitmask if bitmask.device == device else to_device(bitmask, torch.int32, device)
     if device.type == "cuda":
         from xgrammar import apply_token_bitmask_inplace  # imported with the grammar that made the mask
 
-        key = tuple(rows)
-        if _ROW_INDEX[0] != (key, device):
-            _ROW_INDEX[:] = [(key, device), to_device(rows, torch.int32, device)]
-        apply_token_bitmask_inplace(
-            logits, words, vocab_size=min(vocab, width), indices=_ROW_INDEX[1], backend="triton"
-        )
+        index = _row_index(tuple(rows), device)
+        apply_token_bitmask_inplace(logits, words, vocab_size=min(vocab, width), indices=index, backend="triton")
         if width < vocab:  # index_fill_ takes -inf as a kernel argument (no pageable copy, no sync)
-            logits[:, width:].index_fill_(0, _ROW_INDEX[1].long(), _NEG_INF)
+            logits[:, width:].index_fill_(0, index.long(), _NEG_INF)
         return
     mask_with_torch(logits, words, rows)
+
+
+@functools.lru_cache(maxsize=4)
+def _row_index(rows: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The masked rows as a device int32 tensor, kept: a step's constrained rows are usually the
+    last step's, so most steps copy nothing."""
+    return to_device(list(rows), torch.int32, device)
 
 
 def mask_with_torch(logits: torch.Tensor, words: torch.Tensor, rows: list[int]) -> None:
