@@ -26,9 +26,8 @@ import triton
 from atomc.kernels.triton import moe_config, moe_gemv
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
-from atomc.kernels.triton.moe_routing import handles, softmax_topk
+from atomc.kernels.triton.moe_routing import route
 from atomc.kernels.triton.moe_tiles import ACT_SILU, ACT_SWIGLU_OAI, DENSE
-from atomc.ops.moe import select_experts
 
 ACTIVATION_CODES = {"silu": ACT_SILU, "swiglu_oai": ACT_SWIGLU_OAI}
 COMBINE_BLOCK_H = 1024
@@ -159,12 +158,9 @@ def fused_moe(
 ) -> torch.Tensor:
     """`atomc::moe` (same arguments): softmax top-k routing in one Triton kernel (other scorings
     through `select_experts` in torch), the experts on the Triton kernels."""
-    if handles(scoring, correction_bias, num_expert_group, router_logits.shape[-1]):
-        weights, ids = softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor)
-    else:
-        weights, ids = select_experts(
-            router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
-            routed_scaling_factor,
-        )  # fmt: skip
+    weights, ids = route(
+        router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
+        routed_scaling_factor,
+    )  # fmt: skip
     return fused_experts(x, weights, ids, w13, w2, w13_bias, w2_bias, expert_map, activation, swiglu_alpha,
                          swiglu_limit)  # fmt: skip

@@ -20,9 +20,8 @@ from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
 from atomc.kernels.triton.moe_gemv import moe_down_combine_gemv_kernel, moe_gate_up_gemv_kernel
 from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, mxfp4_gate_up_gemv_kernel
-from atomc.kernels.triton.moe_routing import handles, softmax_topk
+from atomc.kernels.triton.moe_routing import route
 from atomc.kernels.triton.moe_tiles import MXFP4_GROUP, WEIGHT_CODES
-from atomc.ops.moe import select_experts
 from atomc.ops.moe_quant import WEIGHT_FORMATS
 
 FP8_FORMATS = ("fp8_channel", "fp8_block")
@@ -182,12 +181,9 @@ def fused_moe_quant(
             f"fused_moe_quant: weight format {weight_format!r} has no Triton kernel "
             f"(supported: {', '.join(WEIGHT_FORMATS)})"
         )
-    if handles(scoring, correction_bias, num_expert_group, router_logits.shape[-1]):
-        weights, ids = softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor)
-    else:
-        weights, ids = select_experts(
-            router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
-            routed_scaling_factor,
-        )  # fmt: skip
+    weights, ids = route(
+        router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
+        routed_scaling_factor,
+    )  # fmt: skip
     return fused_experts_quant(x, weights, ids, w13, w13_scale, w2, w2_scale, w13_bias, w2_bias, expert_map,
                                activation, swiglu_alpha, swiglu_limit, weight_format)  # fmt: skip

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.ops.moe import select_experts
+
 MAX_EXPERTS = 1024  # one program holds a token's whole logit row
 
 
@@ -71,3 +73,16 @@ def softmax_topk(
             num_warps=1 if e <= 128 else 4,
         )  # fmt: skip
     return weights, ids
+
+
+def route(
+    router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, correction_bias,
+    num_expert_group: int, topk_group: int, routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`select_experts`' (weights, ids), through `softmax_topk` where it `handles` the routing."""
+    if handles(scoring, correction_bias, num_expert_group, router_logits.shape[-1]):
+        return softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor)
+    return select_experts(
+        router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
+        routed_scaling_factor,
+    )  # fmt: skip
