@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -37,6 +36,7 @@ from peers.gpt_fast_run import (  # noqa: E402
     build_random,
     compile_decode_step,
     gpt_fast_commit,
+    import_path,
     rate_fields,
     report,
     timed_generations,
@@ -47,21 +47,7 @@ GPT_FAST_NAME = "llama-3.1-8b"  # gpt-fast's transformer_configs entry
 
 def import_gpt_fast(folder: Path):
     """gpt-fast's generate, model and quantize modules, imported from `folder`."""
-    for f in ("generate.py", "model.py", "quantize.py"):
-        if not (folder / f).is_file():
-            raise SystemExit(f"{folder} has no gpt-fast {f}: run benchmarks/peers/fetch_gpt_fast.sh")
-    sys.path.insert(0, str(folder))
-    for name, attrs in (("sentencepiece", ("SentencePieceProcessor",)), ("tiktoken", ())):
-        try:
-            __import__(name)
-        except ImportError:  # tokenizer.py imports them; random ids need no tokenizer
-            sys.modules[name] = types.ModuleType(name)
-            for a in attrs:
-                setattr(sys.modules[name], a, None)
-            if name == "tiktoken":
-                load = types.ModuleType("tiktoken.load")
-                load.load_tiktoken_bpe = None
-                sys.modules["tiktoken.load"] = load
+    import_path(folder, ("generate.py", "model.py", "quantize.py"))
     import generate
     import model
     import quantize

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -34,6 +33,7 @@ from peers.gpt_fast_run import (  # noqa: E402
     build_random,
     compile_decode_step,
     gpt_fast_commit,
+    import_path,
     rate_fields,
     report,
     timed_generations,
@@ -42,15 +42,7 @@ from peers.gpt_fast_run import (  # noqa: E402
 
 def import_gpt_fast(folder: Path):
     """gpt-fast's generate and model modules, imported from `folder`."""
-    if not (folder / "generate.py").is_file() or not (folder / "model.py").is_file():
-        raise SystemExit(f"{folder} has no gpt-fast generate.py/model.py: run benchmarks/peers/fetch_gpt_fast.sh")
-    sys.path.insert(0, str(folder))
-    try:
-        import sentencepiece  # noqa: F401
-    except ImportError:  # generate.py imports it for its tokenizer, which random ids do not need
-        stub = types.ModuleType("sentencepiece")
-        stub.SentencePieceProcessor = None
-        sys.modules["sentencepiece"] = stub
+    import_path(folder, ("generate.py", "model.py"))
     import generate
     import model
 

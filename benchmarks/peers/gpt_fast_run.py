@@ -5,11 +5,33 @@ decode step as its generate.py does with --compile, and timing its generate() th
 from __future__ import annotations
 
 import json
+import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+
+def import_path(folder: Path, files: tuple[str, ...]) -> None:
+    """Put gpt-fast's `folder` on sys.path, after checking it holds `files`, with stand-ins for the
+    tokenizer packages its modules import when they are not installed (random ids need no tokenizer)."""
+    for f in files:
+        if not (folder / f).is_file():
+            raise SystemExit(f"{folder} has no gpt-fast {f}: run benchmarks/peers/fetch_gpt_fast.sh")
+    sys.path.insert(0, str(folder))
+    for name, attrs in (("sentencepiece", ("SentencePieceProcessor",)), ("tiktoken", ())):
+        try:
+            __import__(name)
+        except ImportError:
+            sys.modules[name] = types.ModuleType(name)
+            for a in attrs:
+                setattr(sys.modules[name], a, None)
+            if name == "tiktoken":
+                load = types.ModuleType("tiktoken.load")
+                load.load_tiktoken_bpe = None
+                sys.modules["tiktoken.load"] = load
 
 
 def build_random(gmodel, args, device: str, dtype: torch.dtype):
