@@ -94,6 +94,36 @@ def test_gemm_at_8b_shapes(m, shape, scheme):
     assert rel(got, want) < 1e-2
 
 
+@pytest.mark.parametrize("kernel", ["gemv", "gemm", "block_gemv", "block_gemm"])
+def test_fp32_accumulation_over_a_long_k(kernel):
+    """An fp32 output over K = 14,336 (down_proj) against fp64. sm_90's FP8 wgmma adds into a
+    reduced-precision accumulator (about 13-14 mantissa bits kept), so the kernels add each K step's
+    partial sum (4 wgmmas of 32) into fp32; over 112 steps the error stays ~1e-4. Left to
+    accumulate in the tensor core over the whole K (Triton's default on sm_90) it grows with the
+    448 chained wgmmas to ~1e-3 or more, which the bf16 tests above (1e-2) cannot see."""
+    from atomc.kernels.triton.fp8_gemm import fp8_gemm
+    from atomc.kernels.triton.fp8_gemv import fp8_gemv
+
+    n, k = SHAPES["down"]
+    m = 1 if "gemv" in kernel else 64
+    block = "block" in kernel
+    w, ws = _weights(n, k, "block" if block else "channel")
+    xq = _fp8((m, k), seed=2)
+    xs = torch.rand(m, k // 128 if block else 1, device="cuda") / 50
+    run = fp8_gemv if "gemv" in kernel else fp8_gemm
+    got = run(xq, xs, w, ws, None, torch.float32, **({"block": (128, 128)} if block else {}))
+    x64, w64 = xq.double(), w.double()
+    if block:
+        x64 = x64 * xs.double().repeat_interleave(128, 1)
+        w64 = w64 * ws.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+        want = x64 @ w64.T
+    else:
+        want = (x64 @ w64.T) * xs.double() * ws.double()[None, :]
+    err = rel(got, want)
+    print(f"{kernel}: relative error {err:.2e}")
+    assert err < 1e-3, err
+
+
 @pytest.mark.parametrize("t", [1, 64, 4096])
 @pytest.mark.parametrize("group", [4096, 128])
 def test_norm_quant(t, group):

@@ -25,6 +25,12 @@ per-step cost is what the first H200 run found 3x slower than the row path on th
 - no load masks: rows past M or N read a valid row (offs % M) and are dropped at the store, and K
   (a whole number of groups) needs no mask (EVEN_K), so the loop is loads, a dot and the FMA.
 
+Accumulation: on sm_90 Triton lets FP8 wgmma accumulate in the tensor core's reduced-precision
+accumulator across the whole K loop unless told otherwise (its `max_num_imprecise_acc` default),
+which the interpreter does not model. The row path passes `max_num_imprecise_acc=BLOCK_K`, so each
+step's partial sum is added to the fp32 accumulator (one add per element a step); the block path
+does that by construction (a fresh dot a step, scaled into acc).
+
 Operand loads are pointer loads (cp.async, pipelined num_stages deep) or, with the `tma` knob, tensor
 descriptors (Hopper's bulk copies: no address arithmetic in the loop, zeros past the edges); the
 sweep decides which, the default is pointer loads until it has.
@@ -103,7 +109,8 @@ def _fp8_gemm_kernel(
             a_s = a_s_next
             b_s = b_s_next
         else:
-            acc = tl.dot(a, tl.trans(b), acc)
+            # promote the fp8 products to fp32 once a step: Triton's sm_90 default never does
+            acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
         if not TMA:
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K

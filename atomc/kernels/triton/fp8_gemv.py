@@ -135,7 +135,8 @@ def _fp8_gemv_dot_kernel(
             acc += tl.dot(x, tl.trans(w)) * s
             s = s_next
         else:
-            acc = tl.dot(x, tl.trans(w), acc)
+            # promote the fp8 products to fp32 once a step: Triton's sm_90 default never does
+            acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if not BLOCK_SCALES:
