@@ -3,7 +3,7 @@ batch-1 GEMV) and DeepSeek-V3 shapes (128x128 block-scaled weights at prefill si
 next to atomc's Triton FP8 GEMM / GEMV (atomc/kernels/triton/fp8_*.py).
 
     python benchmarks/fp8_linear.py --out results/fp8_linear.json [--rep-ms 20]
-        [--sweep [--configs-out DIR] [--sweep-budget-s S]]
+        [--sweep [--configs-out DIR] [--sweep-budget-s S] [--sweep-row-budget-s S] [--sweep-schemes channel,block]]
         [--shapes qkv,o,gate_up,down] [--tokens 1,8,64,512,4096]
         [--dsv3-shapes q_b,kv_b,o,gate_up,down] [--dsv3-tokens 2048,4096]
     python benchmarks/fp8_linear.py --tiny   # the same code on the CPU (Triton interpreter, toy shapes)
@@ -40,7 +40,9 @@ keeps the fastest that passes the check, and writes the winners into the tile ta
 read (atomc/kernels/triton/fp8_config.py; `--configs-out DIR`, default the package's
 configs/fp8/, merged into the device's file), keyed by (N, K) and M. A row's `config` is the
 winner, `default_us` the default's time. `--sweep-budget-s` stops trying new candidates after that
-long (the default tiles are always timed), so a device call ends with a file. One call: the
+long (the default tiles are always timed), so a device call ends with a file;
+`--sweep-row-budget-s` caps each row's candidates, so later shapes get their turn, and
+`--sweep-schemes channel` sweeps only the per-channel rows (the others time their default). One call: the
 DeepSeek-V3 block GEMM sweep (`--shapes '' --sweep`), another the batch-1 GEMV sweep (`--tokens 1
 --dsv3-shapes '' --sweep`).
 """
@@ -100,6 +102,8 @@ REP_MS = 20
 BLOCK_TARGET_M = 2048  # the block GEMM's target holds from this M (--tiny: every M)
 FOUND: dict = {}  # --sweep: {kernel: {(n, k): {m: config}}}, written into the tile table
 SWEEP_DEADLINE = float("inf")  # time.monotonic() after which --sweep tries no new candidates
+ROW_BUDGET_S = float("inf")  # --sweep-row-budget-s: the most one row's candidates may take
+SWEEP_SCHEMES = ("channel", "block")  # --sweep-schemes: the weight schemes whose tiles are swept
 
 
 def rel_err(out, want) -> float:
@@ -175,8 +179,9 @@ def timed_best(fn_for, weights, want, configs):
     check, does not compile or raises is left out; none is tried after SWEEP_DEADLINE."""
     best = (float("inf"), None, None)
     default_us = None
+    deadline = min(SWEEP_DEADLINE, time.monotonic() + ROW_BUDGET_S)
     for cfg in configs:
-        if cfg is not None and time.monotonic() > SWEEP_DEADLINE:
+        if cfg is not None and time.monotonic() > deadline:
             print(f"  sweep budget spent: {len(configs) - configs.index(cfg)} candidates not tried", flush=True)
             break
         try:
@@ -316,11 +321,11 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
     if scheme != "tensor" and m > 1:  # the Triton GEMM (row scales and block scales)
         impl = f"triton {'block' if block else 'row'}"
         try:
-            configs = [None, *(gemm_configs(m, block is not None) if sweep else [])]
+            configs = [None, *(gemm_configs(m, block is not None) if sweep and scheme in SWEEP_SCHEMES else [])]
             t, cfg, check, t_default = timed_best(gemm, ws, want, configs)
             default = gemm_mod.pick_config(m, n, k, block is not None, xq.device)
             record(label, m, impl, t, nbytes, flops, "fp8", config=cfg or default, default_us=t_default, **check)
-            if sweep:
+            if sweep and scheme in SWEEP_SCHEMES:
                 keep_best("block_gemm" if block else "row_gemm", n, k, m, cfg, default)
         except Exception as exc:
             record_error(label, m, impl, exc)
@@ -328,11 +333,12 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
         impl = f"gemv {scheme}"
         try:
             # per-tensor and per-channel weights run one kernel: the channel run's sweep stands for both
-            configs = [None, *(gemv_configs(block is not None) if sweep and scheme != "tensor" else [])]
+            swept = sweep and scheme != "tensor" and scheme in SWEEP_SCHEMES
+            configs = [None, *(gemv_configs(block is not None) if swept else [])]
             t, cfg, check, t_default = timed_best(gemv, ws, want, configs)
             default = gemv_mod.pick_config(n, k, block is not None, xq.device)
             record(label, m, impl, t, nbytes, flops, "fp8", config=cfg or default, default_us=t_default, **check)
-            if sweep and scheme != "tensor":
+            if swept:
                 keep_best("block_gemv" if block else "gemv", n, k, 1, cfg, default)
         except Exception as exc:
             record_error(label, m, impl, exc)
@@ -381,7 +387,7 @@ def plan(args) -> list[tuple[str, str, int]]:
 
 
 def main() -> None:
-    global DEV, ACT, REP_MS, BLOCK_TARGET_M, SWEEP_DEADLINE
+    global DEV, ACT, REP_MS, BLOCK_TARGET_M, SWEEP_DEADLINE, ROW_BUDGET_S, SWEEP_SCHEMES
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("results/fp8_linear.json"))
     ap.add_argument("--shapes", default=None, help=f"Llama-3.1-8B shapes ({', '.join(SHAPES)}; '' for none)")
@@ -402,9 +408,15 @@ def main() -> None:
     )
     ap.add_argument("--sweep-budget-s", type=float, default=float("inf"),
                     help="--sweep: try no new candidate after this many seconds")  # fmt: skip
+    ap.add_argument("--sweep-row-budget-s", type=float, default=float("inf"),
+                    help="--sweep: try no new candidate for one (shape, M, kernel) row after this many seconds")
+    ap.add_argument("--sweep-schemes", default=",".join(SWEEP_SCHEMES),
+                    help="--sweep: the weight schemes swept (channel, block); the others time their default")
     ap.add_argument("--tiny", action="store_true", help="toy shapes on the CPU under TRITON_INTERPRET=1")
     args = ap.parse_args()
     REP_MS = args.rep_ms
+    ROW_BUDGET_S = args.sweep_row_budget_s
+    SWEEP_SCHEMES = tuple(s for s in args.sweep_schemes.split(",") if s)
     if args.tiny:
         DEV, ACT, BLOCK_TARGET_M = "cpu", torch.float32, 1
         SHAPES.clear(), SHAPES.update(TINY_SHAPES)

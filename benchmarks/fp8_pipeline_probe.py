@@ -10,7 +10,11 @@ prints two errors relative to the reference output's largest value:
 A kernel that is wrong shows a large local error; rounding flips of the FP8 activation quant show
 small local errors that grow layer by layer in the carried column.
 
-    python benchmarks/fp8_pipeline_probe.py [--formats hf-fp8-static,...] [--rows 9,1] [--out OUT.json]
+Then (`--compiled`, as the test runs it) the GPU model through torch.compile and atomc's CUDA pass
+pipeline, once with every pass and once without each FP8-related pass in turn: a pass whose removal
+brings the logits back names the kernel at fault.
+
+    python benchmarks/fp8_pipeline_probe.py [--formats hf-fp8-static,...] [--rows 9,1] [--compiled] [--out OUT.json]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from atomc.passes import PassManager  # noqa: E402
 from models.loader import load_model  # noqa: E402
 from tests.quant import fp8_checkpoints as fc  # noqa: E402
 
@@ -74,10 +79,38 @@ def probe(qdir: Path, rows: int) -> dict:
             "logits_numel": diff.numel(), "layers": layers}  # fmt: skip
 
 
+COMPILED_VARIANTS = ("", "fuse_rmsnorm_fp8_quant", "fuse_silu_mul_fp8_quant", "share_fp8_quant", "fuse_add_rmsnorm",
+                     "decode_gemv")  # fmt: skip
+
+
+def probe_compiled(qdir: Path, rows: int) -> dict:
+    """Logits of the compiled GPU model against the CPU reference, per disabled pass ("": none)."""
+    cpu = load_model(qdir, torch.float32, "cpu")
+    gpu = load_model(qdir, torch.float32, "cuda")
+    ids = torch.randint(0, 300, (rows,), generator=torch.Generator().manual_seed(rows))
+    pos = torch.arange(rows)
+    out = {}
+    with torch.no_grad():
+        want = cpu.compute_logits(cpu(ids, pos))
+        for off in COMPILED_VARIANTS:
+            torch._dynamo.reset()
+            pm = PassManager.for_platform("cuda", disabled=[off] if off else [])
+
+            def backend(gm, example_inputs, pm=pm):
+                pm.run(gm)
+                return gm
+
+            fn = torch.compile(gpu.forward, backend=backend, fullgraph=True, dynamic=True)
+            diff = (gpu.compute_logits(fn(ids.cuda(), pos.cuda())).cpu() - want).abs()
+            out[off or "all passes"] = {"max_abs": diff.max().item(), "over_0.02": int((diff > 0.02).sum())}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", default=",".join(WRITERS))
     ap.add_argument("--rows", default="9,1")
+    ap.add_argument("--compiled", action="store_true", help="also the compiled pipeline, pass by pass")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -94,6 +127,13 @@ def main() -> None:
                       f"{r['logits_over_0.02']} of {r['logits_numel']} over 0.02")  # fmt: skip
                 for layer in r["layers"]:
                     print(f"    {layer['linear']:<36} carried {layer['carried']:.2e}  local {layer['local']:.2e}")
+            if args.compiled:
+                for rows in (int(r) for r in args.rows.split(",")):
+                    got = probe_compiled(qdir, rows)
+                    results[f"{fmt} compiled rows {rows}"] = got
+                    for off, d in got.items():
+                        print(f"{fmt} compiled rows {rows}, without {off}: max |diff| {d['max_abs']:.4f}, "
+                              f"{d['over_0.02']} over 0.02")  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
 
