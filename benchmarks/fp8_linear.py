@@ -408,10 +408,17 @@ def main() -> None:
     )
     ap.add_argument("--sweep-budget-s", type=float, default=float("inf"),
                     help="--sweep: try no new candidate after this many seconds")  # fmt: skip
-    ap.add_argument("--sweep-row-budget-s", type=float, default=float("inf"),
-                    help="--sweep: try no new candidate for one (shape, M, kernel) row after this many seconds")
-    ap.add_argument("--sweep-schemes", default=",".join(SWEEP_SCHEMES),
-                    help="--sweep: the weight schemes swept (channel, block); the others time their default")
+    ap.add_argument(
+        "--sweep-row-budget-s",
+        type=float,
+        default=float("inf"),
+        help="--sweep: try no new candidate for one (shape, M, kernel) row after this many seconds",
+    )
+    ap.add_argument(
+        "--sweep-schemes",
+        default=",".join(SWEEP_SCHEMES),
+        help="--sweep: the weight schemes swept (channel, block); the others time their default",
+    )
     ap.add_argument("--tiny", action="store_true", help="toy shapes on the CPU under TRITON_INTERPRET=1")
     args = ap.parse_args()
     REP_MS = args.rep_ms

@@ -61,7 +61,7 @@ def probe(qdir: Path, rows: int) -> dict:
         want = cpu.compute_logits(cpu(ids, pos))
         got = gpu.compute_logits(gpu(ids.cuda(), pos.cuda())).cpu()
         layers = []
-        for (name, mod_c, _, out_c), (_, _, x_g, out_g) in zip(seen_c, seen_g):
+        for (name, mod_c, _, out_c), (_, _, x_g, out_g) in zip(seen_c, seen_g, strict=True):
             scale = out_c.abs().max().item() or 1.0
             local = mod_c(x_g.cpu())
             local = local[0] if isinstance(local, tuple) else local
@@ -117,7 +117,8 @@ def main() -> None:
         raise SystemExit("fp8_pipeline_probe needs CUDA")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        bases = {"base": fc.base_checkpoint(Path(tmp) / "base"), "wide": fc.base_checkpoint(Path(tmp) / "wide", wide=True)}
+        root = Path(tmp)
+        bases = {"base": fc.base_checkpoint(root / "base"), "wide": fc.base_checkpoint(root / "wide", wide=True)}
         for fmt in args.formats.split(","):
             base, write = WRITERS[fmt]
             qdir = write(bases[base], Path(tmp) / fmt)
