@@ -343,6 +343,23 @@ def moe_step_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int 
     return dtype_bytes * (s.nonexpert_params() + experts) + conc * moe_kv_bytes(model, context, dtype_bytes)
 
 
+def moe_layer_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int = 2) -> dict:
+    """What a decode step of `conc` sequences at `context` tokens reads, by part: one dense layer
+    (attention, its norms, the dense MLP, its share of every sequence's KV), one sparse layer
+    (attention, norms, router, shared experts, D(conc) experts, KV) and the rest (the final norm and
+    lm_head). `layers` dense x dense + sparse x sparse + rest is `moe_step_bytes` (full-attention
+    models: a sliding window makes layers differ)."""
+    s = moe_shape(model)
+    kv = conc * context * s.kv_values_per_token_layer() * dtype_bytes
+    common = s.attn_params() + 2 * s.hidden
+    experts = expected_distinct_experts(s.experts, s.top_k, conc) * s.expert_params()
+    return {
+        "dense": dtype_bytes * (common + 3 * s.hidden * s.dense_inter) + kv,
+        "sparse": dtype_bytes * (common + s.router_params() + s.shared_params() + experts) + kv,
+        "rest": dtype_bytes * (s.vocab * s.hidden + s.hidden),
+    }
+
+
 def moe_active_bytes(model: str | dict, context: int = 0, dtype_bytes: int = 2) -> float:
     """Batch-1 bytes a token: the non-expert weights, top_k experts per sparse layer, KV at `context`."""
     return moe_step_bytes(model, 1, context, dtype_bytes)

@@ -7,8 +7,11 @@ The dense 8B shapes, and three mixtures of experts whose config.json is the publ
 (Hugging Face model repos, fields as they ship): mistralai/Mixtral-8x7B-Instruct-v0.1,
 Qwen/Qwen3-30B-A3B and openai/gpt-oss-20b. GPT-OSS ships its experts in MXFP4; its
 `quantization_config` is left out here, so every engine builds bf16 experts (MXFP4 belongs to the
-quantisation work). `tiny_config` shrinks any of them (2 layers, small dims, the same fields) so a
-benchmark's code path can be run on a CPU before it takes GPU time.
+quantisation work). DeepSeek-V2-Lite as published (MLA without q LoRA, softmax routing, 64 experts),
+and DeepSeek-V3 at full width with few layers (`deepseek_v3_layers`: its 3 dense layers and a few
+MoE layers, in bf16 without the published FP8 `quantization_config`, so one H200 holds it).
+`tiny_config` shrinks any of them (2 layers, small dims, the same fields) so a benchmark's code
+path can be run on a CPU before it takes GPU time.
 """
 
 from __future__ import annotations

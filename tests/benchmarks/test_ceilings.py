@@ -268,3 +268,17 @@ def test_deepseek_v3_layers_default_fits_an_h200():
 def test_deepseek_other_moe_layer_freq_is_refused():
     with pytest.raises(ValueError, match="moe_layer_freq"):
         ceilings.moe_shape(dict(checkpoints.CONFIGS["deepseek-v2-lite"], moe_layer_freq=2))
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "deepseek-v3-layers", "qwen3-30b-a3b"])
+def test_layer_bytes_add_up_to_the_step(name):
+    s = ceilings.moe_shape(name)
+    for conc, context in ((1, 0), (64, 1100)):
+        part = ceilings.moe_layer_bytes(name, conc, context)
+        total = s.dense_layers * part["dense"] + s.sparse_layers * part["sparse"] + part["rest"]
+        assert total == pytest.approx(ceilings.moe_step_bytes(name, conc, context), rel=1e-12)
+    # V3's sparse layer at batch 1: attention + norms + router and bias + 1 shared + 8 routed experts
+    v3 = ceilings.moe_layer_bytes("deepseek-v3-layers", 1, 0)
+    expert = 3 * 7168 * 2048
+    assert v3["sparse"] == 2 * (187_107_328 + 2 * 7168 + 256 * 7168 + 256 + 9 * expert)
+    assert v3["dense"] == 2 * (187_107_328 + 2 * 7168 + 3 * 7168 * 18432) and v3["rest"] == 2 * (129280 + 1) * 7168
