@@ -15,7 +15,7 @@ Ceilings:
 - decode-only bound: the same without the prefill term. No engine reaches it at this load, since
   the prefill must run somewhere; it is reported to show how much of a step the decode costs.
 
-Mixtures of experts (`moe_*`, for Mixtral, Qwen3-MoE, GPT-OSS; a model is a name in
+Mixtures of experts (`moe_*`, for Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek; a model is a name in
 `checkpoints.CONFIGS` or a config dict) read only some experts a step, so W above becomes:
 - batch-1 decode (the active-weight roofline): the non-expert weights (attention, router, norms,
   embeddings row, lm_head; dense MLP layers where the config has them) + top_k experts per sparse
@@ -35,6 +35,20 @@ Mixtures of experts (`moe_*`, for Mixtral, Qwen3-MoE, GPT-OSS; a model is a name
   k experts) plus attention over its causal keys (at most the window on sliding layers), at the
   measured dense matmul rate (a grouped expert GEMM is smaller, so this stays an upper bound).
 The serving ceiling and the decode-only bound are then formed as for dense models.
+
+DeepSeek-V2/V3 (multi-head latent attention, `MlaDims`): the attention weights are q (q_a_proj, its
+norm and q_b_proj when q_lora_rank is set; else q_proj), kv_a_proj_with_mqa, the latent's norm,
+kv_b_proj (every head's W_UK and W_UV) and o_proj; the non-expert weights also hold the shared
+experts of each sparse layer (n_shared_experts x 3 x hidden x moe_intermediate_size, read by every
+token) and the dense MLPs of the first first_k_dense_replace layers. The cache holds, per token and
+layer, the latent and the rope key, kv_lora_rank + qk_rope_head_dim values shared by every head
+(576 for V2-Lite and V3: 1,152 B in bf16, against 2 x 16 heads x 192 for V2-Lite's expanded K/V), and
+that is what a decode step reads. Prefill attention is counted in the expanded form, 2 x heads x
+(qk_nope + qk_rope + v_head) FLOPs a key, the least any engine must do (the absorbed form atomc
+runs does 2 x (kv_lora + rope + kv_lora) a head and key instead; W_UK and W_UV cost the same in
+both, a per-token matmul counted with the weights). The router's weight and V3's
+e_score_correction_bias are counted at the weights' dtype (transformers keeps them in fp32: 3.7 MB a
+V3 layer more).
 
 MLA decode attention alone (`mla_decode_roofline`, for benchmarks/mla_decode.py): in the absorbed
 form every head's key is the token's whole latent row (kv_lora + rope values) and its value the
@@ -160,6 +174,19 @@ def decode_only_bound(name: str | dict, conc: int, isl: int, osl: int, bandwidth
 
 
 @dataclass(frozen=True)
+class MlaDims:
+    """Multi-head latent attention's widths (DeepSeek-V2/V3): q through a LoRA of `q_lora` (0: one
+    q_proj), the latent of `kv_lora` values and the `rope` key dims a token caches, per head a
+    no-rope q/k part of `nope` and a value of `v`."""
+
+    q_lora: int
+    kv_lora: int
+    nope: int
+    rope: int
+    v: int
+
+
+@dataclass(frozen=True)
 class MoeShape:
     """The sizes of a decoder whose MLP is (in some layers) a mixture of experts, from config.json."""
 
@@ -179,17 +206,48 @@ class MoeShape:
     qk_norm: bool  # per-head q/k RMSNorm weights (Qwen3)
     sliding_layers: int
     window: int  # 0: no sliding-window layer
+    mla: MlaDims | None = None  # DeepSeek: latent attention instead of q/k/v/o heads
+    shared_inter: int = 0  # intermediate size of the shared experts, all of them as one MLP (DeepSeek)
+    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias (one value an expert)
 
     @property
     def dense_layers(self) -> int:
         return self.layers - self.sparse_layers
 
     def attn_params(self) -> int:
+        if self.mla is not None:
+            return self._mla_params()
         h, d, hq, hkv = self.hidden, self.head_dim, self.heads, self.kv_heads
         p = h * d * (hq + 2 * hkv) + hq * d * h
         if self.attn_bias:
             p += d * (hq + 2 * hkv) + h + hq
         return p + (2 * d if self.qk_norm else 0)
+
+    def _mla_params(self) -> int:
+        """q (q_a_proj, its norm, q_b_proj; or q_proj), kv_a_proj_with_mqa, the latent's norm,
+        kv_b_proj (W_UK and W_UV of every head) and o_proj, with their biases where the config has them."""
+        m, h, heads = self.mla, self.hidden, self.heads
+        qk = m.nope + m.rope
+        q = h * m.q_lora + m.q_lora + m.q_lora * heads * qk if m.q_lora else h * heads * qk
+        kv = h * (m.kv_lora + m.rope) + m.kv_lora + m.kv_lora * heads * (m.nope + m.v)
+        o = heads * m.v * h
+        bias = (m.q_lora + m.kv_lora + m.rope + h) if self.attn_bias else 0  # q_a, kv_a, o
+        return q + kv + o + bias
+
+    def qk_head_dim(self) -> int:
+        return self.mla.nope + self.mla.rope if self.mla else self.head_dim
+
+    def v_head_dim(self) -> int:
+        return self.mla.v if self.mla else self.head_dim
+
+    def kv_values_per_token_layer(self) -> int:
+        """Cached values a token holds in one layer: MLA's latent and rope key, shared by every head
+        (kv_lora + rope), or a K and a V per KV head."""
+        return self.mla.kv_lora + self.mla.rope if self.mla else 2 * self.kv_heads * self.head_dim
+
+    def shared_params(self) -> int:
+        """The shared experts of one sparse layer (every token goes through them)."""
+        return 3 * self.hidden * self.shared_inter
 
     def expert_params(self) -> int:
         """One expert: gate, up and down projections (and their biases)."""
@@ -197,27 +255,52 @@ class MoeShape:
         return 3 * h * i + (2 * i + h if self.expert_bias else 0)
 
     def router_params(self) -> int:
-        return self.experts * self.hidden + (self.experts if self.expert_bias else 0)
+        return self.experts * self.hidden + (self.experts if self.expert_bias or self.router_bias else 0)
 
     def nonexpert_params(self) -> int:
-        """What every step reads whatever the routing: attention, norms, routers, dense MLPs, the
-        final norm and lm_head (the embedding table is read one row a token: left out)."""
+        """What every step reads whatever the routing: attention, norms, routers, shared experts,
+        dense MLPs, the final norm and lm_head (the embedding table is read one row a token: left out)."""
         per_layer = self.attn_params() + 2 * self.hidden
         return (
             self.layers * per_layer
-            + self.sparse_layers * self.router_params()
+            + self.sparse_layers * (self.router_params() + self.shared_params())
             + self.dense_layers * 3 * self.hidden * self.dense_inter
             + self.vocab * self.hidden
             + self.hidden
         )
 
 
+def _deepseek_shape(c: dict) -> MoeShape:
+    """DeepSeek-V2/V3: layers from first_k_dense_replace on are sparse (moe_layer_freq 1, as atomc
+    and transformers read it), each with n_shared_experts shared experts of moe_intermediate_size."""
+    if c.get("moe_layer_freq", 1) != 1:
+        freq = c["moe_layer_freq"]
+        raise ValueError(f"moe_layer_freq={freq} is not modelled (every layer from first_k_dense_replace on is sparse)")
+    n, heads, inter = c["num_hidden_layers"], c["num_attention_heads"], c["moe_intermediate_size"]
+    mla = MlaDims(
+        q_lora=c.get("q_lora_rank") or 0, kv_lora=c["kv_lora_rank"], nope=c["qk_nope_head_dim"],
+        rope=c["qk_rope_head_dim"], v=c["v_head_dim"],
+    )  # fmt: skip
+    return MoeShape(
+        hidden=c["hidden_size"], layers=n, heads=heads, kv_heads=heads, head_dim=mla.nope + mla.rope,
+        vocab=c["vocab_size"], experts=c["n_routed_experts"], top_k=c["num_experts_per_tok"], expert_inter=inter,
+        sparse_layers=n - min(c.get("first_k_dense_replace") or 0, n), dense_inter=c["intermediate_size"],
+        attn_bias=bool(c.get("attention_bias")), expert_bias=False, qk_norm=False, sliding_layers=0, window=0,
+        mla=mla, shared_inter=inter * (c.get("n_shared_experts") or 0),
+        router_bias=c.get("model_type") == "deepseek_v3",
+    )  # fmt: skip
+
+
 def moe_shape(model: str | dict) -> MoeShape:
     c = _config(model)
+    if c.get("n_routed_experts"):
+        return _deepseek_shape(c)
     h, n, hq = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
     experts = c.get("num_local_experts") or c.get("num_experts") or 0
     if not experts:
-        raise ValueError(f"{c.get('architectures')} is not a mixture of experts (no num_local_experts/num_experts)")
+        raise ValueError(
+            f"{c.get('architectures')} is not a mixture of experts (no num_local_experts/num_experts/n_routed_experts)"
+        )
     top_k = c.get("num_experts_per_tok") or c["experts_per_token"]
     if "moe_intermediate_size" in c:  # Qwen3-MoE: experts and dense MLP layers have their own sizes
         step, only = c.get("decoder_sparse_step", 1) or 1, set(c.get("mlp_only_layers") or [])
@@ -247,7 +330,7 @@ def expected_distinct_experts(experts: int, top_k: int, conc: int) -> float:
 def moe_kv_bytes(model: str | dict, context: int, dtype_bytes: int = 2) -> int:
     """KV bytes one sequence of `context` tokens has in the cache (all read by a decode step)."""
     s = moe_shape(model)
-    per_layer_token = 2 * s.kv_heads * s.head_dim * dtype_bytes
+    per_layer_token = s.kv_values_per_token_layer() * dtype_bytes
     full = s.layers - s.sliding_layers
     return per_layer_token * (full * context + s.sliding_layers * min(context, s.window))
 
@@ -258,6 +341,23 @@ def moe_step_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int 
     s = moe_shape(model)
     experts = s.sparse_layers * expected_distinct_experts(s.experts, s.top_k, conc) * s.expert_params()
     return dtype_bytes * (s.nonexpert_params() + experts) + conc * moe_kv_bytes(model, context, dtype_bytes)
+
+
+def moe_layer_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int = 2) -> dict:
+    """What a decode step of `conc` sequences at `context` tokens reads, by part: one dense layer
+    (attention, its norms, the dense MLP, its share of every sequence's KV), one sparse layer
+    (attention, norms, router, shared experts, D(conc) experts, KV) and the rest (the final norm and
+    lm_head). `layers` dense x dense + sparse x sparse + rest is `moe_step_bytes` (full-attention
+    models: a sliding window makes layers differ)."""
+    s = moe_shape(model)
+    kv = conc * context * s.kv_values_per_token_layer() * dtype_bytes
+    common = s.attn_params() + 2 * s.hidden
+    experts = expected_distinct_experts(s.experts, s.top_k, conc) * s.expert_params()
+    return {
+        "dense": dtype_bytes * (common + 3 * s.hidden * s.dense_inter) + kv,
+        "sparse": dtype_bytes * (common + s.router_params() + s.shared_params() + experts) + kv,
+        "rest": dtype_bytes * (s.vocab * s.hidden + s.hidden),
+    }
 
 
 def moe_active_bytes(model: str | dict, context: int = 0, dtype_bytes: int = 2) -> float:
@@ -274,14 +374,16 @@ def moe_prefill_flops(model: str | dict, isl: int) -> float:
     s = moe_shape(model)
     per_token = (
         s.layers * s.attn_params()
-        + s.sparse_layers * (s.router_params() + s.top_k * s.expert_params())
+        + s.sparse_layers * (s.router_params() + s.shared_params() + s.top_k * s.expert_params())
         + s.dense_layers * 3 * s.hidden * s.dense_inter
     )
     # causal keys summed over the prompt's queries: isl^2 / 2 on a full layer (as the dense formula),
     # isl * w - w^2 / 2 on a layer with a window of w < isl
     w = min(s.window, isl) if s.window else isl
     keys = (s.layers - s.sliding_layers) * isl**2 / 2 + s.sliding_layers * (isl * w - w**2 / 2)
-    return 2 * per_token * isl + 4 * s.heads * s.head_dim * keys
+    # per head and key: QK over the q/k head dims, PV over the value dims (MLA: its expanded form,
+    # nope + rope and v; the absorbed form atomc runs does 2 x (kv_lora + rope + kv_lora) instead)
+    return 2 * per_token * isl + 2 * s.heads * (s.qk_head_dim() + s.v_head_dim()) * keys
 
 
 def moe_decode_step_s(model: str | dict, conc: int, isl: int, osl: int, bandwidth: float) -> float:
@@ -302,7 +404,7 @@ def moe_decode_only_bound(model: str | dict, conc: int, isl: int, osl: int, band
 
 def is_moe(model: str | dict) -> bool:
     c = _config(model)
-    return bool(c.get("num_local_experts") or c.get("num_experts"))
+    return bool(c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts"))
 
 
 def serving_bounds(model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float) -> dict:
@@ -320,6 +422,7 @@ def serving_bounds(model: str | dict, conc: int, isl: int, osl: int, bandwidth: 
         "distinct_experts_per_layer": expected_distinct_experts(s.experts, s.top_k, conc),
         "experts": s.experts,
         "top_k": s.top_k,
+        "kv_bytes_per_token": moe_kv_bytes(model, 1),  # every layer's, bf16 (MLA: the latent cache)
     }
 
 

@@ -7,8 +7,11 @@ The dense 8B shapes, and three mixtures of experts whose config.json is the publ
 (Hugging Face model repos, fields as they ship): mistralai/Mixtral-8x7B-Instruct-v0.1,
 Qwen/Qwen3-30B-A3B and openai/gpt-oss-20b. GPT-OSS ships its experts in MXFP4; its
 `quantization_config` is left out here, so every engine builds bf16 experts (MXFP4 belongs to the
-quantisation work). `tiny_config` shrinks any of them (2 layers, small dims, the same fields) so a
-benchmark's code path can be run on a CPU before it takes GPU time.
+quantisation work). DeepSeek-V2-Lite as published (MLA without q LoRA, softmax routing, 64 experts),
+and DeepSeek-V3 at full width with few layers (`deepseek_v3_layers`: its 3 dense layers and a few
+MoE layers, in bf16 without the published FP8 `quantization_config`, so one H200 holds it).
+`tiny_config` shrinks any of them (2 layers, small dims, the same fields) so a benchmark's code
+path can be run on a CPU before it takes GPU time.
 """
 
 from __future__ import annotations
@@ -172,8 +175,136 @@ CONFIGS = {
         "use_cache": True,
         "vocab_size": 201088,
     },
+    # https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite/blob/main/config.json without its auto_map
+    # (transformers has DeepseekV2 built in). q straight from q_proj (q_lora_rank null), softmax
+    # routing without groups (n_group = topk_group = 1, greedy), two shared experts, one dense layer
+    "deepseek-v2-lite": {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "aux_loss_alpha": 0.001,
+        "bos_token_id": 100000,
+        "eos_token_id": 100001,
+        "first_k_dense_replace": 1,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 10944,
+        "kv_lora_rank": 512,
+        "max_position_embeddings": 163840,
+        "model_type": "deepseek_v2",
+        "moe_intermediate_size": 1408,
+        "moe_layer_freq": 1,
+        "n_group": 1,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "norm_topk_prob": False,
+        "num_attention_heads": 16,
+        "num_experts_per_tok": 6,
+        "num_hidden_layers": 27,
+        "num_key_value_heads": 16,
+        "pretraining_tp": 1,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": {
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "factor": 40,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+            "original_max_position_embeddings": 4096,
+            "type": "yarn",
+        },
+        "rope_theta": 10000,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "softmax",
+        "seq_aux": True,
+        "tie_word_embeddings": False,
+        "topk_group": 1,
+        "topk_method": "greedy",
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.33.1",
+        "use_cache": True,
+        "v_head_dim": 128,
+        "vocab_size": 102400,
+    },
 }
-MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b")
+# https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json without its auto_map and its
+# quantization_config (FP8 blocks of 128 x 128: bf16 here, as atomc refuses FP8 DeepSeek checkpoints);
+# 61 layers there, 3 dense + 58 MoE. `deepseek_v3_layers` cuts it to fewer MoE layers.
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "ep_size": 1,
+    "first_k_dense_replace": 3,
+    "hidden_act": "silu",
+    "hidden_size": 7168,
+    "initializer_range": 0.02,
+    "intermediate_size": 18432,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1,
+    "n_group": 8,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 61,
+    "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1,
+    "pretraining_tp": 1,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 10000,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "seq_aux": True,
+    "tie_word_embeddings": False,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.1",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+}
+# MoE layers of the few-layer V3 shape by default: 3 dense + 4 MoE layers hold 99.3 GB of bf16
+# weights (a MoE layer 23.0 GB, a dense one 1.17 GB, embedding + lm_head 3.7 GB), the most that
+# stays under 100 GB, so an H200 keeps ~40 GB for the latent cache and activations
+V3_LAYERS_MOE = 4
+
+
+def deepseek_v3_layers(moe_layers: int = V3_LAYERS_MOE, dense_layers: int = 3) -> dict:
+    """DeepSeek-V3 at full width with `dense_layers` dense then `moe_layers` MoE layers. The MTP
+    layer's config entry is kept (the engine builds no MTP module unless asked)."""
+    if dense_layers < 0 or moe_layers < 0 or dense_layers + moe_layers < 1:
+        raise ValueError(f"need at least one layer (got {dense_layers} dense + {moe_layers} MoE)")
+    return dict(DEEPSEEK_V3, num_hidden_layers=dense_layers + moe_layers, first_k_dense_replace=dense_layers)
+
+
+CONFIGS["deepseek-v3-layers"] = deepseek_v3_layers()
+MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
+MLA_MODELS = ("deepseek-v2-lite", "deepseek-v3-layers")
 
 # what `tiny_config` puts in place of the real sizes (every other field is kept as it is)
 _TINY = {
@@ -182,13 +313,36 @@ _TINY = {
 }  # fmt: skip
 
 
-def tiny_config(name: str) -> dict:
-    """The named config at toy size: 2 layers, hidden 64, 8 experts at most (top-k kept where it
-    fits), a 16-token sliding window where the model has one, so a prompt outruns it."""
-    cfg = json.loads(json.dumps(CONFIGS[name]))  # a deep copy
+# DeepSeek's latent attention at toy size (tests/conftest.py's MLA widths): every head has its own
+# K/V in transformers' form (num_key_value_heads = heads), no head_dim field (transformers sets it
+# to the rope dims), a 1-dense + 1-MoE stack, top 2 of 8 experts in at most 4 groups keeping 2
+_TINY_MLA = {
+    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "num_key_value_heads": 4,
+}  # fmt: skip
+
+
+def _tiny_mla(cfg: dict) -> None:
+    cfg.update(_TINY_MLA)
+    if cfg.get("q_lora_rank"):
+        cfg["q_lora_rank"] = 24
+    cfg["n_routed_experts"] = min(cfg["n_routed_experts"], 8)
+    cfg["num_experts_per_tok"] = min(cfg["num_experts_per_tok"], 2)
+    cfg["first_k_dense_replace"] = min(cfg.get("first_k_dense_replace") or 0, 1)
+    if (cfg.get("n_group") or 1) > 1:
+        cfg["n_group"], cfg["topk_group"] = min(cfg["n_group"], 4), min(cfg["topk_group"], 2)
+
+
+def tiny_config(name: str | dict) -> dict:
+    """The named config (or a config dict) at toy size: 2 layers, hidden 64, 8 experts at most
+    (top-k kept where it fits), a 16-token sliding window where the model has one, so a prompt
+    outruns it; DeepSeek's latent attention at toy widths too."""
+    cfg = json.loads(json.dumps(CONFIGS[name] if isinstance(name, str) else name))  # a deep copy
+    mla = "kv_lora_rank" in cfg
     for key, value in _TINY.items():
-        if key in cfg or key == "head_dim":
+        if key in cfg or (key == "head_dim" and not mla):
             cfg[key] = value
+    if mla:
+        _tiny_mla(cfg)
     for key in ("num_local_experts", "num_experts"):
         if key in cfg:
             cfg[key] = min(cfg[key], 8)
@@ -236,8 +390,12 @@ def make_checkpoint(name: str, root: Path, tiny: bool = False) -> Path:
     """`root/name` (or `root/name-tiny`) with config.json and the synthetic tokenizer; kept if there."""
     if name not in CONFIGS:
         raise ValueError(f"unknown benchmark model {name!r}; known: {', '.join(CONFIGS)}")
-    out = Path(root) / (name + ("-tiny" if tiny else ""))
-    cfg = model_config(name, tiny)
+    return write_checkpoint(model_config(name, tiny), Path(root) / (name + ("-tiny" if tiny else "")))
+
+
+def write_checkpoint(cfg: dict, out: Path) -> Path:
+    """`out` with config.json = `cfg` and the synthetic tokenizer; kept if its config is `cfg`."""
+    out = Path(out)
     if (out / "config.json").is_file() and json.loads((out / "config.json").read_text()) == cfg:
         return out
     out.mkdir(parents=True, exist_ok=True)

@@ -7,15 +7,20 @@ its peers in the same call, each engine in its own process, one after the other 
 - gpt-fast's Mixtral example (`peers/gpt_fast_mixtral.py`; needs `.peers/gpt-fast/`, see
   `peers/fetch_gpt_fast.sh`): 8 tokens in, 512 out, its own compile and timing.
 - transformers with a static cache, `generate` compiling the forward (`decode_bs1.run_hf`): 128 in,
-  512 out, end to end.
+  512 out, end to end. DeepSeek-V2 too: transformers 5.x caches its latent (c_kv as a one-head
+  key, k_pe as a one-head value; StaticCache sizes its layers from the first update) and marks the
+  model fullgraph-compilable, so it takes the same static path (run on the CPU, where generate does
+  not compile; the compiled GPU run is not checked yet).
 
 Random weights with the real shapes (`checkpoints.py`), bf16. The roofline (`ceilings.py`) is the
-bytes one token reads (non-expert weights, top_k experts per layer, KV at mid-output) over the copy
+bytes one token reads (non-expert weights, top_k experts per layer, KV at mid-output; for DeepSeek
+the MLA weights, shared experts, dense first layers and the latent cache) over the copy
 bandwidth measured in the same call. `--tiny` runs the same code on the CPU with 2 small layers and
 a nominal bandwidth, to catch a broken path before it costs GPU time.
 
     python benchmarks/decode_bs1_moe.py --model mixtral-8x7b --out OUT/decode_bs1_mixtral-8x7b.json
     python benchmarks/decode_bs1_moe.py --model qwen3-30b-a3b --tiny
+    python benchmarks/decode_bs1_moe.py --model deepseek-v2-lite --out OUT/decode_bs1_deepseek-v2-lite.json
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ import decode_bs1  # noqa: E402
 from checkpoints import MOE_MODELS, make_checkpoint, model_config  # noqa: E402
 from decode_bs1 import child_timeout, run_child  # noqa: E402,F401  (shared with decode_bs1.py)
 
-PEERS = {"mixtral-8x7b": "atomc,gpt-fast", "qwen3-30b-a3b": "atomc,hf", "gpt-oss-20b": "atomc,hf"}
+PEERS = {
+    "mixtral-8x7b": "atomc,gpt-fast", "qwen3-30b-a3b": "atomc,hf", "gpt-oss-20b": "atomc,hf",
+    "deepseek-v2-lite": "atomc,hf",
+}  # fmt: skip
 TINY_LENS = (16, 24)  # prompt, output tokens under --tiny
 NOMINAL_CPU_BANDWIDTH = decode_bs1.NOMINAL_CPU_BANDWIDTH
 
@@ -88,7 +96,9 @@ def main() -> None:
         "output_len": args.output_len,
         "bandwidth_TBps": bw / 1e12,
         "active_GB": ceilings.moe_active_bytes(cfg, args.prompt_len + args.output_len // 2) / 1e9,
-        "experts": f"top {shape.top_k} of {shape.experts}, {shape.sparse_layers} sparse layers",
+        "experts": f"top {shape.top_k} of {shape.experts}, {shape.sparse_layers} sparse layers"
+        + (f", shared {shape.shared_inter // shape.expert_inter}" if shape.shared_inter else ""),
+        "kv_bytes_per_token": ceilings.moe_kv_bytes(cfg, 1),  # all layers (MLA: the latent)
         "roofline_tok_s": roofline,
         "weights_only_roofline_tok_s": bw / ceilings.moe_active_bytes(cfg),
         "engines": [],

@@ -4,14 +4,16 @@
 #
 #   bash benchmarks/moe_suite.sh MODEL OUT [PART] [--tiny]
 #
-#   MODEL  mixtral-8x7b | qwen3-30b-a3b | gpt-oss-20b
+#   MODEL  mixtral-8x7b | qwen3-30b-a3b | gpt-oss-20b | deepseek-v2-lite
 #   PART   decode: batch-1 decode, 128 in / 512 out, atomc then its peer (gpt-fast for Mixtral, which
 #                  needs .peers/gpt-fast/ from benchmarks/peers/fetch_gpt_fast.sh; transformers with a
 #                  static cache for the others), each in its own process (decode_bs1_moe.py)
 #          serving: 1024/1024 against the MoE serving ceiling (serving.py): Qwen3-30B-A3B at
 #                  CONC 1,8,32,64,128 (one wave per cell, 2 requests at CONC 1, CONC warm-ups of 16
 #                  tokens; no peer unless HF_SERVING=1), GPT-OSS-20B at CONC 64 next to transformers
-#                  generate_batch (64 prompts, 128 new tokens); Mixtral has no serving target
+#                  generate_batch (64 prompts, 128 new tokens), DeepSeek-V2-Lite at CONC 1,8,32,64 (as
+#                  Qwen3: no peer unless HF_SERVING=1; its ceiling counts the latent cache's bytes);
+#                  Mixtral has no serving target
 #          all (default): decode, then serving where the model has it
 #   --tiny the same scripts on the CPU with 2-layer toy models (a smoke test before GPU time)
 #
@@ -44,7 +46,8 @@ case $MODEL in
   mixtral-8x7b) SERVING=() ;;
   qwen3-30b-a3b) SERVING=(--conc 1,8,32,64,128) ; [ "${HF_SERVING:-0}" = 1 ] || SERVING+=(--skip-hf) ;;
   gpt-oss-20b) SERVING=(--conc 64 --hf-conc 64) ;;
-  *) echo "unknown model $MODEL (mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b)" >&2; exit 2 ;;
+  deepseek-v2-lite) SERVING=(--conc 1,8,32,64) ; [ "${HF_SERVING:-0}" = 1 ] || SERVING+=(--skip-hf) ;;
+  *) echo "unknown model $MODEL (mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b, deepseek-v2-lite)" >&2; exit 2 ;;
 esac
 if [ "$MODEL" = mixtral-8x7b ] && [ "$PART" != serving ] && [ ! -f .peers/gpt-fast/generate.py ]; then
   echo "gpt-fast peer missing: run benchmarks/peers/fetch_gpt_fast.sh (and carry .peers/ to the device)" >&2

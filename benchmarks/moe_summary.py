@@ -35,6 +35,8 @@ def serving_rows(res: dict) -> list[str]:
     for r in res.get("atomc", []):
         experts = r.get("distinct_experts_per_layer")
         extra = f"D = {experts:.1f} of {r['experts']} experts; " if experts is not None else ""
+        kv = r.get("kv_bytes_per_token")
+        extra += f"KV {kv / 1e3:.1f} kB a token; " if kv else ""
         tpot, ttft = r.get("median_tpot_ms"), r.get("median_ttft_ms")
         extra += f"TPOT p50 {tpot:.2f} ms, TTFT p50 {ttft:,.0f} ms; " if tpot is not None and ttft is not None else ""
         rows.append(

@@ -68,7 +68,7 @@ def test_active_roofline_matches_the_issues_figures():
     assert with_kv == pytest.approx(4.23e12 / (25.4977e9 + 384 * 131072), rel=1e-4)
 
 
-@pytest.mark.parametrize("name", MOE)
+@pytest.mark.parametrize("name", MOE + ("deepseek-v3-layers",))
 @pytest.mark.parametrize("tiny", [False, True])
 def test_parameter_count_matches_transformers(name, tiny):
     # the shape's parameter counts, summed over every expert, are the model transformers builds
@@ -81,6 +81,8 @@ def test_parameter_count_matches_transformers(name, tiny):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
     total = sum(p.numel() for p in model.parameters())
+    # DeepSeek-V3's correction bias is a buffer there (a parameter in atomc, read every step)
+    total += sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
     s = ceilings.moe_shape(cfg_dict)
     embed = s.vocab * s.hidden  # the embedding table (a step reads one row of it)
     assert total == s.nonexpert_params() + s.sparse_layers * s.experts * s.expert_params() + embed
@@ -183,3 +185,100 @@ def test_mla_decode_roofline_at_v3_widths():
 def test_dense_bf16_peak_lookup():
     assert ceilings.dense_bf16_peak("NVIDIA H200") == 989.4e12
     assert ceilings.dense_bf16_peak("Some GPU") is None
+
+
+# --- DeepSeek (latent attention) -------------------------------------------------------------------
+
+
+def test_tiny_deepseek_v2_lite_by_hand():
+    # hidden 64, 4 heads, no q LoRA, latent 32 + rope 8, nope 16, v 16; 1 dense layer (MLP 96) and 1
+    # sparse one (top 2 of 8 experts of 32, 2 shared experts of 32 = one MLP of 64); vocab 512
+    cfg = checkpoints.tiny_config("deepseek-v2-lite")
+    s = ceilings.moe_shape(cfg)
+    assert (s.layers, s.sparse_layers, s.dense_layers, s.experts, s.top_k) == (2, 1, 1, 8, 2)
+    q = 64 * 4 * (16 + 8)  # q_proj
+    kv = 64 * (32 + 8) + 32 + 32 * 4 * (16 + 16)  # kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj
+    o = 4 * 16 * 64
+    assert s.attn_params() == q + kv + o == 16928
+    layers = 2 * (16928 + 2 * 64)  # attention and the two norms of each layer
+    sparse = 8 * 64 + 3 * 64 * 64  # router, the shared experts
+    dense = 3 * 64 * 96
+    head = 512 * 64 + 64  # lm_head and the final norm
+    assert s.nonexpert_params() == layers + sparse + dense + head == 98176
+    assert s.expert_params() == 3 * 64 * 32 == 6144
+    # batch 1: the non-expert weights + 2 experts, bf16; the latent cache: 2 layers x 40 values x 2 B
+    assert ceilings.moe_active_bytes(cfg) == 2 * (98176 + 2 * 6144) == 220928
+    assert ceilings.moe_kv_bytes(cfg, 1) == 160 and ceilings.moe_kv_bytes(cfg, 100) == 16000
+    assert ceilings.moe_active_bytes(cfg, 100) == 220928 + 16000
+    assert ceilings.moe_bs1_roofline(cfg, 16, 24, 20e9) == pytest.approx(20e9 / (220928 + 28 * 160))
+    # CONC 4 at context 28: D(4) = 8 (1 - (3/4)^4) experts, 4 sequences' latents
+    d4 = 8 * (1 - 0.75**4)
+    assert ceilings.moe_step_bytes(cfg, 4, 28) == pytest.approx(2 * (98176 + d4 * 6144) + 4 * 28 * 160)
+    # prefill of 16 tokens: 2 x the weights a token passes (both attentions, the router, the shared
+    # experts, 2 experts, the dense MLP) + expanded attention, 2 x 4 heads x (24 + 16) FLOPs a key,
+    # 16^2 / 2 causal keys in each of the 2 layers
+    per_token = 2 * 16928 + (512 + 3 * 64 * 64 + 2 * 6144) + 3 * 64 * 96
+    assert ceilings.moe_prefill_flops(cfg, 16) == 2 * per_token * 16 + 2 * 4 * 40 * 2 * 16**2 / 2 == 2557952
+
+
+def test_tiny_deepseek_v3_layers_by_hand():
+    # V3-style: q through a LoRA of 24 (with its norm), one shared expert, the correction bias
+    cfg = checkpoints.tiny_config("deepseek-v3-layers")
+    s = ceilings.moe_shape(cfg)
+    assert s.mla.q_lora == 24 and s.router_bias and s.shared_inter == 32
+    q = 64 * 24 + 24 + 24 * 4 * 24
+    assert s.attn_params() == q + 6688 + 4096 == 14648
+    nonexpert = 2 * (14648 + 128) + (8 * 64 + 8) + 3 * 64 * 32 + 3 * 64 * 96 + 512 * 64 + 64
+    assert s.nonexpert_params() == nonexpert == 87480
+    assert ceilings.moe_active_bytes(cfg, 10) == 2 * (87480 + 2 * 6144) + 10 * 160
+
+
+def test_deepseek_v2_lite_published_figures():
+    # 15.7 B parameters, 2.4 B active a token (DeepSeek's figures); 27 layers x 576 latent values x 2 B
+    s = ceilings.moe_shape("deepseek-v2-lite")
+    total = s.nonexpert_params() + s.sparse_layers * s.experts * s.expert_params() + s.vocab * s.hidden
+    assert total == pytest.approx(15.7e9, rel=0.005)
+    assert ceilings.moe_active_bytes("deepseek-v2-lite") / 2 == pytest.approx(2.45e9, rel=0.005)
+    assert ceilings.moe_kv_bytes("deepseek-v2-lite", 1) == 27 * 576 * 2 == 31104
+    # not the 2 x 16 heads x 192 values transformers' expanded K/V would take
+    assert ceilings.moe_kv_bytes("deepseek-v2-lite", 1) < 27 * 2 * 16 * 192 * 2 / 10
+    bounds = ceilings.serving_bounds("deepseek-v2-lite", 64, 1024, 1024, BW, FLOPS)
+    assert bounds["kv_bytes_per_token"] == 31104 and bounds["experts"] == 64 and bounds["top_k"] == 6
+
+
+def test_deepseek_v3_layers_default_fits_an_h200():
+    # 3 dense + 4 MoE layers: 99.3 GB of bf16 weights; one more MoE layer would need 122 GB
+    def weights(cfg):
+        s = ceilings.moe_shape(cfg)
+        return 2 * (s.nonexpert_params() + s.sparse_layers * s.experts * s.expert_params() + s.vocab * s.hidden)
+
+    cfg = checkpoints.CONFIGS["deepseek-v3-layers"]
+    assert (cfg["num_hidden_layers"], cfg["first_k_dense_replace"]) == (7, 3)
+    assert weights(cfg) == pytest.approx(99.27e9, rel=1e-3) and weights(checkpoints.deepseek_v3_layers(5)) > 120e9
+    # a V3 layer's attention: the matmuls q_a 7168 x 1536, q_b 1536 x 128 x 192, kv_a 7168 x 576,
+    # kv_b 512 x 128 x 256, o 128 x 128 x 7168 (187,105,280), and the two LoRA norms
+    s = ceilings.moe_shape(cfg)
+    matmuls = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert s.attn_params() == matmuls + 1536 + 512 and matmuls == 187_105_280
+    assert ceilings.moe_kv_bytes(cfg, 1) == 7 * 576 * 2
+    with pytest.raises(ValueError, match="at least one layer"):
+        checkpoints.deepseek_v3_layers(0, 0)
+
+
+def test_deepseek_other_moe_layer_freq_is_refused():
+    with pytest.raises(ValueError, match="moe_layer_freq"):
+        ceilings.moe_shape(dict(checkpoints.CONFIGS["deepseek-v2-lite"], moe_layer_freq=2))
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "deepseek-v3-layers", "qwen3-30b-a3b"])
+def test_layer_bytes_add_up_to_the_step(name):
+    s = ceilings.moe_shape(name)
+    for conc, context in ((1, 0), (64, 1100)):
+        part = ceilings.moe_layer_bytes(name, conc, context)
+        total = s.dense_layers * part["dense"] + s.sparse_layers * part["sparse"] + part["rest"]
+        assert total == pytest.approx(ceilings.moe_step_bytes(name, conc, context), rel=1e-12)
+    # V3's sparse layer at batch 1: attention + norms + router and bias + 1 shared + 8 routed experts
+    v3 = ceilings.moe_layer_bytes("deepseek-v3-layers", 1, 0)
+    expert = 3 * 7168 * 2048
+    assert v3["sparse"] == 2 * (187_107_328 + 2 * 7168 + 256 * 7168 + 256 + 9 * expert)
+    assert v3["dense"] == 2 * (187_107_328 + 2 * 7168 + 3 * 7168 * 18432) and v3["rest"] == 2 * (129280 + 1) * 7168

@@ -97,7 +97,8 @@ def _supported(architecture: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-20b"])  # Mixtral takes the same path as Qwen3
+# Mixtral takes the same path as Qwen3; DeepSeek-V2-Lite its latent cache and MLA op
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite"])
 def test_decode_tiny_end_to_end(name, tmp_path):
     # the script as the suite runs it, atomc's child process included, on the 2-layer toy model
     # (eager: the compile is what makes this slow on 2 cores, and the script's path is the same)
