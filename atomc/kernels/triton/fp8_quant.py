@@ -54,12 +54,14 @@ def _quantize_store(
     y, offs, ok, gidx, n_groups, q_row, s_row, scale_ptr, STATIC: tl.constexpr, ROUND_IN_FP32: tl.constexpr
 ):
     """y [NG, G] fp32 (masked entries 0) -> e4m3 at q_row + offs, and (dynamic) its group scales."""
+    # div_rn: IEEE division, as torch divides; Triton's `/` on fp32 is the GPU's approximate
+    # division (up to 2 ulp), which moves values across e4m3 rounding boundaries
     if STATIC:
-        q = y / tl.load(scale_ptr)
+        q = tl.div_rn(y, tl.load(scale_ptr))
     else:
-        s = tl.maximum(tl.max(tl.abs(y), 1) / 448.0, 1e-12)
+        s = tl.maximum(tl.div_rn(tl.max(tl.abs(y), 1), 448.0), 1e-12)
         tl.store(s_row + gidx, s, mask=gidx < n_groups)
-        q = y / s[:, None]
+        q = tl.div_rn(y, s[:, None])
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     if ROUND_IN_FP32:  # the interpreter's own fp32 -> e4m3 cast is wrong (module docstring)
         q = _round_to_e4m3_grid(q)
