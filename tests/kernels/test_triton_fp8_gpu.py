@@ -37,10 +37,19 @@ def rel(out, ref) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def few_flips(q, q_ref, frac=1e-3):
+def few_flips(q, q_ref, frac=1e-3, same_scale=None):
+    """Every e4m3 value within one step of the reference's, and at most `frac` of them one step off.
+    `same_scale` (a mask like q): count only values whose group scale is the reference's; where the
+    kernel's amax rounded the other way, the whole group is scaled differently, and only the
+    one-step bound applies (the H200 run had a 4096-row case at 0.11% counted over all values)."""
     diff = (q.float() - q_ref.float()).abs()
-    assert (diff > 0).float().mean().item() <= frac
+    counted = diff if same_scale is None else diff[same_scale]
+    assert (counted > 0).float().mean().item() <= frac
     assert (diff <= 0.125 * torch.maximum(q.float().abs(), q_ref.float().abs()) + 2**-9).all()
+
+
+def same_scale(s, s_ref, group):
+    return (s == s_ref).repeat_interleave(group, -1)
 
 
 def _weights(n, k, scheme, seed=1):
@@ -97,10 +106,11 @@ def test_gemm_at_8b_shapes(m, shape, scheme):
 @pytest.mark.parametrize("kernel", ["gemv", "gemm", "block_gemv", "block_gemm"])
 def test_fp32_accumulation_over_a_long_k(kernel):
     """An fp32 output over K = 14,336 (down_proj) against fp64. sm_90's FP8 wgmma adds into a
-    reduced-precision accumulator (about 13-14 mantissa bits kept), so the kernels add each K step's
-    partial sum (4 wgmmas of 32) into fp32; over 112 steps the error stays ~1e-4. Left to
-    accumulate in the tensor core over the whole K (Triton's default on sm_90) it grows with the
-    448 chained wgmmas to ~1e-3 or more, which the bf16 tests above (1e-2) cannot see."""
+    reduced-precision accumulator, so the kernels add each K step's partial sum into fp32
+    (max_num_imprecise_acc = the step). Measured on the H200 (e00d16f): 1.3e-4 for the GEMMs (64
+    rows: wgmma), 7e-8 / 2e-7 for the GEMVs (16-row mma, which accumulates in fp32). Triton's sm_90
+    default never promotes, so the error would grow with the 448 chained wgmmas (expected, not
+    measured); the bf16 tests above (1e-2) could not tell."""
     from atomc.kernels.triton.fp8_gemm import fp8_gemm
     from atomc.kernels.triton.fp8_gemv import fp8_gemv
 
@@ -137,7 +147,7 @@ def test_norm_quant(t, group):
     assert torch.equal(summed, x + r)
     q_ref, s_ref = ref.fp8_quant_dynamic_reference(rms_norm_reference(x + r, w, 1e-5), group)
     torch.testing.assert_close(s, s_ref, rtol=1e-2, atol=0)  # an amax may round the other way in bf16
-    few_flips(q, q_ref)
+    few_flips(q, q_ref, same_scale=same_scale(s, s_ref, group))
     scale = torch.tensor([0.01], device="cuda")
     q, _, _ = fp8_quant.rms_norm_quant(x, None, w, 1e-5, scale, None)
     few_flips(q, ref.to_fp8(rms_norm_reference(x, w, 1e-5), scale))
