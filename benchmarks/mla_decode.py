@@ -160,7 +160,7 @@ def graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw) -> float:
 # pieces (64 keys x 3 stages would need 288 KiB of shared memory: left out), and the new default
 # with forced segment counts (bs 8's auto is 8, bs 64's 1)
 OLD = dict(block_h=32, tile_n=64, num_warps=4, num_stages=2, dv_split=1, num_segments="old")
-NEW = dict(block_h=64, tile_n=32, num_warps=8, num_stages=2, dv_split=2)  # the kernel's default
+NEW = dict(block_h=64, tile_n=64, num_warps=8, num_stages=2, dv_split=2)  # the kernel's default
 SWEEP = (
     [OLD]
     + [dict(NEW, tile_n=n, num_stages=st, dv_split=dv) for n, st in ((32, 2), (32, 3), (64, 2)) for dv in (1, 2)]

@@ -224,7 +224,8 @@ def test_segment_choice_fills_one_wave(monkeypatch):
 def test_default_tiles():
     tiles = importlib.import_module("atomc.kernels.triton.mla_attention").mla_tiles
     v3 = tiles(128, 512, True, 2)  # bf16 decode at V3's widths: 64 heads on two warpgroups
-    assert (v3["block_h"], v3["block_m"], v3["num_warps"], v3["tile_n"], v3["dv_split"]) == (64, 64, 8, 32, 2)
+    assert (v3["block_h"], v3["block_m"], v3["num_warps"], v3["tile_n"], v3["dv_split"]) == (64, 64, 8, 64, 2)
+    assert tiles(128, 512, False, 2)["tile_n"] == 32  # prefill keeps 32 keys a step (not swept)
     assert tiles(128, 512, False, 2)["block_q"] == 1 and tiles(16, 512, False, 2)["block_q"] == 4
     assert tiles(16, 512, True, 2)["block_m"] == 16  # V2-Lite decode: one token's 16 heads
     fp32 = tiles(128, 512, True, 4)

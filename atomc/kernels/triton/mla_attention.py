@@ -260,7 +260,7 @@ def mla_tiles(
     num_stages: int | None = None, dv_split: int | None = None,
 ) -> dict:  # fmt: skip
     """The tiling mla_attention launches with: the given knobs, the defaults for the rest.
-    16-bit: 64 heads (prefill: 64 rows of tokens x heads) a program, 32 keys a step, 8 warps, 2
+    16-bit: 64 heads (prefill: 64 rows of tokens x heads) a program, 64 keys a step (prefill 32), 8 warps, 2
     stages, c_kv as two halves (compiled for sm_90 with Triton 3.9: 144 KiB of shared memory, 255
     registers and 16 bytes of spill a thread, against 56 bytes with one piece); fp32 (tests, tiny
     models) keeps the smaller 32-head / 16-key tiles its shared memory allows."""
@@ -273,8 +273,10 @@ def mla_tiles(
     block_m = max(16, block_h) if decode else max(64 if half else 32, block_h)
     block_c = max(16, triton.next_power_of_2(kv_lora))
     if tile_n is None:
-        # a [32, 576] bf16 latent tile is 36 KiB a stage beside the 72 KiB of a 64-head query
-        tile_n = 32 if half else 16
+        # decode: 64 keys a step (a [64, 576] bf16 latent tile, 72 KiB a stage, 2 stages beside the
+        # 72 KiB of a 64-head query): the fastest of benchmarks/mla_decode.py --sweep on the H200 at
+        # bs 8 / 64 x 4k / 16k (1.2-1.4x the 32-key step); prefill keeps 32 (not swept)
+        tile_n = (64 if decode else 32) if half else 16
     if num_warps is None:
         # <= 128 accumulator floats a thread: [64, 512] fp32 over two warpgroups
         num_warps = 8 if block_m * block_c >= (64 if decode else 16) * 512 else 4
