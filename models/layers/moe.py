@@ -15,9 +15,13 @@ ranks' outputs sum to the whole block's: `partial_forward` is one rank's share; 
 the sum, which the collective of the TP/EP issue brings, so it refuses sizes > 1 until then.
 
 Quantised experts: `set_moe_method` (the loader calls it on the meta model for a quantised
-checkpoint) swaps w13_weight / w2_weight for the method's packed parameters (models/quant/mxfp4.py)
-and forward then runs the method's op (atomc::moe_quant); a parameter tagged `k_pack` (values per
-element along the input dim) has w2's TP slice of I cut in those units.
+checkpoint) swaps w13_weight / w2_weight for the method's parameters (models/quant/mxfp4.py,
+models/quant/fp8_moe.py) and forward then runs the method's op (atomc::moe_quant). Tags on a
+parameter say how the loader slices it: `k_pack` (values per element along the input dim) cuts
+w2's TP slice of I in those units, `n_pack` (rows per element) w13's gate and up rows (a 128x128
+block scale: one element per 128 rows), `has_input_dim` False marks w2's per-row scales [E, H]
+(nothing to slice). Checkpoint leaves other than weight / bias (`weight_scale`, `input_scale`)
+map to `w13_<leaf>` / `w2_<leaf>`.
 
 Every parameter carries `weight_loader(param, tensor, shard_id)`. A per-expert checkpoint tensor
 comes with shard id (expert, "gate" | "up" | "down"); a fused tensor holding every expert
@@ -98,7 +102,8 @@ class ExpertNames:
             if p != self.container:
                 continue
             rest = parts[i + 1 :]
-            if len(rest) == 3 and rest[0].isdigit() and rest[1] in self.per_expert and rest[2] in ("weight", "bias"):
+            # a leaf is the weight, the bias, or a quantised checkpoint's scale (weight_scale, input_scale ...)
+            if len(rest) == 3 and rest[0].isdigit() and rest[1] in self.per_expert and rest[2].isidentifier():
                 part = self.per_expert[rest[1]]
                 param = f"{'w2' if part == 'down' else 'w13'}_{rest[2]}"
                 return ".".join([*parts[: i + 1], param]), (int(rest[0]), part)
@@ -110,10 +115,10 @@ class ExpertNames:
         """The inverse: which checkpoint tensor fills this shard (or, `fused`, all) of a FusedMoE parameter."""
         prefix, _, leaf = param_name.rpartition(".")
         if fused or shard_id is None:
-            return f"{prefix}.{next(k for k, v in self.fused.items() if v == leaf)}"
+            return f"{prefix}.{next((k for k, v in self.fused.items() if v == leaf), leaf)}"
         expert, part = shard_id
         module = next(k for k, v in self.per_expert.items() if v == part)
-        return f"{prefix}.{expert}.{module}.{leaf.rpartition('_')[2]}"
+        return f"{prefix}.{expert}.{module}.{leaf.split('_', 1)[1]}"
 
 
 class FusedMoE(nn.Module):
@@ -205,7 +210,9 @@ class FusedMoE(nn.Module):
         dst = param.data[local]
         n, full = self.local_intermediate, self.intermediate_size
         what = "" if part is None else f" (expert {local + self.first_expert} {part})"
-        if name.startswith("w13"):
+        if name.startswith("w13"):  # rows of I (in scale blocks when `n_pack` rows share an element)
+            rows = getattr(param, "n_pack", 1)
+            n, full = n // rows, full // rows
             if part is None:
                 _check(src, 0, 2 * full, what)
                 for p, section in zip(GATE_UP, src.split(full, dim=0), strict=True):
@@ -214,7 +221,8 @@ class FusedMoE(nn.Module):
             _check(src, 0, full, what)
             dst = dst.narrow(0, 0 if part == "gate" else n, n)
             src = src.narrow(0, self.tp.rank * n, n)
-        elif name != "w2_bias":  # [H, I]: this rank's columns of I (in bytes / scale groups when packed)
+        elif name != "w2_bias" and getattr(param, "has_input_dim", True):
+            # [H, I]: this rank's columns of I (in bytes / scale groups when packed); not a per-row scale [H]
             pack = getattr(param, "k_pack", 1)
             _check(src, 1, full // pack, what)
             src = src.narrow(1, self.tp.rank * n // pack, n // pack)

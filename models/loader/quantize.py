@@ -4,8 +4,9 @@ Runs on the meta model, before any tensor is read: a layer's method decides whic
 (fp8 weight + scales), so the checkpoint's tensors then load through the usual weight_loaders. The
 spec speaks of the checkpoint's module names, so a merged layer (qkv_proj, gate_up_proj) asks for
 each section's name (q_proj, k_proj, v_proj) and needs one answer. MoE routers stay unquantised.
-A spec with an experts format (MXFP4) gives each FusedMoE it does not skip that format's MoE method
-(models/quant/mxfp4.py); FP8 experts are not built yet, so an FP8 spec on a MoE model is refused.
+Each FusedMoE gets an MoE method: an experts-only spec's format (MXFP4, models/quant/mxfp4.py), or
+under an FP8 spec the scheme its per-expert projections get by the linear rules, all the same
+(FP8 experts, models/quant/fp8_moe.py); a skip list naming the block or every expert keeps it dense.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 from models.layers.linear import LinearBase
 from models.layers.moe import FusedMoE, SparseMoEBlock
 from models.quant.fp8 import method_for
+from models.quant.fp8_moe import Fp8MoEMethod
 from models.quant.mxfp4 import MOE_METHODS
 from models.quant.spec import FP8Scheme, QuantConfigError, QuantSpec
 
@@ -24,15 +26,9 @@ def apply_quantization(model: nn.Module, spec: QuantSpec | None, naming) -> dict
     `naming` is the model's CheckpointNaming."""
     if spec is None:
         return {}
-    if spec.experts is not None:
-        _set_expert_methods(model, spec, naming)
-    elif any(isinstance(m, FusedMoE) for m in model.modules()):
-        raise QuantConfigError(
-            f"{spec.method} quantisation of a mixture-of-experts model: FP8 experts are not supported yet"
-        )
+    aliases: dict[str, str] = _set_expert_methods(model, spec, naming)
     routers = {id(m.gate) for m in model.modules() if isinstance(m, SparseMoEBlock)}
     chosen: dict[str, FP8Scheme] = {}
-    aliases: dict[str, str] = {}
     for name, module in model.named_modules():
         if not isinstance(module, LinearBase) or id(module) in routers:
             continue
@@ -55,16 +51,32 @@ def apply_quantization(model: nn.Module, spec: QuantSpec | None, naming) -> dict
     return chosen
 
 
-def _set_expert_methods(model: nn.Module, spec: QuantSpec, naming) -> None:
-    """Each FusedMoE the spec does not skip stores its experts in the spec's format."""
-    if not any(isinstance(m, FusedMoE) for m in model.modules()):
+def _set_expert_methods(model: nn.Module, spec: QuantSpec, naming) -> dict[str, str]:
+    """Each FusedMoE the spec quantises stores its experts in that format; the checkpoint's other
+    spellings of their tensors' names (for the loader)."""
+    moes = [(name, m) for name, m in model.named_modules() if isinstance(m, FusedMoE)]
+    if spec.experts is not None and not moes:
         raise QuantConfigError(
             f"quantization_config.quant_method {spec.method} quantises MoE experts, but this model has none"
         )
-    for name, module in model.named_modules():
-        if not isinstance(module, FusedMoE):
-            continue
+    aliases: dict[str, str] = {}
+    for name, module in moes:
         ckpt_name = naming.to_checkpoint(f"{name}.w13_weight", None, moe=True, hub=False).rpartition(".")[0]
-        fmt = spec.experts_format_for(ckpt_name)
-        if fmt is not None:
-            module.set_moe_method(MOE_METHODS[fmt]())
+        if spec.experts is not None:
+            fmt = spec.experts_format_for(ckpt_name)
+            if fmt is not None:
+                module.set_moe_method(MOE_METHODS[fmt]())
+            continue
+        # under an FP8 spec: the hub's names (the skip lists' and targets'), every expert's projections
+        hub_name = naming.to_checkpoint(f"{name}.w13_weight", None, moe=True).rpartition(".")[0]
+        projections = [
+            naming.to_checkpoint(f"{name}.{leaf}", sid, moe=True).removesuffix(".weight")
+            for leaf in ("w13_weight", "w2_weight")
+            for sid in module.shard_ids_of(leaf)
+        ]
+        scheme = spec.experts_scheme_for(hub_name, projections)
+        if scheme is not None:
+            method = Fp8MoEMethod(scheme, spec.method)
+            module.set_moe_method(method)
+            aliases.update(method.aliases)
+    return aliases

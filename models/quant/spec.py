@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_MOE_BLOCK = 128  # the block of atomc::moe_quant's fp8_block experts (atomc/ops/moe_quant.py)
 ONLINE_METHODS = ("fp8",)  # --quantization values
 
 
@@ -84,13 +85,34 @@ class QuantSpec:
     experts: str | None = None  # MoE expert weight format (atomc::moe_quant's): "mxfp4"; None: dense
 
     def experts_format_for(self, module: str) -> str | None:
-        """The weight format of the FusedMoE called `module` (checkpoint name), None to keep it dense:
-        a skip pattern naming it or any module above it keeps it dense."""
-        parts = module.split(".")
-        names = [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
-        if any(_matches(p, name, self.matcher) for p in self.ignore for name in names):
+        """The weight format of the FusedMoE called `module` (checkpoint name) in an experts-only spec
+        (MXFP4), None to keep it dense: a skip pattern naming it or any module above it keeps it dense."""
+        if self._skips_module_or_parent(module):
             return None
         return self.experts
+
+    def experts_scheme_for(self, module: str, expert_modules: list[str]) -> FP8Scheme | None:
+        """The FP8 scheme of the FusedMoE called `module` (checkpoint name) in an FP8 spec, None to keep
+        it dense. `expert_modules`: the checkpoint module names of its per-expert projections (every
+        expert's gate, up and down); each gets its linear rule (skip lists, targets), and as the
+        experts run as one stacked op they must all agree."""
+        if self._skips_module_or_parent(module):
+            return None
+        schemes: dict[FP8Scheme | None, str] = {}
+        for name in expert_modules:
+            schemes.setdefault(self.scheme_for(name), name)
+        if len(schemes) > 1:
+            listed = ", ".join(f"{name}: {s.describe() if s else 'unquantised'}" for s, name in schemes.items())
+            raise QuantConfigError(
+                f"quantization_config gives the experts of {module} different schemes ({listed}); "
+                "atomc stacks every expert of a layer into one MoE op, so they must agree"
+            )
+        return next(iter(schemes), None)
+
+    def _skips_module_or_parent(self, module: str) -> bool:
+        parts = module.split(".")
+        names = [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+        return any(_matches(p, name, self.matcher) for p in self.ignore for name in names)
 
     def scheme_for(self, module: str) -> FP8Scheme | None:
         if any(_matches(p, module, self.matcher) for p in self.ignore):
@@ -101,9 +123,33 @@ class QuantSpec:
         return self.default
 
     def key(self) -> dict:
-        """A JSON-able summary (compile-cache factor, reports)."""
+        """A JSON-able summary (reports): the method, the default linear scheme, and the format MoE
+        experts take (MXFP4's, or what the default FP8 scheme makes of them) where there is one."""
         key = {"method": self.method, "default": self.default.describe() if self.default else None}
-        return key | ({"experts": self.experts} if self.experts else {})
+        experts = self.experts or (experts_format(self.default, self.method) if self.default else None)
+        return key | ({"experts": experts} if experts else {})
+
+
+# where each dialect writes its block size (for the error naming it)
+_BLOCK_FIELDS = {
+    "fp8": "quantization_config.weight_block_size",
+    "compressed-tensors": "quantization_config.config_groups.*.weights.block_structure",
+}
+
+
+def experts_format(scheme: FP8Scheme, method: str) -> str:
+    """The atomc::moe_quant weight format FP8 experts of `scheme` load into. The MoE op runs them
+    weight-only (activations stay in the model dtype), so only the weight side maps: block 128x128
+    -> "fp8_block"; per-channel, per-tensor (its scale repeated on each row) and online -> "fp8_channel"."""
+    if scheme.weight == "block":
+        if tuple(scheme.block) != (FP8_MOE_BLOCK, FP8_MOE_BLOCK):
+            field_ = _BLOCK_FIELDS.get(method, "the weight block size")
+            raise QuantConfigError(
+                f"{field_} {list(scheme.block)}: FP8 MoE experts run {FP8_MOE_BLOCK}x{FP8_MOE_BLOCK} blocks only "
+                "(atomc::moe_quant's fp8_block)"
+            )
+        return "fp8_block"
+    return "fp8_channel"
 
 
 def _matches(pattern: str, name: str, matcher: str) -> bool:
@@ -281,7 +327,7 @@ def _parse_compressed_tensors(qc: dict) -> QuantSpec:
     default = None
     for name, group in groups.items():
         where = f"quantization_config.config_groups.{name}"
-        if group.get("format", fmt) not in _CT_FORMATS:
+        if (group.get("format") or fmt) not in _CT_FORMATS:  # a null group format is the top one
             raise QuantConfigError(f"{where}.format {group['format']!r} is not one of: {', '.join(_CT_FORMATS)}")
         scheme = _ct_scheme(group, where)
         targets = group.get("targets") or []
