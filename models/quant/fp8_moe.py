@@ -83,7 +83,8 @@ class Fp8MoEMethod(MoEMethod):
     @staticmethod
     def _register(layer, name, shape, dtype, loader, **attrs) -> None:
         p = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
-        set_weight_attrs(p, {"weight_loader": loader, "moe_param": name, "shard_ids": layer.shard_ids_of(name), **attrs})
+        attrs |= {"weight_loader": loader, "moe_param": name, "shard_ids": layer.shard_ids_of(name)}
+        set_weight_attrs(p, attrs)
         layer.register_parameter(name, p)
 
     def _row_scale_loader(self, layer, weight_loader):

@@ -55,12 +55,16 @@ def base(family: str, out: Path) -> Path:
     )  # fmt: skip
     if family == "qwen3_moe":
         cfg = transformers.Qwen3MoeConfig(
-            hidden_size=128, head_dim=32, num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=128, num_experts=4,
-            norm_topk_prob=True, **common,
+            hidden_size=128, head_dim=32, num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=128,
+            num_experts=4, norm_topk_prob=True, **common,
         )  # fmt: skip
     else:
         cfg = transformers.MixtralConfig(
-            hidden_size=64, num_key_value_heads=2, intermediate_size=64, num_local_experts=4, sliding_window=None,
+            hidden_size=64,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            num_local_experts=4,
+            sliding_window=None,
             **common,
         )
     torch.manual_seed(0)
@@ -75,9 +79,7 @@ def base(family: str, out: Path) -> Path:
 
 def quant_linears(state: dict) -> list[str]:
     """Linears and expert projections a checkpoint quantises (not the router, not lm_head)."""
-    return sorted(
-        k.removesuffix(".weight") for k in state if k.endswith(".weight") and k.split(".")[-2] in MOE_LINEARS
-    )
+    return sorted(k.removesuffix(".weight") for k in state if k.endswith(".weight") and k.split(".")[-2] in MOE_LINEARS)
 
 
 def is_expert(name: str) -> bool:
