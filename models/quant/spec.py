@@ -126,7 +126,12 @@ class QuantSpec:
         """A JSON-able summary (reports): the method, the default linear scheme, and the format MoE
         experts take (MXFP4's, or what the default FP8 scheme makes of them) where there is one."""
         key = {"method": self.method, "default": self.default.describe() if self.default else None}
-        experts = self.experts or (experts_format(self.default, self.method) if self.default else None)
+        experts = self.experts
+        if experts is None and self.default is not None:
+            try:
+                experts = experts_format(self.default, self.method)
+            except QuantConfigError:  # a block size experts cannot take (a dense model's linears can)
+                experts = None
         return key | ({"experts": experts} if experts else {})
 
 
