@@ -35,6 +35,9 @@ Mixtures of experts (`moe_*`, for Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek; a model
   k experts) plus attention over its causal keys (at most the window on sliding layers), at the
   measured dense matmul rate (a grouped expert GEMM is smaller, so this stays an upper bound).
 The serving ceiling and the decode-only bound are then formed as for dense models.
+FP8 MoE (`weights="fp8"`, atomc's `--quantization fp8`): every linear and expert projection one
+byte a value plus an fp32 scale a row (per-channel); the router, norms, biases, lm_head and the
+KV cache stay bf16 (atomc quantises neither routers nor the head).
 
 DeepSeek-V2/V3 (multi-head latent attention, `MlaDims`): the attention weights are q (q_a_proj, its
 norm and q_b_proj when q_lora_rank is set; else q_proj), kv_a_proj_with_mqa, the latent's norm,
@@ -249,6 +252,11 @@ class MoeShape:
         """The shared experts of one sparse layer (every token goes through them)."""
         return 3 * self.hidden * self.shared_inter
 
+    def attn_linear(self) -> tuple[int, int]:
+        """(weights, output rows) of one layer's q/k/v and o projections (what FP8 quantises)."""
+        h, d, hq, hkv = self.hidden, self.head_dim, self.heads, self.kv_heads
+        return h * d * (hq + 2 * hkv) + hq * d * h, d * (hq + 2 * hkv) + h
+
     def expert_params(self) -> int:
         """One expert: gate, up and down projections (and their biases)."""
         h, i = self.hidden, self.expert_inter
@@ -335,12 +343,30 @@ def moe_kv_bytes(model: str | dict, context: int, dtype_bytes: int = 2) -> int:
     return per_layer_token * (full * context + s.sliding_layers * min(context, s.window))
 
 
-def moe_step_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int = 2) -> float:
+MOE_WEIGHTS = ("bf16", "fp8")
+FP8_ROW_SCALE_BYTES = 4  # atomc's per-channel scales are fp32
+
+
+def moe_step_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int = 2, weights: str = "bf16") -> float:
     """Bytes a decode step of `conc` sequences at `context` tokens reads: the non-expert weights,
-    D(conc) experts in each sparse layer, every sequence's KV."""
+    D(conc) experts in each sparse layer, every sequence's KV. `weights` "fp8": the linears and
+    experts at one byte a value plus a scale a row (module docstring)."""
+    if weights not in MOE_WEIGHTS:
+        raise ValueError(f"weights {weights!r} is not one of: {', '.join(MOE_WEIGHTS)}")
     s = moe_shape(model)
-    experts = s.sparse_layers * expected_distinct_experts(s.experts, s.top_k, conc) * s.expert_params()
-    return dtype_bytes * (s.nonexpert_params() + experts) + conc * moe_kv_bytes(model, context, dtype_bytes)
+    experts = s.sparse_layers * expected_distinct_experts(s.experts, s.top_k, conc)
+    kv = conc * moe_kv_bytes(model, context, dtype_bytes)
+    if weights == "bf16":
+        return dtype_bytes * (s.nonexpert_params() + experts * s.expert_params()) + kv
+    if s.mla:
+        raise ValueError("FP8 bytes of latent-attention models are not counted (atomc refuses DeepSeek FP8)")
+    attn, attn_rows = s.attn_linear()
+    dense_mlp, dense_rows = 3 * s.hidden * s.dense_inter, 2 * s.dense_inter + s.hidden
+    fp8 = s.layers * attn + s.dense_layers * dense_mlp  # non-expert linears in FP8
+    rows = s.layers * attn_rows + s.dense_layers * dense_rows
+    h, i = s.hidden, s.expert_inter
+    expert = 3 * h * i + FP8_ROW_SCALE_BYTES * (2 * i + h) + dtype_bytes * (s.expert_params() - 3 * h * i)
+    return dtype_bytes * (s.nonexpert_params() - fp8) + fp8 + FP8_ROW_SCALE_BYTES * rows + experts * expert + kv
 
 
 def moe_layer_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int = 2) -> dict:
@@ -360,14 +386,14 @@ def moe_layer_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int
     }
 
 
-def moe_active_bytes(model: str | dict, context: int = 0, dtype_bytes: int = 2) -> float:
+def moe_active_bytes(model: str | dict, context: int = 0, dtype_bytes: int = 2, weights: str = "bf16") -> float:
     """Batch-1 bytes a token: the non-expert weights, top_k experts per sparse layer, KV at `context`."""
-    return moe_step_bytes(model, 1, context, dtype_bytes)
+    return moe_step_bytes(model, 1, context, dtype_bytes, weights)
 
 
-def moe_bs1_roofline(model: str | dict, isl: int, osl: int, bandwidth: float) -> float:
+def moe_bs1_roofline(model: str | dict, isl: int, osl: int, bandwidth: float, weights: str = "bf16") -> float:
     """tok/s of batch-1 decode if every byte of a step moves at `bandwidth` (KV at mid-output)."""
-    return bandwidth / moe_active_bytes(model, isl + osl // 2)
+    return bandwidth / moe_active_bytes(model, isl + osl // 2, weights=weights)
 
 
 def moe_prefill_flops(model: str | dict, isl: int) -> float:

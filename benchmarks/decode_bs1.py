@@ -315,9 +315,10 @@ def main() -> None:
     sys.exit(1 if any("error" in r for r in results["engines"]) else 0)
 
 
-def engine_row(engine: str, res: dict | None, tail: str, rooflines: dict) -> dict:
-    """An engine's JSON entry: its result with its roofline share, or its output's tail."""
-    weights = ENGINES[engine][2]
+def engine_row(engine: str, res: dict | None, tail: str, rooflines: dict, engines: dict | None = None) -> dict:
+    """An engine's JSON entry: its result with its roofline share, or its output's tail. `engines`:
+    the script's engine table (decode_bs1_moe.py passes its own), this one's by default."""
+    weights = (engines or ENGINES)[engine][2]
     if res is None:
         return {"engine": engine, "weights": weights, "error": tail}
     res.update(key=engine, weights=weights, roofline_tok_s=rooflines[weights])

@@ -3,7 +3,9 @@ its peers in the same call, each engine in its own process, one after the other 
 93 GB of bf16 weights fit the GPU once, so no two engines hold weights at the same time).
 
 - atomc: 128 tokens in, 512 out, greedy; decode tok/s from the request's first token to its last,
-  best of 3 after a warm-up (`decode_bs1.run_atomc`).
+  best of 3 after a warm-up (`decode_bs1.run_atomc`). `atomc-fp8` (and `atomc-fp8-eager`): the same
+  with `--quantization fp8` (models/quant/fp8_moe.py: the experts quantised per row at load and run
+  weight-only by atomc::moe_quant "fp8_channel", the linears FP8 with per-token activations).
 - gpt-fast's Mixtral example (`peers/gpt_fast_mixtral.py`; needs `.peers/gpt-fast/`, see
   `peers/fetch_gpt_fast.sh`): 8 tokens in, 512 out, its own compile and timing.
 - transformers with a static cache, `generate` compiling the forward (`decode_bs1.run_hf`): 128 in,
@@ -15,10 +17,14 @@ its peers in the same call, each engine in its own process, one after the other 
 Random weights with the real shapes (`checkpoints.py`), bf16. The roofline (`ceilings.py`) is the
 bytes one token reads (non-expert weights, top_k experts per layer, KV at mid-output; for DeepSeek
 the MLA weights, shared experts, dense first layers and the latent cache) over the copy
-bandwidth measured in the same call. `--tiny` runs the same code on the CPU with 2 small layers and
-a nominal bandwidth, to catch a broken path before it costs GPU time.
+bandwidth measured in the same call, counted per engine in its weights' format: bf16, or for the
+FP8 engines the linears and experts at a byte a value plus fp32 row scales (router, norms, lm_head
+and KV bf16); `speedups` gives each FP8 engine's decode rate over its bf16 counterpart's.
+`--tiny` runs the same code on the CPU with 2 small layers and a nominal bandwidth, to catch a
+broken path before it costs GPU time.
 
     python benchmarks/decode_bs1_moe.py --model mixtral-8x7b --out OUT/decode_bs1_mixtral-8x7b.json
+    python benchmarks/decode_bs1_moe.py --model qwen3-30b-a3b --engines atomc,atomc-fp8 --out OUT/q.json
     python benchmarks/decode_bs1_moe.py --model qwen3-30b-a3b --tiny
     python benchmarks/decode_bs1_moe.py --model deepseek-v2-lite --out OUT/decode_bs1_deepseek-v2-lite.json
 """
@@ -44,9 +50,20 @@ PEERS = {
 }  # fmt: skip
 TINY_LENS = (16, 24)  # prompt, output tokens under --tiny
 NOMINAL_CPU_BANDWIDTH = decode_bs1.NOMINAL_CPU_BANDWIDTH
+# engine -> (what runs, enforce_eager, weight format for the roofline)
+ENGINES = {
+    "atomc": ("atomc", False, "bf16"),
+    "atomc-eager": ("atomc", True, "bf16"),
+    "atomc-fp8": ("atomc", False, "fp8"),
+    "atomc-fp8-eager": ("atomc", True, "fp8"),
+    "hf": ("hf", None, "bf16"),
+    "gpt-fast": ("gpt-fast", None, "bf16"),
+}
 
 
 def child_command(args, engine: str) -> list[str]:
+    if engine not in ENGINES:
+        raise SystemExit(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
     if engine == "gpt-fast":
         if args.model != "mixtral-8x7b":
             raise SystemExit("the gpt-fast peer is its Mixtral example: --model mixtral-8x7b only")
@@ -61,11 +78,13 @@ def run_engine_here(args, engine: str) -> dict:
     device = "cpu" if args.tiny else "cuda"
     vocab = model_config(args.model, args.tiny)["vocab_size"]
     lens = dict(prompt_len=args.prompt_len, output_len=args.output_len, vocab=vocab)
-    if engine in ("atomc", "atomc-eager"):
-        return decode_bs1.run_atomc(model_dir, engine == "atomc-eager", device=device, **lens)
-    if engine == "hf":
+    kind, eager, weights = ENGINES[engine]
+    if kind == "atomc":
+        quantization = "fp8" if weights == "fp8" else None
+        return decode_bs1.run_atomc(model_dir, eager, device=device, quantization=quantization, **lens)
+    if kind == "hf":
         return decode_bs1.run_hf(model_dir, device=device, **lens)
-    raise SystemExit(f"unknown engine {engine!r} (atomc, atomc-eager, hf, gpt-fast)")
+    raise SystemExit(f"engine {engine!r} does not run in this script's process")
 
 
 def main() -> None:
@@ -85,10 +104,16 @@ def main() -> None:
     if args.child:
         print("RESULT " + json.dumps(run_engine_here(args, args.child)), flush=True)
         return
+    engines = (args.engines or PEERS[args.model]).split(",")
+    for engine in engines:
+        child_command(args, engine)  # an unknown engine fails before any GPU time is spent
     make_checkpoint(args.model, Path(args.root), tiny=args.tiny)  # once, before the children race for it
     cfg = model_config(args.model, args.tiny)
     bw = args.bandwidth or (NOMINAL_CPU_BANDWIDTH if args.tiny else ceilings.measure()["bandwidth"])
-    roofline = ceilings.moe_bs1_roofline(cfg, args.prompt_len, args.output_len, bw)
+    rooflines = {
+        w: ceilings.moe_bs1_roofline(cfg, args.prompt_len, args.output_len, bw, w) for w in ceilings.MOE_WEIGHTS
+    }
+    roofline = rooflines["bf16"]
     shape = ceilings.moe_shape(cfg)
     results = {
         "model": args.model + (" (tiny)" if args.tiny else ""),
@@ -100,27 +125,29 @@ def main() -> None:
         + (f", shared {shape.shared_inter // shape.expert_inter}" if shape.shared_inter else ""),
         "kv_bytes_per_token": ceilings.moe_kv_bytes(cfg, 1),  # all layers (MLA: the latent)
         "roofline_tok_s": roofline,
+        "rooflines_tok_s": rooflines,
+        "active_GB_by_weights": {
+            w: ceilings.moe_active_bytes(cfg, args.prompt_len + args.output_len // 2, weights=w) / 1e9
+            for w in rooflines
+        },
         "weights_only_roofline_tok_s": bw / ceilings.moe_active_bytes(cfg),
         "engines": [],
+        "speedups": {},
     }
     out = Path(args.out) if args.out else None
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-    engines = (args.engines or PEERS[args.model]).split(",")
     for i, engine in enumerate(engines):
         log = out.with_name(f"{out.stem}.{engine}.log") if out else None
         timeout = child_timeout(args.budget, time.monotonic() - started, args.reserve, len(engines) - 1 - i)
         res, tail = run_child(child_command(args, engine), timeout, log)
-        if res is None:
-            results["engines"].append({"engine": engine, "error": tail})
-        else:
-            res["roofline_pct"] = 100 * res.get("decode_tok_s", res["e2e_tok_s"]) / roofline
-            results["engines"].append(res)
+        results["engines"].append(decode_bs1.engine_row(engine, res, tail, rooflines, ENGINES))
+        results["speedups"] = decode_bs1.speedups(results["engines"])
         if out:  # after every engine: a later one failing or timing out keeps the numbers so far
             out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     print(f"\n{results['model']} batch-1 decode, {results['active_GB']:.3g} GB a token ({results['experts']}), "
-          f"roofline {roofline:.0f} tok/s at {bw / 1e12:.2f} TB/s")  # fmt: skip
+          f"roofline {roofline:.0f} tok/s bf16, {rooflines['fp8']:.0f} fp8 at {bw / 1e12:.2f} TB/s")  # fmt: skip
     for r in results["engines"]:
         if "error" in r:
             print(f"  {r['engine']:50s} ERROR {r['error'][-400:]}")
@@ -128,9 +155,11 @@ def main() -> None:
             kind = "decode" if "decode_tok_s" in r else "e2e"
             print(
                 f"  {r['engine']:50s} {kind} {r.get('decode_tok_s', r['e2e_tok_s']):7.1f} tok/s "
-                f"({r['roofline_pct']:.0f}% of roofline), e2e {r['e2e_tok_s']:.1f} tok/s, "
+                f"({r['roofline_pct']:.0f}% of its {r['weights']} roofline), e2e {r['e2e_tok_s']:.1f} tok/s, "
                 f"startup {r['startup_s']:.1f} s"
             )
+    for name, ratio in results["speedups"].items():
+        print(f"  {name}: {ratio:.2f}x")
     sys.exit(1 if any("error" in r for r in results["engines"]) else 0)
 
 

@@ -282,3 +282,42 @@ def test_layer_bytes_add_up_to_the_step(name):
     expert = 3 * 7168 * 2048
     assert v3["sparse"] == 2 * (187_107_328 + 2 * 7168 + 256 * 7168 + 256 + 9 * expert)
     assert v3["dense"] == 2 * (187_107_328 + 2 * 7168 + 3 * 7168 * 18432) and v3["rest"] == 2 * (129280 + 1) * 7168
+
+
+def test_fp8_moe_bytes_count_a_byte_a_weight_plus_row_scales():
+    # Mixtral-8x7B by hand: per layer q/k/v/o (4096 x 128 x 48 + 4096 x 4096) and 2 experts
+    # (3 x 4096 x 14336) in FP8 with an fp32 scale a row; router, norms, lm_head (32000 x 4096) bf16
+    attn, attn_rows = 4096 * 128 * 48 + 4096 * 4096, 128 * 48 + 4096
+    expert, expert_rows = 3 * 4096 * 14336, 2 * 14336 + 4096
+    layer = attn + 4 * attn_rows + 2 * (expert + 4 * expert_rows) + 2 * (8 * 4096 + 2 * 4096)
+    want = 32 * layer + 2 * (32000 * 4096 + 4096)
+    assert ceilings.moe_active_bytes("mixtral-8x7b", weights="fp8") == pytest.approx(want, rel=1e-12)
+    # about half the bf16 bytes: the lm_head (and Qwen3's 152k-row one more so) stays bf16
+    for name, ratio in (("mixtral-8x7b", 1.98), ("qwen3-30b-a3b", 1.80)):
+        bf16, fp8 = (ceilings.moe_active_bytes(name, weights=w) for w in ("bf16", "fp8"))
+        assert bf16 / fp8 == pytest.approx(ratio, abs=0.01)
+    assert ceilings.moe_bs1_roofline("mixtral-8x7b", 128, 512, 4.23e12, "fp8") == pytest.approx(
+        4.23e12 / (want + 384 * 131072), rel=1e-9
+    )  # the KV stays bf16
+    with pytest.raises(ValueError, match="weights 'int4' is not one of"):
+        ceilings.moe_active_bytes("mixtral-8x7b", weights="int4")
+
+
+def test_fp8_moe_bytes_are_what_atomc_loads(tmp_path):
+    """The tiny Qwen3-MoE under --quantization fp8, as atomc holds it: every parameter's bytes (the
+    embedding table left out, the experts at top_k of E) are the FP8 bytes the roofline counts."""
+    import checkpoints
+    import torch
+
+    from models.loader import load_model
+
+    folder = checkpoints.make_checkpoint("qwen3-30b-a3b", tmp_path, tiny=True)
+    cfg = checkpoints.model_config("qwen3-30b-a3b", tiny=True)
+    model = load_model(folder, torch.bfloat16, "cpu", load_format="dummy", quantization="fp8")
+    share = cfg["num_experts_per_tok"] / cfg["num_experts"]
+    total = 0.0
+    for name, p in model.named_parameters():
+        if "embed_tokens" not in name:
+            total += p.numel() * p.element_size() * (share if ".experts." in name else 1)
+    assert model.model.layers[0].mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
+    assert ceilings.moe_active_bytes(cfg, weights="fp8") == pytest.approx(total, rel=1e-9)

@@ -120,3 +120,39 @@ def _env() -> dict:
 
     # the children import this tree's atomc (not an installed copy)
     return {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+
+
+def test_fp8_engines_run_atomc_with_online_fp8_against_the_fp8_roofline():
+    import decode_bs1
+
+    args = type("Args", (), {"model": "qwen3-30b-a3b", "tiny": True, "output_len": 24, "root": "/tmp"})()
+    cmd = decode_bs1_moe.child_command(args, "atomc-fp8")
+    assert cmd[cmd.index("--child") + 1] == "atomc-fp8" and "--tiny" in cmd
+    with pytest.raises(SystemExit, match="unknown engine 'atomc-int4'"):
+        decode_bs1_moe.child_command(args, "atomc-int4")
+    assert decode_bs1_moe.ENGINES["atomc-fp8"] == ("atomc", False, "fp8")
+    rooflines = {"bf16": 100.0, "fp8": 180.0}
+    rows = [
+        decode_bs1.engine_row("atomc", {"engine": "atomc", "decode_tok_s": 80.0, "e2e_tok_s": 70.0}, "", rooflines,
+                              decode_bs1_moe.ENGINES),
+        decode_bs1.engine_row("atomc-fp8", {"engine": "atomc fp8", "decode_tok_s": 144.0, "e2e_tok_s": 120.0}, "",
+                              rooflines, decode_bs1_moe.ENGINES),
+    ]  # fmt: skip
+    assert [(r["weights"], r["roofline_pct"]) for r in rows] == [("bf16", 80.0), ("fp8", 80.0)]
+    assert decode_bs1.speedups(rows) == {"atomc-fp8 / atomc": 1.8}
+
+
+@pytest.mark.slow
+def test_decode_tiny_fp8_end_to_end(tmp_path):
+    # atomc bf16 and --quantization fp8 (FP8 experts) on the 2-layer toy Qwen3-MoE, eager, one call
+    out = tmp_path / "decode.json"
+    engines = "atomc-eager,atomc-fp8-eager"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "decode_bs1_moe.py"), "--model", "qwen3-30b-a3b", "--tiny",
+           "--engines", engines, "--root", str(tmp_path / "models"), "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    bf16, fp8 = res["engines"]
+    assert bf16["weights"] == "bf16" and fp8["weights"] == "fp8" and fp8["engine"] == "atomc fp8 (eager)"
+    assert fp8["roofline_tok_s"] == res["rooflines_tok_s"]["fp8"] > res["rooflines_tok_s"]["bf16"]
+    assert fp8["decode_tok_s"] > 0 and "atomc-fp8-eager / atomc-eager" in res["speedups"]
