@@ -18,8 +18,11 @@ Three on-disk dialects describe the same few schemes, so they are parsed into on
   `qscheme` per_tensor|per_channel, `is_dynamic` (per_channel input = per token).
 
 Names in skip lists and patterns are the checkpoint's module names (`...q_proj`), so a merged layer
-(qkv_proj) asks for each of its checkpoint sections; they must agree. Anything atomc cannot run, or
-that contradicts itself, raises `QuantConfigError` naming the field.
+(qkv_proj) asks for each of its checkpoint sections; they must agree. MoE experts under an FP8
+config ask the same per expert projection (`experts_scheme_for`), and `experts_format` maps the
+agreed scheme to atomc::moe_quant's weight-only format (block 128x128 -> fp8_block, else
+fp8_channel). Anything atomc cannot run, or that contradicts itself, raises `QuantConfigError`
+naming the field.
 """
 
 from __future__ import annotations
@@ -82,7 +85,9 @@ class QuantSpec:
     rules: tuple[tuple[str, FP8Scheme | None], ...] = ()
     ignore: tuple[str, ...] = ()
     matcher: str = "exact"  # how patterns match: "exact" (+ re:), "fnmatch", "suffix"
-    experts: str | None = None  # MoE expert weight format (atomc::moe_quant's): "mxfp4"; None: dense
+    # an experts-only spec's MoE weight format (atomc::moe_quant's): "mxfp4"; None: experts follow the
+    # linear rules (an FP8 spec: experts_scheme_for) or stay dense
+    experts: str | None = None
 
     def experts_format_for(self, module: str) -> str | None:
         """The weight format of the FusedMoE called `module` (checkpoint name) in an experts-only spec

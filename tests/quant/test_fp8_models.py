@@ -281,18 +281,6 @@ def test_sections_with_different_schemes_are_refused(bases):
         build_on_meta(arch, torch.float32)
 
 
-def test_moe_models_are_refused_until_fp8_experts_land():
-    from models.arch import ModelArch
-
-    cfg = transformers.Qwen3MoeConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4, num_experts_per_tok=2,
-    ).to_dict()  # fmt: skip
-    cfg["architectures"] = ["Qwen3MoeForCausalLM"]
-    with pytest.raises(QuantConfigError, match="FP8 experts are not supported yet"):
-        build_on_meta(ModelArch.from_dict(cfg), torch.float32, quantization="fp8")
-
-
 def test_online_fp8_quantises_a_bf16_checkpoint_at_load(bases):
     """--quantization fp8: per-row fp8 weights, per-token activations. Against atomc's own bf16 run
     of the same checkpoint the logits stay within 20% of the largest (measured ~10%: the FP8
