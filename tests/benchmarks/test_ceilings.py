@@ -301,6 +301,8 @@ def test_fp8_moe_bytes_count_a_byte_a_weight_plus_row_scales():
     )  # the KV stays bf16
     with pytest.raises(ValueError, match="weights 'int4' is not one of"):
         ceilings.moe_active_bytes("mixtral-8x7b", weights="int4")
+    with pytest.raises(ValueError, match="FP8 bytes of latent-attention models are not counted"):
+        ceilings.moe_active_bytes("deepseek-v2-lite", weights="fp8")
 
 
 def test_fp8_moe_bytes_are_what_atomc_loads(tmp_path):
