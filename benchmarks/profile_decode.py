@@ -2,7 +2,7 @@
 their count and time per step, and the step's GPU-busy time against its wall time (the gap is
 launch and host overhead that CUDA graphs should hide).
 
-    python benchmarks/profile_decode.py --model qwen3-30b-a3b [--eager] [--steps 32] [--out F.json]
+    python benchmarks/profile_decode.py --model qwen3-30b-a3b [--eager] [--steps 32] [--quantization fp8] [--out F.json]
 
 Random weights with the real shapes (`checkpoints.py`), bf16, 128 tokens in. The profile covers
 `--steps` decode steps after a warm-up; kernels launched inside a CUDA graph are listed when the
@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/atomc-bench-models")
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--quantization", default=None, help="e.g. fp8: quantise the bf16 checkpoint at load")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -60,7 +61,7 @@ def main() -> None:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     llm = LLM(
         model=model_dir, dtype="float32" if args.tiny else "bfloat16", device=device, load_format="dummy",
-        max_model_len=1024, max_num_seqs=8, enforce_eager=args.eager or args.tiny,
+        max_model_len=1024, max_num_seqs=8, enforce_eager=args.eager or args.tiny, quantization=args.quantization,
     )  # fmt: skip
     prompt = {"prompt_token_ids": decode_bs1.prompt_ids(16 if args.tiny else decode_bs1.PROMPT_LEN, vocab)}
     greedy = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
@@ -78,6 +79,7 @@ def main() -> None:
     busy_us = sum(r["us_per_step"] for r in rows)
     result = {
         "model": args.model,
+        "quantization": args.quantization,
         "cuda_graphs": not args.eager,
         "decode_step_ms": step_ms,
         "request_wall_s": wall,
