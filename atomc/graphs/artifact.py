@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,12 @@ log = logging.getLogger(__name__)
 
 AOT_FILE = "model.aot"
 PIECES_DIR = "pieces"
+
+
+# torch's loading of an AOT-compiled function is not thread-safe: two threads of one process loading
+# at once (a builder after its build, a waiter after the lock) once got a guard function built with
+# the other's arguments (tests/graphs/test_faults.py, concurrent compiles). One load at a time.
+_LOAD_LOCK = threading.Lock()
 
 
 class ArtifactError(RuntimeError):
@@ -55,7 +62,8 @@ def load_aot(entry_dir: Path, platform: str = "cpu") -> Callable:
             "against %s artifacts, so the entry's signature alone admits it", platform, e, platform,
         )  # fmt: skip
     try:
-        return compat.load_compiled_function(data)
+        with _LOAD_LOCK:
+            return compat.load_compiled_function(data)
     except Exception as e:
         raise ArtifactError(f"{entry_dir / AOT_FILE} could not be loaded: {type(e).__name__}: {e}") from e
 
