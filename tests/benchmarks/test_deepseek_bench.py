@@ -71,6 +71,7 @@ def test_derive_projects_the_published_layer_counts():
     assert "step_ms" not in row and "vary the dense and the MoE" in row["note"]
 
 
+@pytest.mark.slow
 def test_layers_tiny_run_resumes_and_fits(tmp_path):
     # two builds as a previous call left them (same settings), the third one measured here for real
     # on the CPU in its own process; the fit then has the three it needs
