@@ -30,7 +30,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import atomc.ops  # noqa: F401  (registers torch.ops.atomc.moe_quant)
 from atomc.ops.moe_quant import FP8_BLOCK
 from models.quant.base import set_weight_attrs
 from models.quant.fp8 import FP8_DTYPE, quantize_per_row
@@ -42,6 +41,8 @@ _LEAF_ALIASES = (("weight_scale_inv", "weight_scale"), ("activation_scale", "inp
 
 
 class Fp8MoEMethod(MoEMethod):
+    params = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+
     def __init__(self, scheme: FP8Scheme, method: str = "fp8"):
         self.scheme = scheme
         self.weight_format = experts_format(scheme, method)  # refuses blocks other than 128x128
@@ -121,31 +122,6 @@ class Fp8MoEMethod(MoEMethod):
                     raise QuantConfigError(f"FP8 experts: a {name.removeprefix('w13_').removeprefix('w2_')} "
                                            "of the checkpoint is not a finite positive number")  # fmt: skip
                 delattr(layer, name)
-
-    def apply(self, layer, x, router_logits, correction_bias):
-        s = layer.spec
-        return torch.ops.atomc.moe_quant(
-            x,
-            router_logits,
-            layer.w13_weight,
-            layer.w13_weight_scale,
-            layer.w2_weight,
-            layer.w2_weight_scale,
-            layer.w13_bias,
-            layer.w2_bias if layer.tp.rank == 0 else None,
-            layer.expert_map,
-            correction_bias,
-            s.top_k,
-            self.weight_format,
-            s.scoring,
-            s.renormalize,
-            s.num_expert_group,
-            s.topk_group,
-            s.routed_scaling_factor,
-            s.activation,
-            s.swiglu_alpha,
-            s.swiglu_limit,
-        )
 
 
 def _input_scale_loader(layer):

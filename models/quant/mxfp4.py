@@ -48,12 +48,40 @@ class MoEMethod:
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         return None
 
+    # set by each method: its atomc::moe_quant format and the layer's four packed expert parameters
+    weight_format: str
+    params: tuple[str, str, str, str]  # (w13, w13 scale, w2, w2 scale)
+
     def apply(self, layer: nn.Module, x: torch.Tensor, router_logits: torch.Tensor, correction_bias):
-        raise NotImplementedError
+        s = layer.spec
+        w13, w13_scale, w2, w2_scale = (getattr(layer, name) for name in self.params)
+        return torch.ops.atomc.moe_quant(
+            x,
+            router_logits,
+            w13,
+            w13_scale,
+            w2,
+            w2_scale,
+            layer.w13_bias,
+            layer.w2_bias if layer.tp.rank == 0 else None,
+            layer.expert_map,
+            correction_bias,
+            s.top_k,
+            self.weight_format,
+            s.scoring,
+            s.renormalize,
+            s.num_expert_group,
+            s.topk_group,
+            s.routed_scaling_factor,
+            s.activation,
+            s.swiglu_alpha,
+            s.swiglu_limit,
+        )
 
 
 class Mxfp4MoEMethod(MoEMethod):
     weight_format = "mxfp4"
+    params = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales")
 
     def create_weights(self, layer: nn.Module, weight_loader) -> None:
         e, i, h = layer.num_local_experts, layer.local_intermediate, layer.hidden_size
@@ -73,31 +101,6 @@ class Mxfp4MoEMethod(MoEMethod):
             set_weight_attrs(p, {"weight_loader": weight_loader, "moe_param": name, "k_pack": pack,
                                  "shard_ids": layer.shard_ids_of(name)})  # fmt: skip
             layer.register_parameter(name, p)
-
-    def apply(self, layer, x, router_logits, correction_bias):
-        s = layer.spec
-        return torch.ops.atomc.moe_quant(
-            x,
-            router_logits,
-            layer.w13_blocks,
-            layer.w13_scales,
-            layer.w2_blocks,
-            layer.w2_scales,
-            layer.w13_bias,
-            layer.w2_bias if layer.tp.rank == 0 else None,
-            layer.expert_map,
-            correction_bias,
-            s.top_k,
-            self.weight_format,
-            s.scoring,
-            s.renormalize,
-            s.num_expert_group,
-            s.topk_group,
-            s.routed_scaling_factor,
-            s.activation,
-            s.swiglu_alpha,
-            s.swiglu_limit,
-        )
 
 
 MOE_METHODS = {"mxfp4": Mxfp4MoEMethod}  # quantization spec's experts format -> MoE method
