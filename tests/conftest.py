@@ -172,6 +172,13 @@ def build_checkpoint(family: str, out_dir: Path, num_layers: int = 2, seed: int 
         eos_token_id=tok.eos_token_id,
         **spec,
     )
+    return save_random_model(cfg, out_dir, seed)
+
+
+def save_random_model(cfg, out_dir: Path, seed: int = 0) -> Path:
+    """transformers' model for `cfg` in fp32 with the tests' random weights, saved to out_dir."""
+    import transformers
+
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # larger weights than the 0.02 default, so greedy choices are not near-ties

@@ -22,7 +22,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import build_checkpoint
+from tests.conftest import build_checkpoint, save_random_model
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -43,14 +43,7 @@ def base_checkpoint(out: Path, wide: bool = False) -> Path:
         num_key_value_heads=4, head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.08)
-    model.save_pretrained(out)
-    return out
+    return save_random_model(cfg, out)
 
 
 def quant_linears(state: dict) -> list[str]:

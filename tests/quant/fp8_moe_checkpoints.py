@@ -37,7 +37,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import VOCAB, build_tokenizer
+from tests.conftest import VOCAB, build_tokenizer, save_random_model
 from tests.quant import fp8_checkpoints as fc
 
 EXPERT_INPUT_SCALE = 0.01  # what the static writers put as experts' input scales (ignored by atomc)
@@ -67,14 +67,7 @@ def base(family: str, out: Path) -> Path:
             sliding_window=None,
             **common,
         )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, 0.08)
-    model.save_pretrained(out)
-    return out
+    return save_random_model(cfg, out)
 
 
 def quant_linears(state: dict) -> list[str]:
