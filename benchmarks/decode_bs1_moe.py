@@ -50,15 +50,9 @@ PEERS = {
 }  # fmt: skip
 TINY_LENS = (16, 24)  # prompt, output tokens under --tiny
 NOMINAL_CPU_BANDWIDTH = decode_bs1.NOMINAL_CPU_BANDWIDTH
-# engine -> (what runs, enforce_eager, weight format for the roofline)
-ENGINES = {
-    "atomc": ("atomc", False, "bf16"),
-    "atomc-eager": ("atomc", True, "bf16"),
-    "atomc-fp8": ("atomc", False, "fp8"),
-    "atomc-fp8-eager": ("atomc", True, "fp8"),
-    "hf": ("hf", None, "bf16"),
-    "gpt-fast": ("gpt-fast", None, "bf16"),
-}
+# engine -> (what runs, enforce_eager, weight format for the roofline): decode_bs1's, plus gpt-fast's Mixtral
+ENGINES = {name: decode_bs1.ENGINES[name] for name in ("atomc", "atomc-eager", "atomc-fp8", "atomc-fp8-eager", "hf")}
+ENGINES["gpt-fast"] = ("gpt-fast", None, "bf16")
 
 
 def child_command(args, engine: str) -> list[str]:
