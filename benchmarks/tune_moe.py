@@ -83,7 +83,8 @@ def search(time_config, path: str, gate_up_tiles: list[dict], down_tiles: list[d
     return best_us, {**base, "down": down_tiles[best_dn]}
 
 
-def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf16") -> dict:
+def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf16", save=None) -> dict:
+    """`save(result)` is called after every bucket, so a run cut short keeps the buckets it finished."""
     e, h, inter, k, act, bias = SHAPES[name]
     g = torch.Generator(DEV).manual_seed(0)
     w13 = (torch.randn(e, 2 * inter, h, generator=g, device=DEV) / h**0.5).to(BF16)
@@ -94,6 +95,8 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
     if fmt:
         w13, w2 = quantize_experts(w13, fmt), quantize_experts(w2, fmt)
     buckets = {}
+    meta = {"shape": name, "device": device_name(torch.device(DEV)), "torch": torch.__version__,
+            "weights": weights_fmt}  # fmt: skip
     for t in tokens:
         t0 = time.time()
         calls = []
@@ -123,8 +126,8 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
             best_us, best = default_us, default
         buckets[str(t)] = best
         print(f"{name} M={t}: {best_us:.1f} us ({best['path']}), default {default_us:.1f} us, {time.time() - t0:.0f} s")
-    meta = {"shape": name, "device": device_name(torch.device(DEV)), "torch": torch.__version__,
-            "weights": weights_fmt}  # fmt: skip
+        if save is not None:
+            save({"buckets": buckets, "meta": meta})
     return {"buckets": buckets, "meta": meta}
 
 
@@ -140,10 +143,9 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name in args.shapes.split(","):
         e, h, inter, k, _, _ = SHAPES[name]
-        result = tune_shape(name, tokens, args.quick, args.weights)
         fmt = "" if args.weights == "bf16" else args.weights
         path = args.out_dir / moe_config.config_name(e, h, inter, k, BF16, device_name(torch.device(DEV)), fmt)
-        path.write_text(json.dumps(result, indent=1) + "\n")
+        tune_shape(name, tokens, args.quick, args.weights, save=lambda r, p=path: p.write_text(json.dumps(r, indent=1) + "\n"))
         print(f"wrote {path}")
         torch.cuda.empty_cache()
 

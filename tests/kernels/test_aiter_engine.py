@@ -12,7 +12,11 @@ import pytest
 
 from atomc import LLM, SamplingParams
 from atomc.kernels import registry
+from tests.greedy import assert_greedy_agree, model_logits
 
+# the runs are fp16/bf16 (what AITER takes), so the two computations' logits differ by a few units in
+# the last place of a logit of a few units (bf16: 2^-6 at 2-4) and may part at a near-tie
+HALF_MARGIN = 0.1
 PROMPTS = ["The capital of France is", "Once upon a time there", "def add(a, b):\n"]
 
 
@@ -98,6 +102,9 @@ def test_generation_through_the_aiter_lowering(rocm_pipeline, model, request, tm
     chosen = llm.engine.runner.compile_info.get("passes", {})
     calls = set(fake_aiter.CALLS)
     assert expected_calls <= calls, (calls, chosen)
-    want = [o.outputs[0].token_ids for o in LLM(**kw, enforce_eager=True).generate(PROMPTS, params)]
-    assert got == want
+    ref = LLM(**kw, enforce_eager=True)
+    want = ref.generate(PROMPTS, params)
+    logits_of = model_logits(ref.engine.runner.model)
+    for g, w in zip(got, want, strict=True):
+        assert_greedy_agree(g, w.outputs[0].token_ids, w.prompt_token_ids, logits_of, margin=HALF_MARGIN)
     assert len(got[0]) == 12
