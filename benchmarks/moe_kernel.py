@@ -54,6 +54,9 @@ SHAPES = {
     "mixtral": (8, 4096, 14336, 2, "silu", False),
     "qwen3_moe": (128, 2048, 768, 8, "silu", False),
     "gpt_oss": (32, 2880, 2880, 4, "swiglu_oai", True),
+    # the routed experts of DeepSeek-V2-Lite and V3 (their shared experts are dense MLPs beside)
+    "deepseek_v2_lite": (64, 2048, 1408, 6, "silu", False),
+    "deepseek_v3": (256, 7168, 2048, 8, "silu", False),
 }
 TOKENS = (1, 8, 64, 512, 4096)
 REL_OK = 2e-2  # tests/kernels/test_triton_moe_quant_gpu.py's bound (bf16 activations, other sum orders)
@@ -63,6 +66,8 @@ TINY_SHAPES = {
     "mixtral": (8, 64, 64, 2, "silu", False),
     "qwen3_moe": (8, 128, 128, 4, "silu", False),  # fp8_block needs whole 128-blocks to be exact
     "gpt_oss": (8, 64, 64, 2, "swiglu_oai", True),
+    "deepseek_v2_lite": (8, 128, 128, 3, "silu", False),
+    "deepseek_v3": (16, 128, 128, 4, "silu", False),
 }
 TINY_TOKENS = (1, 3, 40)
 

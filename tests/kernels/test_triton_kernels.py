@@ -102,6 +102,18 @@ def test_paged_attention_split_kv(case, dtype):
 
 @needs_loops
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["decode", "mixed", "decode_w24", "mixed_w70"])
+@pytest.mark.parametrize("min_seg_tiles", [1, 4, 16])
+def test_split_kv_segment_sizes(case, dtype, min_seg_tiles):
+    """Segments of at least 1, 4 or 16 16-key tiles: with 16 every sequence fits its first segment
+    and its one program writes the output (no partials, the reduce skips it); with 1 the longer
+    ones span several; with sinks and windows, where the reduce must find the same segments."""
+    run_attention(case, dtype, hq=4, hkv=2, d=16, num_segments=8, tile_n=16, min_seg_tiles=min_seg_tiles,
+                  sinks=random_sinks(4))  # fmt: skip
+
+
+@needs_loops
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(WINDOW_CASES))
 @pytest.mark.parametrize("num_segments", [1, 4, None])
 def test_paged_attention_sliding_window(case, dtype, num_segments):

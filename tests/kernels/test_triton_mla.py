@@ -186,9 +186,10 @@ def test_prefill_tiles_of_tokens_times_heads():
 
 
 def test_split_kv_writes_and_reads_only_the_segments_a_sequence_used(monkeypatch):
-    """Scratch starts as NaN: the 3-key context of 4 segments of 2 x 16 keys writes segment 0 only
-    and the 41-key one segments 0 and 1; their other slots stay NaN (never written) and the output
-    still matches the reference (never read)."""
+    """Scratch starts as NaN: with 4 segments of 2 x 16 keys the 41-key context writes segments 0 and
+    1, and the 3-key one, which fits its first segment, writes none (its program writes the output
+    and the reduce skips it); the other slots stay NaN (never written) and the output still matches
+    the reference (never read)."""
     module = importlib.import_module("atomc.kernels.triton.mla_attention")
     scratch = []
     real_empty, real_empty_like = torch.empty, torch.empty_like
@@ -204,7 +205,7 @@ def test_split_kv_writes_and_reads_only_the_segments_a_sequence_used(monkeypatch
     monkeypatch.setattr(module.torch, "empty", real_empty)
     monkeypatch.setattr(module.torch, "empty_like", real_empty_like)
     part_acc, part_m, part_l = scratch
-    used = {0: 1, 1: 2, 2: 1, 3: 2}  # segments of max(cdiv(len, 64), 2) x 16 = 32 keys
+    used = {0: 0, 1: 2, 2: 0, 3: 2}  # segments of max(cdiv(len, 64), 2) x 16 = 32 keys; 0: one fits
     for tok, n in used.items():
         for part in (part_m, part_l, part_acc):
             assert not part[tok, :, :n].isnan().any()

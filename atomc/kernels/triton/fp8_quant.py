@@ -145,7 +145,7 @@ def _num_warps(values: int) -> int:
     return min(16, max(1, values // 512))
 
 
-def _norm_quant(x, residual, weight, eps, scale, group_size):
+def _norm_quant(x, residual, weight, eps, scale, group_size, num_warps=None):
     """(q, scale or None, summed or None) through the kernel, or None where it does not apply."""
     k = x.shape[-1]
     tile = _tile(k, group_size, whole_row=True)
@@ -161,7 +161,7 @@ def _norm_quant(x, residual, weight, eps, scale, group_size):
             x2, r2, weight, summed, q, s, scale if scale is not None else s,
             x2.stride(0), r2.stride(0), summed.stride(0), k, n_groups, eps,
             ADD=residual is not None, STATIC=scale is not None, NG=ng, G=g, ROUND_IN_FP32=ROUND_IN_FP32,
-            num_warps=_num_warps(ng * g),
+            num_warps=num_warps or _num_warps(ng * g),
         )  # fmt: skip
     lead = x.shape[:-1]
     return (
@@ -171,7 +171,7 @@ def _norm_quant(x, residual, weight, eps, scale, group_size):
     )
 
 
-def _rows_quant(x, scale, group_size, silu: bool):
+def _rows_quant(x, scale, group_size, silu: bool, num_warps=None):
     k = x.shape[-1] // 2 if silu else x.shape[-1]
     tile = _tile(k, group_size, whole_row=False)
     if tile is None:
@@ -183,7 +183,8 @@ def _rows_quant(x, scale, group_size, silu: bool):
         grid = (x2.shape[0], triton.cdiv(k, ng * g))
         _rows_quant_kernel[grid](
             x2, q, s, scale if scale is not None else s, x2.stride(0), k, n_groups,
-            SILU=silu, STATIC=scale is not None, NG=ng, G=g, ROUND_IN_FP32=ROUND_IN_FP32, num_warps=_num_warps(ng * g),
+            SILU=silu, STATIC=scale is not None, NG=ng, G=g, ROUND_IN_FP32=ROUND_IN_FP32,
+            num_warps=num_warps or _num_warps(ng * g),
         )  # fmt: skip
     lead = x.shape[:-1]
     return q.view(*lead, k), s.view(*lead, n_groups)
@@ -196,20 +197,21 @@ def quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return _rows_quant(x, scale.float(), None, silu=False)[0]
 
 
-def quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_dynamic(x: torch.Tensor, group_size: int, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     if group_size == 0:  # one scale for the tensor: its amax first (a torch reduction), then the static kernel
         scale = (x.abs().amax().float() / FP8_MAX).clamp(min=MIN_SCALE).reshape(1)
         return quant_static(x, scale), scale
-    out = _rows_quant(x, None, group_size, silu=False)
+    out = _rows_quant(x, None, group_size, silu=False, num_warps=num_warps)
     # the plain reference (the op itself would dispatch back here on CUDA)
     return out if out is not None else ref.fp8_quant_dynamic_reference(x, group_size)
 
 
-def silu_and_mul_quant(x: torch.Tensor, scale: torch.Tensor | None, group_size: int | None):
-    """(q, scale [.., groups]) of silu(gate) * up, or None where the kernel does not apply."""
-    return _rows_quant(x, None if scale is None else scale.float(), group_size, silu=True)
+def silu_and_mul_quant(x: torch.Tensor, scale: torch.Tensor | None, group_size: int | None, num_warps=None):
+    """(q, scale [.., groups]) of silu(gate) * up, or None where the kernel does not apply.
+    `num_warps` (here and below): a tuning knob for benchmarks/fp8_quant_kernels.py."""
+    return _rows_quant(x, None if scale is None else scale.float(), group_size, silu=True, num_warps=num_warps)
 
 
-def rms_norm_quant(x, residual, weight, eps: float, scale: torch.Tensor | None, group_size: int | None):
+def rms_norm_quant(x, residual, weight, eps: float, scale: torch.Tensor | None, group_size: int | None, num_warps=None):
     """(q, dynamic scale or None, x + residual or None), or None where the kernel does not apply."""
-    return _norm_quant(x, residual, weight, eps, None if scale is None else scale.float(), group_size)
+    return _norm_quant(x, residual, weight, eps, None if scale is None else scale.float(), group_size, num_warps)

@@ -30,7 +30,8 @@ that regime, as the fast MLA decode kernels are:
 - Split-KV for decode at small batch (`SPLIT`): each sequence's context is cut into NUM_SEGMENTS
   pieces of whole tiles; a program whose piece is empty exits before any load; the others write
   fp32 partials (max, sum, acc), and a reduce kernel merges, for each sequence, only the segments
-  its context used. The segment count aims at one wave of programs (at 64 heads a program one fits
+  its context used; a context that fits the first segment is finished by that program (no
+  partials; the reduce skips it), so a short context at batch 1 pays no merge. The segment count aims at one wave of programs (at 64 heads a program one fits
   an SM), unlike the MHA decode's 4 programs an SM.
 
 One kernel for decode, prefill, chunked prefill over a cached prefix and mixed batches (prefill
@@ -103,12 +104,18 @@ def _mla_kernel(
 
     kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)  # keys the block can see
     kv_begin = 0
+    alone = True  # this program sees all of the block's keys: it writes the output itself
     if SPLIT:
         seg_len = _seg_len(seq_len, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES)
-        kv_begin = seg * seg_len
-        kv_end = tl.minimum(kv_end, kv_begin + seg_len)
-        if kv_begin >= kv_end:  # past this block's keys: the reduce reads no partial from here
-            return
+        alone = kv_end <= seg_len  # (a padding sequence with no keys too: it writes zeros)
+        if alone:
+            if seg > 0:
+                return
+        else:
+            kv_begin = seg * seg_len
+            kv_end = tl.minimum(kv_end, kv_begin + seg_len)
+            if kv_begin >= kv_end:  # past this block's keys: the reduce reads no partial from here
+                return
 
     CHUNK: tl.constexpr = BLOCK_C // DV_SPLIT  # c_kv columns a piece (a power of two)
     FULL_C: tl.constexpr = KV_LORA == BLOCK_C
@@ -162,7 +169,7 @@ def _mla_kernel(
         m_i = m_new
 
     offs_a = tl.arange(0, CHUNK)
-    if SPLIT:
+    if not alone:
         # scratch [T, H, NUM_SEGMENTS(, BLOCK_C)], unnormalised
         idx = (tok * NUM_HEADS + head) * NUM_SEGMENTS + seg
         tl.store(part_m_ptr + idx, m_i, mask=row_ok)
@@ -207,6 +214,8 @@ def _mla_reduce_kernel(
     kv_end = tl.minimum(seq_len, seq_len - q_len + (q_block_local + 1) * BLOCK_Q)
     # the segments the attention kernel wrote for this q block (the rest exited without a store)
     used = tl.cdiv(kv_end, _seg_len(seq_len, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES))
+    if used <= 1:  # the block's keys fit one segment: the attention kernel wrote its output
+        return
 
     offs_m = tl.arange(0, RED_M)
     q_local = q_block_local * BLOCK_Q + offs_m // RED_H
@@ -308,6 +317,7 @@ def mla_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     dv_split: int | None = None,
+    min_seg_tiles: int = MIN_SEG_TILES,
 ) -> torch.Tensor:
     """Causal latent attention of q_absorbed [T, H, kv_lora] and q_pe [T, H, rope] over the latent
     pages [blocks, page, 1, kv_lora + rope]; writes out [T, H, kv_lora].
@@ -316,8 +326,8 @@ def mla_attention(
     seq_lens[i] positions; rows no sequence owns are left untouched. `num_segments` forces split-KV
     (> 1) or not (1); by default decode batches too small to fill the GPU are split. `block_h`
     (heads a tile, a power of two), `tile_n` (keys a step, >= 16), `num_warps`, `num_stages`,
-    `dv_split` (1: c_kv as one piece; 2: two halves, two accumulators): tuning knobs for
-    benchmarks (`mla_tiles`)."""
+    `dv_split` (1: c_kv as one piece; 2: two halves, two accumulators), `min_seg_tiles` (the fewest
+    tiles a split-KV segment takes): tuning knobs for benchmarks (`mla_tiles`)."""
     num_tokens, num_heads, kv_lora = q_absorbed.shape
     _, page, one, latent_dim = latent_cache.shape
     rope = latent_dim - kv_lora
@@ -360,7 +370,7 @@ def mla_attention(
         block_tables.stride(0),
         KV_LORA=kv_lora, ROPE=rope, BLOCK_C=block_c, BLOCK_R=block_r, NUM_HEADS=num_heads, BLOCK_H=block_h,
         HEAD_BLOCKS=head_blocks, BLOCK_M=t["block_m"], BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page,
-        NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=MIN_SEG_TILES, DV_SPLIT=t["dv_split"],
+        NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=min_seg_tiles, DV_SPLIT=t["dv_split"],
         DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32",
         num_warps=t["num_warps"], num_stages=t["num_stages"],
     )  # fmt: skip
@@ -372,7 +382,7 @@ def mla_attention(
             out, part_acc, part_m, part_l, query_start_loc, seq_lens, num_seqs,
             out.stride(0), out.stride(1),
             KV_LORA=kv_lora, BLOCK_C=block_c, NUM_HEADS=num_heads, RED_H=red_h, RED_HEAD_BLOCKS=red_head_blocks,
-            RED_M=red_m, BLOCK_Q=block_q, TILE_N=tile_n, NUM_SEGMENTS=num_segments, MIN_SEG_TILES=MIN_SEG_TILES,
+            RED_M=red_m, BLOCK_Q=block_q, TILE_N=tile_n, NUM_SEGMENTS=num_segments, MIN_SEG_TILES=min_seg_tiles,
             num_warps=4 if red_m * block_c <= 16 * 512 else 8,
         )  # fmt: skip
     return out

@@ -5,7 +5,10 @@ One kernel, two launch shapes:
   head (packed into the M rows of the tile) and walks the whole causal KV range.
 - split-KV ("3D"): grid (q_blocks, kv_heads, segments); each sequence's KV range is cut into
   `segments` equal pieces, partial (max, sum, acc) go to fp32 scratch and a reduce kernel merges
-  them. Used for decode at small batch, where 2D would leave most SMs idle.
+  them. Used for decode at small batch, where 2D would leave most SMs idle. Segments are at least
+  MIN_SEG_TILES tiles, so a short context fills only the first few, and a context that fits the
+  first is finished by its program as in 2D (the reduce skips it): at batch 1 with a short
+  context, the split costs no partials and no merge.
 
 The wrapper does no host sync (no .item()/.tolist()), so it can be captured in a CUDA graph;
 grid sizes come from host ints, and `max_seq_len` may be an upper bound (segment lengths are
@@ -110,13 +113,18 @@ def _attn_kernel(
         # the block's first query sees keys from its position - WINDOW + 1; start at that key's tile
         kv_lo = tl.maximum(prefix + q_block_local * BLOCK_Q - (WINDOW - 1), 0) // TILE_N * TILE_N
     kv_begin = kv_lo
+    alone = True  # this program sees all of the block's keys: it writes the output itself
     if SPLIT:
-        # per-sequence segment length over [kv_lo, seq_len), a multiple of TILE_N so every segment
-        # count is valid, and at least MIN_SEG_TILES tiles: a short sequence leaves the last
-        # segments empty rather than spreading one tile per program (measured slower at batch 1)
-        seg_len = tl.maximum(tl.cdiv(seq_len - kv_lo, NUM_SEGMENTS * TILE_N), MIN_SEG_TILES) * TILE_N
-        kv_begin = kv_lo + seg * seg_len
-        kv_end = tl.minimum(kv_end, kv_begin + seg_len)
+        seg_len = _seg_len(seq_len, kv_lo, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES)
+        alone = kv_end - kv_lo <= seg_len  # (a padding sequence with no keys too: it writes zeros)
+        if alone:
+            if seg > 0:
+                return
+        else:
+            kv_begin = kv_lo + seg * seg_len
+            if kv_begin >= kv_end:  # past the block's keys: the reduce reads no partial from here
+                return
+            kv_end = tl.minimum(kv_end, kv_begin + seg_len)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -161,7 +169,7 @@ def _attn_kernel(
     if FP8:
         acc = acc * tl.load(v_scale_ptr)  # sum p * (stored * v_scale)
     tok = (q_start + q_local).to(tl.int64)
-    if SPLIT:
+    if not alone:
         # scratch [T, Hq, NUM_SEGMENTS(, BLOCK_D)], unnormalized
         idx = (tok * NUM_Q_HEADS + head) * NUM_SEGMENTS + seg
         tl.store(part_m_ptr + idx, m_i, mask=row_ok)
@@ -181,6 +189,14 @@ def _attn_kernel(
 
 
 @triton.jit
+def _seg_len(seq_len, kv_lo, NUM_SEGMENTS: tl.constexpr, TILE_N: tl.constexpr, MIN_SEG_TILES: tl.constexpr):
+    # a sequence's segment length over [kv_lo, seq_len): a multiple of TILE_N so every segment
+    # count is valid, and at least MIN_SEG_TILES tiles, so a short context leaves the last segments
+    # empty rather than one tile a program; the reduce recomputes it the same way
+    return tl.maximum(tl.cdiv(seq_len - kv_lo, NUM_SEGMENTS * TILE_N), MIN_SEG_TILES) * TILE_N
+
+
+@triton.jit
 def _fold_sink(sinks_ptr, head, m_i, l_i, acc):
     # the sink logit (natural log domain, like the scaled q.k) as one more key with no value;
     # m_i / l_i are in the log2 domain the kernels keep
@@ -192,11 +208,12 @@ def _fold_sink(sinks_ptr, head, m_i, l_i, acc):
 
 @triton.jit(do_not_specialize=["num_seqs"])
 def _reduce_kernel(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, sinks_ptr, num_seqs,
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, seq_lens_ptr, sinks_ptr, num_seqs,
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SINKS: tl.constexpr,
+    TILE_N: tl.constexpr, MIN_SEG_TILES: tl.constexpr, WINDOW: tl.constexpr,
 ):  # fmt: skip
     # same q-block mapping as the attention kernel, so only rows owned by a sequence are written
     q_block = tl.program_id(0)
@@ -207,6 +224,18 @@ def _reduce_kernel(
     q_block_local = q_block - (q_start // BLOCK_Q + seq)
     if q_block_local * BLOCK_Q >= q_len:
         return
+    # the segments the attention kernel wrote partials for (the same arithmetic as there); a block
+    # whose keys fit one segment was written by the attention kernel itself
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix = seq_len - q_len
+    kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)
+    kv_lo = 0
+    if WINDOW > 0:
+        kv_lo = tl.maximum(prefix + q_block_local * BLOCK_Q - (WINDOW - 1), 0) // TILE_N * TILE_N
+    seg_len = _seg_len(seq_len, kv_lo, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES)
+    if kv_end - kv_lo <= seg_len:
+        return
+    used = tl.cdiv(kv_end - kv_lo, seg_len)
     offs_m = tl.arange(0, BLOCK_M)
     q_local = q_block_local * BLOCK_Q + offs_m // GROUP
     head = kv_head * GROUP + offs_m % GROUP
@@ -217,14 +246,15 @@ def _reduce_kernel(
 
     base = (tok * NUM_Q_HEADS + head) * NUM_SEGMENTS
     idx = base[:, None] + offs_s[None, :]
-    m = tl.load(part_m_ptr + idx, mask=row_ok[:, None], other=float("-inf"))
-    lsum = tl.load(part_l_ptr + idx, mask=row_ok[:, None], other=0.0)
+    wrote = row_ok[:, None] & (offs_s < used)[None, :]
+    m = tl.load(part_m_ptr + idx, mask=wrote, other=float("-inf"))
+    lsum = tl.load(part_l_ptr + idx, mask=wrote, other=0.0)
     m_max = tl.max(m, 1)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max[:, None])  # empty segments: exp2(-inf) = 0
+    w = tl.exp2(m - m_max[:, None])  # a segment with no visible key (m = -inf) weighs 0
     denom = tl.sum(w * lsum, 1)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for s in range(NUM_SEGMENTS):
+    for s in range(0, used):
         a = tl.load(part_acc_ptr + (base + s)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
         acc += a * w_s[:, None]
@@ -280,6 +310,7 @@ def paged_attention(
     tile_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 2,
+    min_seg_tiles: int = MIN_SEG_TILES,
     sliding_window: int = 0,
     sinks: torch.Tensor | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -292,8 +323,10 @@ def paged_attention(
     Sequence i's queries are rows query_start_loc[i]:query_start_loc[i+1], the last q_len of its
     seq_lens[i] positions. Rows not owned by any sequence are left untouched. `num_segments`
     forces the split-KV path (>1) or the 2D path (1); by default split-KV is used for decode
-    batches too small to fill the GPU. `tile_n`/`num_warps`/`num_stages` are tuning knobs for
-    benchmarks (KV tokens per inner step, a power of two >= 16).
+    batches too small to fill the GPU; a q block whose keys fit one segment is written by its one
+    program, with no partials and no merge. `tile_n`/`num_warps`/`num_stages`/`min_seg_tiles` are
+    tuning knobs for benchmarks (KV tokens per inner step, a power of two >= 16; the fewest tiles a
+    split-KV segment takes).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -345,15 +378,16 @@ def paged_attention(
         out.stride(0), out.stride(1),
         block_tables.stride(0),
         BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page, NUM_SEGMENTS=num_segments, SPLIT=split,
-        MIN_SEG_TILES=MIN_SEG_TILES, IEEE=q.dtype == torch.float32, WINDOW=max(sliding_window, 0),
+        MIN_SEG_TILES=min_seg_tiles, IEEE=q.dtype == torch.float32, WINDOW=max(sliding_window, 0),
         SINKS=sinks is not None, FP8=fp8, num_warps=num_warps, num_stages=num_stages,
         **common,
     )  # fmt: skip
     if split:
         _reduce_kernel[(q_blocks, num_kv_heads)](
-            out, part_acc, part_m, part_l, query_start_loc, out if sinks is None else sinks, num_seqs,
+            out, part_acc, part_m, part_l, query_start_loc, seq_lens, out if sinks is None else sinks, num_seqs,
             out.stride(0), out.stride(1),
-            BLOCK_Q=block_q, NUM_SEGMENTS=num_segments, SINKS=sinks is not None, num_warps=4,
+            BLOCK_Q=block_q, NUM_SEGMENTS=num_segments, SINKS=sinks is not None, TILE_N=tile_n,
+            MIN_SEG_TILES=min_seg_tiles, WINDOW=max(sliding_window, 0), num_warps=4,
             **common,
         )  # fmt: skip
     return out
