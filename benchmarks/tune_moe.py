@@ -145,7 +145,9 @@ def main() -> None:
         e, h, inter, k, _, _ = SHAPES[name]
         fmt = "" if args.weights == "bf16" else args.weights
         path = args.out_dir / moe_config.config_name(e, h, inter, k, BF16, device_name(torch.device(DEV)), fmt)
-        tune_shape(name, tokens, args.quick, args.weights, save=lambda r, p=path: p.write_text(json.dumps(r, indent=1) + "\n"))
+        tune_shape(
+            name, tokens, args.quick, args.weights, save=lambda r, p=path: p.write_text(json.dumps(r, indent=1) + "\n")
+        )
         print(f"wrote {path}")
         torch.cuda.empty_cache()
 

@@ -286,6 +286,20 @@ def test_silu_and_mul_quant(dtype, group):
 
 
 @pytest.mark.parametrize("dtype", QUANT_DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_silu_and_mul_quant_split_over_chunks_writes_the_one_program_bytes(monkeypatch, dtype, rows):
+    """A few rows of per-token SiLU·mul quant run as chunks over two launches (the row's amax
+    between them); the scale and bytes equal the one-program kernel's (nine rows take it)."""
+    monkeypatch.setattr(fp8_quant, "SPLIT_CHUNK", 64)  # 200 columns: 4 chunks, the last ragged
+    x = _rand((rows + 9, 400), 4, 2).to(dtype)
+    q, s = fp8_quant.silu_and_mul_quant(x[:rows], None, 200)
+    q_one, s_one = fp8_quant.silu_and_mul_quant(x, None, 200)  # 9 + rows > SPLIT_MAX_ROWS: one program a row
+    assert s.shape == (rows, 1)
+    torch.testing.assert_close(s, s_one[:rows], rtol=0, atol=0)
+    fp8_close(q, q_one[:rows], 0)
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES)
 @pytest.mark.parametrize("group", [160, 32, None])
 @pytest.mark.parametrize("add", [False, True])
 def test_rms_norm_quant(dtype, group, add):

@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomc.kernels.triton.paged_attention import MIN_SEG_TILES, _find_seq, _num_sms
+from atomc.kernels.triton.paged_attention import CAPTURE_SEG_TILES, MAX_SEGMENTS, MIN_SEG_TILES, _find_seq, _num_sms
 
 
 @triton.jit
@@ -248,19 +248,21 @@ def _mla_reduce_kernel(
 
 
 def _mla_segments(device: torch.device, num_seqs: int, head_blocks: int, max_seq_len: int, tile_n: int) -> int:
-    """Split-KV segment count for decode: the most (a power of two, at most 32) that keeps the
-    programs within one wave, one a streaming multiprocessor (a 64-head program's accumulator and
-    tiles take an SM's registers and most of its shared memory), and no more than `max_seq_len`
-    fills with MIN_SEG_TILES-tile segments. V3 on 132 SMs: bs 1 -> 32, bs 8 -> 8, bs 32 -> 2,
-    bs 64 -> 1 (128 programs). Untimed guess (docs/kernels.md: the sweep settles it)."""
+    """Split-KV segment count for decode: the most (a power of two, at most MAX_SEGMENTS) that
+    keeps the programs within one wave, one a streaming multiprocessor (a 64-head program's
+    accumulator and tiles take an SM's registers and most of its shared memory), and no more than
+    `max_seq_len` fills with CAPTURE_SEG_TILES-tile segments; at run time a short context uses the
+    first few, one tile each (as the MHA decode). V3 on 132 SMs: bs 1 -> 16, bs 8 -> 8, bs 32 -> 2,
+    bs 64 -> 1 (128 programs); V2-Lite (16 heads) at bs 1 in a graph captured for 8k tokens: 16
+    segments of 2 tiles at ctx 2k, 19.5 us (benchmarks/decode_attention_short.py)."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
     programs = num_seqs * head_blocks
     fit = sms // programs
     if fit < 2:
         return 1
     want = 1 << (fit.bit_length() - 1)  # largest power of two <= fit
-    most = triton.next_power_of_2(max(1, triton.cdiv(max_seq_len, MIN_SEG_TILES * tile_n)))
-    return max(1, min(want, most, 32))
+    most = triton.next_power_of_2(max(1, triton.cdiv(max_seq_len, CAPTURE_SEG_TILES * tile_n)))
+    return max(1, min(want, most, MAX_SEGMENTS))
 
 
 def mla_tiles(
@@ -288,7 +290,8 @@ def mla_tiles(
         tile_n = (64 if decode else 32) if half else 16
     if num_warps is None:
         # <= 128 accumulator floats a thread: [64, 512] fp32 over two warpgroups
-        num_warps = 8 if block_m * block_c >= (64 if decode else 16) * 512 else 4
+        # (16-bit decode at 16 heads too: 8 warps measured 5-10% faster than 4 at V2-Lite's widths)
+        num_warps = 8 if (half and decode) or block_m * block_c >= (64 if decode else 16) * 512 else 4
     if dv_split is None:
         dv_split = 2 if block_c >= 32 else 1
     assert dv_split in (1, 2) and block_c % (16 * dv_split) == 0, f"dv_split {dv_split} over kv_lora {kv_lora}"

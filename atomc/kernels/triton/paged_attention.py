@@ -275,22 +275,29 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-MIN_SEG_TILES = 2
+MIN_SEG_TILES = 1  # the fewest tiles a split-KV segment takes at run time (a sequence's own length)
+CAPTURE_SEG_TILES = 2  # the fewest a segment takes at the capture bound, when the count is chosen
+MAX_SEGMENTS = 16
 
 
 def _pick_segments(device: torch.device, num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_n: int) -> int:
-    """Split-KV segment count for decode: the most (a power of two, at most 32) that keeps about 4
-    programs per SM, and no more than `max_seq_len` fills with MIN_SEG_TILES-tile segments.
-    H200 sweep (64-key tiles): bs 8 at ctx 4k and 16k was fastest with 8 segments (512 programs on
-    132 SMs; 16 segments cost 14% more at 4k), bs 1 at ctx 1k with 8 segments of 2 tiles."""
+    """Split-KV segment count for decode: the most (a power of two, at most MAX_SEGMENTS) that
+    keeps about 4 programs per SM, and no more than `max_seq_len` fills with CAPTURE_SEG_TILES-tile
+    segments. At run time a sequence's segments are cdiv(its tiles, count) tiles, at least
+    MIN_SEG_TILES, so a short context uses the first few, one tile each.
+    H200 sweeps (64-key tiles): bs 8 at ctx 4k and 16k was fastest with 8 segments (512 programs on
+    132 SMs; 16 segments cost 14% more at 4k), bs 1 at ctx 1k with 8 segments of 2 tiles;
+    benchmarks/decode_attention_short.py, bs 1 in a graph captured for 1k / 8k tokens: 4 one-tile
+    segments at ctx 256 (7.5 us against 9.9 for 2 of 2 tiles), 16 of 2 tiles at ctx 2k (14.0 us
+    against 15.9 for 32 of 1)."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 8
     programs = num_seqs * num_kv_heads
     if programs >= 2 * sms:
         return 1
     fit = max(1, 4 * sms // programs)
     want = 1 << (fit.bit_length() - 1)  # largest power of two <= fit
-    most = triton.next_power_of_2(max(1, triton.cdiv(max_seq_len, MIN_SEG_TILES * tile_n)))
-    return max(1, min(want, most, 32))
+    most = triton.next_power_of_2(max(1, triton.cdiv(max_seq_len, CAPTURE_SEG_TILES * tile_n)))
+    return max(1, min(want, most, MAX_SEGMENTS))
 
 
 def paged_attention(
