@@ -31,3 +31,11 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """logits [rows, V] -> int64 [rows], as logits.argmax(dim=-1) (first index of the maximum, NaN
     above every number). Queues kernels only; never waits for the device."""
     return row_argmax(logits.device.type)(logits)
+
+
+def warm_greedy(logits: torch.Tensor) -> None:
+    """Compile the argmax for what the sampler hands it, one row of each: the raw logits (plain
+    greedy) and their fp32 copy (greedy rows after logit edits), so no served step waits for it."""
+    row = logits[:1]
+    for x in (row, row.float()):
+        greedy_tokens(x)

@@ -38,3 +38,11 @@ def test_sampler_greedy_paths_take_greedy_tokens(monkeypatch):
     out = Sampler()(logits, _batch(mixed))
     assert out.token_ids[0] == 2 and out.token_ids[2] == 2
     assert calls[1:] == [(2, 4)]  # the two greedy rows, in one call
+
+
+def test_warm_greedy_compiles_both_inputs(monkeypatch):
+    """One row of the raw logits and one of its fp32 copy: the two dtypes the sampler hands over."""
+    seen = []
+    monkeypatch.setattr(greedy, "row_argmax", lambda device_type: lambda x: seen.append((x.shape, x.dtype)))
+    greedy.warm_greedy(torch.zeros(5, 11, dtype=torch.bfloat16))
+    assert seen == [((1, 11), torch.bfloat16), ((1, 11), torch.float32)]
