@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
 from atomc.kernels.triton import fused_add_rms_norm, paged_attention, rope_and_write_kv, silu_and_mul
+from atomc.kernels.triton.argmax import argmax_rows
 from atomc.kernels.triton.gemv import gemv
 
 PEAK_GBPS = 4300.0
@@ -370,6 +371,30 @@ def bench_gemv_cold(names, sweep: bool) -> None:
         torch.cuda.empty_cache()
 
 
+# ---- greedy argmax (the sampler) ------------------------------------------------------------
+
+ARGMAX_VOCABS = (128256, 151936, 102400)  # Llama-3, Qwen2/3, DeepSeek-V2
+
+
+def bench_argmax(rows_list) -> None:
+    for vocab in ARGMAX_VOCABS:
+        for rows in rows_list:
+            argmax_case(rows, vocab)
+
+
+def argmax_case(rows: int, vocab: int) -> None:
+    x = torch.randn(rows, vocab, device=DEV, dtype=BF16)
+    x[:, vocab // 3] = x[:, -1] = 100.0  # a tie across chunks: both must answer vocab // 3
+    torch_ref = lambda: x.argmax(dim=-1)  # noqa: E731
+    assert torch.equal(argmax_rows(x), torch_ref())
+    us, us_graph = timed(lambda: argmax_rows(x))
+    torch_us, torch_graph = timed(torch_ref)
+    record(
+        "argmax", f"rows={rows} V={vocab}", x.numel() * 2 + rows * 8, us, us_graph,
+        torch_us=round(torch_us, 2), torch_us_graph=round(torch_graph, 2) if torch_graph else None,
+    )  # fmt: skip
+
+
 def markdown() -> str:
     cols = [
         "op",
@@ -383,7 +408,7 @@ def markdown() -> str:
         "flash_contig_us",
         "vs_flash",
     ]
-    cols += ["torch_us", "cublas_us", "cublas_pct_peak", "tflops", "sweep_best_us", "sweep_best"]
+    cols += ["torch_us", "torch_us_graph", "cublas_us", "cublas_pct_peak", "tflops", "sweep_best_us", "sweep_best"]
     cols = [c for c in cols if any(r.get(c) is not None for r in ROWS)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in ROWS:
@@ -396,7 +421,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--sweep", action="store_true", help="sweep decode tile/warps/stages")
-    ap.add_argument("--only", default="decode,prefill,norm,rope,silu,gemv", help="also: gemv_cold")
+    ap.add_argument("--only", default="decode,prefill,norm,rope,silu,gemv,argmax", help="also: gemv_cold")
     ap.add_argument("--gemv-shapes", default="qkv,o,gate_up,down,lm_head", help="for gemv_cold")
     ap.add_argument("--decode-shapes", default=None, help="bs:ctx pairs for decode, e.g. 8:4096,64:1024")
     ap.add_argument("--window", type=int, default=0, help="decode with a sliding window of this many keys")
@@ -424,6 +449,8 @@ def main() -> None:
         bench_gemv([1, 8] if args.quick else [1, 4, 8, 16], args.sweep)
     if "gemv_cold" in only:
         bench_gemv_cold(args.gemv_shapes.split(","), args.sweep)
+    if "argmax" in only:
+        bench_argmax([1, 8] if args.quick else [1, 8, 64])
     meta = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         python=platform.python_version(), peak_gbps=PEAK_GBPS,

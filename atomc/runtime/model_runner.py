@@ -30,6 +30,7 @@ from atomc.runtime.capture_sizes import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.device_init import DeviceInit
 from atomc.runtime.fp8_kv import check_fp8_kv_supported, is_fp8, kv_scale_tensors
+from atomc.runtime.greedy import warm_greedy
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block, scale_kv_blocks, split_kv_blocks
 from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch, apply_token_bitmask
 from atomc.runtime.transfer import to_device
@@ -153,7 +154,8 @@ class ModelRunner:
         scratch = self._allocate_kv_cache(num_blocks)  # every layer (group) reads the one table
         with set_forward_context(ForwardContext(meta, scratch, kv_scales=self.kv_scales)):
             hidden = self.forward(ids, positions)
-        self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
+        logits = self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
+        warm_greedy(logits)  # the sampler's argmax kernels compile here, not in the first served step
         return bytes_per_block(self.kv_specs, bs, self.kv_dtype) * num_blocks
 
     def _profile_cuda_budget(self, per_block: int) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from atomc.runtime.greedy import greedy_tokens
 from atomc.runtime.logit_edits import apply_logit_edits
 from atomc.runtime.transfer import to_device, to_host_async
 from atomc.sampling_params import SamplingParams
@@ -330,8 +331,8 @@ class Sampler:
         if lens != {n_rows}:
             raise ValueError(f"sampling batch has {len(params)} rows but logits have {n_rows}")
         if all(_plain_greedy(p, len(out)) for p, out in zip(params, batch.output_token_ids, strict=True)):
-            # the common serving case: one argmax kernel and one copy back, nothing per row
-            return PendingSample(logits.argmax(dim=-1), [], [], [])
+            # the common serving case: the argmax kernels (greedy.py) and one copy back, nothing per row
+            return PendingSample(greedy_tokens(logits), [], [], [])
         device = logits.device
         x = logits.to(torch.float32, copy=True)  # never modify the caller's logits (logprobs need them raw)
         x = apply_logit_edits(x, params, batch.output_token_ids)
@@ -354,7 +355,7 @@ class Sampler:
         rand = [i for i, p in enumerate(params) if not p.greedy]
         if greedy:
             idx = to_device(greedy, torch.long, device)
-            tokens[idx] = x[idx].argmax(dim=-1)
+            tokens[idx] = greedy_tokens(x[idx])
         if rand:
             idx = to_device(rand, torch.long, device)
             rp = [params[i] for i in rand]
