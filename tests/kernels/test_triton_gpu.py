@@ -163,6 +163,26 @@ def test_rope_and_write_kv(t):
     torch.testing.assert_close(vc, vc_ref, equal_nan=True, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("t", [1, 64])
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_and_write_kv_from_qkv_slices_into_new_tensors(t, qk_norm):
+    """What the atomc_triton RoPE ops run (Llama-3.1-8B shapes): strided q/k slices of one qkv
+    output rotated into new tensors, bit for bit what rotating contiguous copies in place gives."""
+    qkv = torch.randn(t, 48 * 128, device=DEV, dtype=BF16)
+    q, k, v = (x.view(t, -1, 128) for x in qkv.split([32 * 128, 8 * 128, 8 * 128], dim=-1))
+    w = 1 + 0.5 * torch.randn(128, device=DEV, dtype=BF16)
+    norm = (w, 1e-6, w, 1e-6) if qk_norm else None
+    positions, cs = torch.randint(0, 8192, (t,), device=DEV), cos_sin_cache(8192, 128, DEV)
+    slots = torch.randperm(2048, device=DEV)[:t]
+    kc, vc, kc_ref, vc_ref = (torch.zeros(128, 16, 8, 128, device=DEV, dtype=BF16) for _ in range(4))
+    before = qkv.clone()
+    q_ref, k_ref = kernels().rope_and_write_kv(positions, q.clone(), k.clone(), v, cs, kc_ref, vc_ref, slots, norm)
+    out = torch.empty_like(q_ref), torch.empty_like(k_ref)
+    kernels().rope_and_write_kv(positions, q, k, v, cs, kc, vc, slots, qk_norm=norm, out=out)
+    assert torch.equal(out[0], q_ref) and torch.equal(out[1], k_ref)
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref) and torch.equal(qkv, before)
+
+
 @pytest.mark.parametrize("t", [1, 64, 4096])
 def test_qk_norm_rope_and_write_kv(t):
     from atomc.ops.norm import rms_norm_reference

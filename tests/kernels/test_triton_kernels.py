@@ -345,6 +345,75 @@ def test_qk_norm_rope_backend_op_matches_the_atomc_op():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def _qkv_slices(dtype, t=5, hq=4, hkv=2, d=32):
+    """(qkv, q, k, v) as the attention layer has them: q/k/v are views of one fused qkv GEMM output,
+    with its token stride (not contiguous for t > 1)."""
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=torch.Generator().manual_seed(8)).to(dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    return qkv, q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
+
+
+def _head_norms(dtype, d=32):
+    """(q_weight, q_eps, k_weight, k_eps) of per-head RMSNorms (Qwen3's q_norm / k_norm)."""
+    g = torch.Generator().manual_seed(9)
+    q_weight, k_weight = ((1 + 0.5 * torch.randn(d, generator=g)).to(dtype) for _ in range(2))
+    return q_weight, 1e-6, k_weight, 1e-5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_reads_qkv_slices_and_writes_given_outputs(dtype, qk_norm):
+    """Rotating strided q/k into other tensors gives the bits of rotating contiguous copies in place
+    (the same arithmetic), writes the same cache, and leaves the qkv output untouched."""
+    qkv, q, k, v = _qkv_slices(dtype)
+    positions, cs = torch.tensor([0, 7, 3, 63, 12]), cos_sin_cache(64, 32, "cpu")
+    norm = _head_norms(dtype) if qk_norm else None
+    slots = torch.tensor([5, -1, 33, 2, 17])
+    kc, vc, kc_ref, vc_ref = (torch.full((3, 16, 2, 32), float("nan"), dtype=dtype) for _ in range(4))
+    before = qkv.clone()
+    q_ref, k_ref = rope_and_write_kv(positions, q.contiguous(), k.contiguous(), v, cs, kc_ref, vc_ref, slots, norm)
+    out = torch.full_like(q_ref, float("nan")), torch.full_like(k_ref, float("nan"))
+    got = rope_and_write_kv(positions, q, k, v, cs, kc, vc, slots, qk_norm=norm, out=out)
+    assert got[0] is out[0] and got[1] is out[1]
+    assert torch.equal(out[0], q_ref) and torch.equal(out[1], k_ref)
+    torch.testing.assert_close(kc, kc_ref, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(vc, vc_ref, atol=0, rtol=0, equal_nan=True)
+    rotated = torch.empty_like(q_ref), torch.empty_like(k_ref)
+    rope(positions, q, k, cs, qk_norm=norm, out=rotated)  # rotate only
+    assert torch.equal(rotated[0], q_ref) and torch.equal(rotated[1], k_ref)
+    assert torch.equal(qkv, before)
+
+
+@pytest.mark.parametrize("t", [1, 5])
+@pytest.mark.parametrize("name", ["rope", "rope_and_write_kv", "qk_norm_rope_and_write_kv"])
+def test_backend_rope_ops_take_qkv_slices_without_copies(name, t):
+    """The lowered graph's RoPE ops on the qkv slices: the atomc op's values and cache, and no
+    tensor copy outside the kernel. They used to rotate copies of q and k: two device memcpys a
+    layer in the H200 decode step (Llama-3.1-8B, Qwen3-30B-A3B), more past batch 1."""
+    from atomc.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+    from atomc.kernels import registry
+    from tests.device_copies import copies_outside_kernels
+
+    _, q, k, v = _qkv_slices(torch.float32, t)
+    positions, cs = torch.tensor([0, 7, 3, 63, 12])[:t], cos_sin_cache(64, 32, "cpu")
+    args = {
+        "rope": (positions, q, k, cs),
+        "rope_and_write_kv": (positions, q, k, v, cs, 0),
+        "qk_norm_rope_and_write_kv": (positions, q, k, v, *_head_norms(torch.float32), cs, 0),
+    }[name]
+    meta = AttentionMetadata(torch.tensor([5, -1, 33, 2, 17])[:t], torch.tensor([0, t]), torch.tensor([t]), None)
+    got_cache, want_cache = (tuple(torch.zeros(3, 16, 2, 32) for _ in range(2)) for _ in range(2))
+    got = []
+    with set_forward_context(ForwardContext(meta, [got_cache])):
+        copies = copies_outside_kernels(lambda: got.extend(registry.lookup(name, "triton")(*args)))
+    with set_forward_context(ForwardContext(meta, [want_cache])):
+        want = getattr(torch.ops.atomc, name).default(*args)
+    assert copies == {}
+    for a, b in zip((*got, *got_cache), (*want, *want_cache), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert all(x.is_contiguous() for x in got)  # what the ops' fake (empty_like of a slice) promises Inductor
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inter", [48, 1500])
 def test_silu_and_mul(dtype, inter):

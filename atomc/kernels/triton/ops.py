@@ -62,21 +62,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def rope(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # the kernel rotates in place; the op is functional, so it rotates copies
-    return tk.rope(positions, q.contiguous().clone(), k.contiguous().clone(), cos_sin_cache)
+    return tk.rope(positions, unit_stride(q), unit_stride(k), cos_sin_cache, out=rotated_outputs(q, k))
 
 
-def rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, qk_norm):
-    """The kernels work in place; the ops return new tensors. Writes the KV cache when the
-    forward context has one for this layer, else only rotates."""
-    q, k = q.contiguous().clone(), k.contiguous().clone()
+def rotated_outputs(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """New contiguous (q, k) for a functional RoPE op (its fake's `empty_like` of the qkv slices):
+    the kernel reads the slices where they are and writes here, so they are never copied first."""
+    return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k))
+
+
+def rope_into_new(positions, q, k, v, cos_sin_cache, layer_idx, qk_norm):
+    """The functional RoPE ops: the kernel reads q and k with their strides and writes new
+    tensors. Writes the KV cache when the forward context has one for this layer, else only rotates."""
+    out = rotated_outputs(q, k)
+    q, k = unit_stride(q), unit_stride(k)
     cache = layer_cache(layer_idx)
     if cache is None:
-        return tk.rope(positions, q, k, cos_sin_cache, qk_norm=qk_norm)
+        return tk.rope(positions, q, k, cos_sin_cache, qk_norm=qk_norm, out=out)
     meta, k_cache, v_cache = cache
     return tk.rope_and_write_kv(
-        positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, qk_norm=qk_norm,
-        kv_scales=layer_kv_scales(layer_idx),
+        positions, q, k, unit_stride(v), cos_sin_cache, k_cache, v_cache, meta.slot_mapping, qk_norm=qk_norm,
+        kv_scales=layer_kv_scales(layer_idx), out=out,
     )  # fmt: skip
 
 
@@ -89,7 +95,7 @@ def rope_and_write_kv(
     cos_sin_cache: torch.Tensor,
     layer_idx: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, None)
+    return rope_into_new(positions, q, k, v, cos_sin_cache, layer_idx, None)
 
 
 @custom("qk_norm_rope_and_write_kv")
@@ -106,7 +112,7 @@ def qk_norm_rope_and_write_kv(
     layer_idx: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     norm = (q_weight, q_eps, k_weight, k_eps)
-    return rope_on_copies(positions, q, k, v, cos_sin_cache, layer_idx, norm)
+    return rope_into_new(positions, q, k, v, cos_sin_cache, layer_idx, norm)
 
 
 @custom("mla_latent_norm_rope")
