@@ -31,8 +31,9 @@ that regime, as the fast MLA decode kernels are:
   pieces of whole tiles; a program whose piece is empty exits before any load; the others write
   fp32 partials (max, sum, acc), and a reduce kernel merges, for each sequence, only the segments
   its context used; a context that fits the first segment is finished by that program (no
-  partials; the reduce skips it), so a short context at batch 1 pays no merge. The segment count aims at one wave of programs (at 64 heads a program one fits
-  an SM), unlike the MHA decode's 4 programs an SM.
+  partials; the reduce skips it), so a short context at batch 1 pays no merge. The segment count
+  aims at one wave of programs (at 64 heads a program one fits an SM), unlike the MHA decode's 4
+  programs an SM.
 
 One kernel for decode, prefill, chunked prefill over a cached prefix and mixed batches (prefill
 rows pack up to 64 tokens x heads; the causal mask is on there). Prefill in this absorbed form
