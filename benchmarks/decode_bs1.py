@@ -78,12 +78,18 @@ def run_child(cmd: list[str], timeout: float, log: Path | None) -> tuple[dict | 
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, stop)
+    # the default --budget (1e9 s) is past what poll() takes: an OverflowError there once left the
+    # engine running on the GPU beside the next call's (every run of that call read half speed)
+    timeout = min(timeout, 1e6)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         out += f"\n[killed after {timeout:.0f} s]"
+    except BaseException:  # anything else: no engine outlives this script
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     if log is not None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,24 @@ def test_fp8_linear_tiny_sweep_writes_a_tile_table(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     (gemm,) = [r for r in rows if r["impl"] == "triton block"]
     assert gemm["ok"] and gemm["config"] == raw["kernels"]["block_gemm"]["160,256"]["33"]
+
+
+def test_run_child_takes_the_default_budget_and_kills_its_engine_on_an_error(tmp_path, monkeypatch):
+    """decode_bs1's default --budget (1e9 s) once overflowed poll() and left the engine process
+    running; now the wait is clamped, and any error in the wait kills the child's process group."""
+    ok = [sys.executable, "-c", "print('RESULT {\"engine\": \"x\"}')"]
+    result, _ = decode_bs1.run_child(ok, 1e9, None)
+    assert result == {"engine": "x"}
+
+    marker = tmp_path / "still_running"
+    slow = [sys.executable, "-c", f"import time; time.sleep(3); open({str(marker)!r}, 'w').write('1')"]
+
+    def fail(self, timeout=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess.Popen, "communicate", fail)
+    with pytest.raises(KeyboardInterrupt):
+        decode_bs1.run_child(slow, 60, None)
+    monkeypatch.undo()
+    time.sleep(4)
+    assert not marker.exists(), "the child outlived run_child"
