@@ -8,7 +8,10 @@ Attention (MLA). q comes from `q_proj`, or through a low-rank pair `q_a_proj` ->
 cached (atomc/kv_spec.py: MLAAttentionSpec). `kv_b_proj` [H x (nope + v), kv_lora] holds per head
 W_UK (its first nope rows) and W_UV (the v rows after): the layer folds W_UK into q and applies
 W_UV after atomc::mla_attention, which attends in latent space (atomc/ops/mla.py). The two halves
-are views of the loaded weight, so the checkpoint loads as it is.
+are views of the loaded weight, so the checkpoint loads as it is. `q_a_proj` (or `q_proj`) and
+`kv_a_proj_with_mqa` read the same hidden state, so they run as one GEMM, `qkv_a_proj`: the loader
+writes each checkpoint tensor into its section (q's rows first), and its output splits into q's
+input, c_kv and k_pe. Without q LoRA, `attention_bias` is refused (q_proj has no bias to merge).
 
 RoPE: DeepSeek's checkpoints pair rope dims as (0, 1), (2, 3), ... (V2's complex rotation; V3's
 `rope_interleave`, on by default). Gathering the even then the odd dims turns that into the
@@ -55,7 +58,12 @@ from atomc.kv_spec import MLAAttentionSpec
 from models.arch import ModelArch
 from models.decoder import DecoderForCausalLM, required
 from models.deepseek_mtp import MTPLayer, checkpoint_prefixes, share_absent_tables
-from models.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from models.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from models.layers.mlp import GatedMLP
 from models.layers.moe import ExpertNames, FusedMoE, MoESpec
 from models.layers.norm import RMSNorm
@@ -112,6 +120,9 @@ def parse_deepseek_config(arch: ModelArch, version: int) -> DeepseekConfig:
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
     _refuse(quant is not None, f"quantization_config.quant_method={quant!r}", name,
             "atomc runs DeepSeek checkpoints in bf16/fp16/fp32 only; FP8 ones need a dequantized copy")  # fmt: skip
+    bias, q_lora = bool(cfg.get("attention_bias", False)), cfg.get("q_lora_rank")
+    _refuse(bias and not q_lora, "attention_bias=true without q_lora_rank", name,
+            "q_proj has no bias but kv_a_proj_with_mqa has one, and atomc runs the two as one GEMM")  # fmt: skip
     freq = cfg.get("moe_layer_freq", 1)
     _refuse(freq != 1, f"moe_layer_freq={freq}", name, "every layer from first_k_dense_replace on is sparse")
     method = cfg.get("topk_method", "greedy" if version == 2 else "noaux_tc")
@@ -181,13 +192,21 @@ class MLAAttention(nn.Module):
         h, heads = c.hidden_size, c.arch.num_heads
         self.num_heads = parallel.split(heads, "attention heads")
         qk_head = c.qk_nope_head_dim + c.qk_rope_head_dim
+        # q_a_proj (or q_proj) and kv_a_proj_with_mqa read the same x: one GEMM (one GEMV launch a
+        # layer at decode), q's section first (a whole number of 128-row FP8 blocks in DeepSeek's
+        # checkpoints). q_a and kv_a are replicated across ranks, q_proj is split by heads.
+        q_a = c.q_lora_rank or heads * qk_head
+        self.qkv_a_proj = MergedColumnParallelLinear(
+            h,
+            [q_a, c.kv_lora_rank + c.qk_rope_head_dim],
+            c.attention_bias,
+            parallel,
+            replicated=(bool(c.q_lora_rank), True),
+        )
+        self.qkv_a_sections = [self.qkv_a_proj.local_output_sizes[0], c.kv_lora_rank, c.qk_rope_head_dim]
         if c.q_lora_rank:
-            self.q_a_proj = ReplicatedLinear(h, c.q_lora_rank, c.attention_bias, parallel)
             self.q_a_layernorm = RMSNorm(c.q_lora_rank, LORA_NORM_EPS)
             self.q_b_proj = ColumnParallelLinear(c.q_lora_rank, heads * qk_head, False, parallel)
-        else:
-            self.q_proj = ColumnParallelLinear(h, heads * qk_head, False, parallel)
-        self.kv_a_proj_with_mqa = ReplicatedLinear(h, c.kv_lora_rank + c.qk_rope_head_dim, c.attention_bias, parallel)
         self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, LORA_NORM_EPS)
         kv_b_out = heads * (c.qk_nope_head_dim + c.v_head_dim)  # per head: W_UK's nope rows, then W_UV's v rows
         self.kv_b_proj = ColumnParallelLinear(c.kv_lora_rank, kv_b_out, False, parallel)
@@ -201,9 +220,10 @@ class MLAAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, rope: RotaryEmbedding) -> torch.Tensor:
         c, t, heads = self.c, x.shape[0], self.num_heads
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if c.q_lora_rank else self.q_proj(x)
+        q, c_kv, k_pe = self.qkv_a_proj(x).split(self.qkv_a_sections, dim=-1)
+        if c.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(q))
         q_nope, q_pe = q.view(t, heads, -1).split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
-        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         c_kv = self.kv_a_layernorm(c_kv)
         k_pe = k_pe.reshape(t, 1, c.qk_rope_head_dim)
         if c.rope_interleave:
@@ -217,6 +237,13 @@ class MLAAttention(nn.Module):
         )
         o = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
         return self.o_proj(o.reshape(t, heads * c.v_head_dim))
+
+
+def qkv_a_mapping(c: DeepseekConfig) -> dict[str, tuple[str, int]]:
+    """The checkpoint's two projections of x -> qkv_a_proj's sections (q first). A model has either
+    q_a_proj or q_proj, so the mapping names only its own (the way back to checkpoint names is unique)."""
+    q = "q_a_proj" if c.q_lora_rank else "q_proj"
+    return {q: ("qkv_a_proj", 0), "kv_a_proj_with_mqa": ("qkv_a_proj", 1)}
 
 
 class DeepseekRouter(ReplicatedLinear):
@@ -253,7 +280,8 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
     # would replay with the capture's lengths: graphs only where a kernel backend (Triton) runs it
     # (atomc/runtime/model_runner.py: captures_cuda_graphs)
     graphs_need_kernels = ("mla_attention",)
-    # the dense MLPs' and the shared experts' gate/up -> one GEMM; q_proj stays itself (no k/v beside it)
+    # the dense MLPs' and the shared experts' gate/up -> one GEMM; q_a_proj / q_proj with
+    # kv_a_proj_with_mqa -> qkv_a_proj (per model: qkv_a_mapping)
     packed_modules_mapping = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
     expert_names = ExpertNames({"gate_proj": "gate", "up_proj": "up", "down_proj": "down"})
 
@@ -264,6 +292,7 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
     def __init__(self, arch: ModelArch, parallel: ParallelInfo = SINGLE, mtp: bool = False):
         super().__init__(arch, parallel)
         c = self.config
+        self.packed_modules_mapping = {**type(self).packed_modules_mapping, **qkv_a_mapping(c)}
         if mtp and not c.num_mtp_layers:
             raise ValueError(
                 f"{arch.architecture}: this config.json has no MTP layers (num_nextn_predict_layers "

@@ -8,7 +8,8 @@ which writes this rank's part of a checkpoint tensor into the right place:
 - ColumnParallelLinear: output features split across ranks (rank r holds rows r*n/size ...);
 - RowParallelLinear: input features split; its outputs are partial sums that need an all-reduce;
 - MergedColumnParallelLinear: several column linears on one input, stacked (gate and up:
-  shard ids 0, 1), so one GEMM serves them all;
+  shard ids 0, 1), so one GEMM serves them all; a section may be replicated instead of split
+  (DeepSeek's q and kv_a projections: qkv_a_proj);
 - QKVParallelLinear: q, k, v stacked (shard ids "q", "k", "v") with GQA head counts; when there
   are fewer KV heads than ranks, each KV head is replicated on size/num_kv_heads ranks.
 
@@ -167,12 +168,28 @@ class MergedColumnParallelLinear(LinearBase):
     """Column linears on the same input stacked into one GEMM (gate_proj, up_proj -> gate_up_proj).
 
     Shard ids are the section indices 0, 1, ...; each section is split across ranks on its own, so
-    rank r holds [gate slice r, up slice r] and the MLP's split stays local."""
+    rank r holds [gate slice r, up slice r] and the MLP's split stays local. A section flagged in
+    `replicated` is held whole by every rank instead (a ReplicatedLinear stacked beside column ones:
+    DeepSeek's kv_a_proj_with_mqa next to its q projection)."""
 
-    def __init__(self, input_size, output_sizes: Sequence[int], bias=False, parallel=SINGLE, linear_method=None):
-        local = [parallel.split(n, f"section {i} output features") for i, n in enumerate(output_sizes)]
+    def __init__(
+        self,
+        input_size,
+        output_sizes: Sequence[int],
+        bias=False,
+        parallel=SINGLE,
+        linear_method=None,
+        replicated: Sequence[bool] = (),
+    ):
+        whole = list(replicated) or [False] * len(output_sizes)
+        if len(whole) != len(output_sizes):
+            raise ValueError(f"replicated has {len(whole)} flags for {len(output_sizes)} sections")
+        local = [
+            n if w else parallel.split(n, f"section {i} output features")
+            for i, (n, w) in enumerate(zip(output_sizes, whole, strict=True))
+        ]
         ids = tuple(range(len(output_sizes)))
-        ranks = [parallel.rank] * len(output_sizes)
+        ranks = [0 if w else parallel.rank for w in whole]
         super().__init__(input_size, input_size, output_sizes, local, ranks, ids, bias, parallel, linear_method)
 
 

@@ -14,7 +14,8 @@ the way they load weights:
 - per-channel scales ([N]) are split with the rows (`output_dim` 0); [N, 1] checkpoint tensors
   (compressed-tensors) load as [N].
 - block scales ([ceil(N/bn), ceil(K/bk)]) carry `block` = (bn, bk): the layer counts their dims in
-  blocks, so a section or a rank's slice must be a whole number of blocks.
+  blocks, so a rank's slice, and every section but the last, must be a whole number of blocks (the
+  last, held whole, may end in a partial block, as a plain linear's rows may).
 
 apply emits `atomc::fp8_quant_*` then `atomc::fp8_gemm` / `fp8_block_gemm` (atomc/ops/fp8.py).
 
@@ -129,13 +130,18 @@ class FP8BlockLinearMethod(LinearMethod):
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader):
         bn, bk = self.block_n, self.block_k
-        split_rows = len(output_partition_sizes) > 1 or layer.local_output_sizes != layer.output_sizes
-        for sid, size in zip(layer.shard_ids, output_partition_sizes, strict=True):
-            if split_rows and size % bn:
+        # a section split across ranks, or one that another section follows, must be whole blocks (its
+        # scale rows are then its own); the last section, held whole, may end in a partial block as a
+        # plain linear may (DeepSeek's kv_a_proj_with_mqa, 576 rows, after its q projection in qkv_a_proj)
+        last = len(output_partition_sizes) - 1
+        sections = zip(layer.shard_ids, output_partition_sizes, layer.output_sizes, strict=True)
+        for i, (sid, size, full) in enumerate(sections):
+            if size % bn and (size != full or i < last):
                 what = f"section {sid!r} of " if sid is not None else ""
+                why = "split across ranks" if size != full else "another section starts after it"
                 raise QuantConfigError(
                     f"block FP8: {what}{type(layer).__name__} holds {size} rows on this rank, not a multiple "
-                    f"of the weight block's {bn} rows (weight_block_size)"
+                    f"of the weight block's {bn} rows (weight_block_size; {why})"
                 )
         if input_size_per_partition % bk:
             raise QuantConfigError(

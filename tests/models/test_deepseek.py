@@ -169,10 +169,78 @@ def test_v3_correction_bias_changes_the_chosen_experts(checkpoints):
 def test_v2_has_no_q_lora_and_plain_softmax_routing(checkpoints):
     model = load_model(checkpoints["deepseek_v2"], torch.float32, "cpu")
     attn, moe = model.model.layers[0].self_attn, model.model.layers[0].mlp
-    assert hasattr(attn, "q_proj") and not hasattr(attn, "q_a_proj")
+    assert not hasattr(attn, "q_a_layernorm") and attn.qkv_a_proj.output_sizes == [H * (NOPE + ROPE), LORA + ROPE]
     s = moe.experts.spec
     assert (s.scoring, s.renormalize, s.num_expert_group, s.routed_scaling_factor) == ("softmax", False, 0, 1.5)
     assert moe.gate.e_score_correction_bias is None and moe.shared_experts.inter == 64
+
+
+# (family, the checkpoint's q projection of x, its rows): V2 without q LoRA, V3 with q_lora_rank 24
+Q_OF_X = {"deepseek_v2": ("q_proj", H * (NOPE + ROPE)), "deepseek_v3": ("q_a_proj", 24)}
+
+
+@pytest.mark.parametrize("family", list(Q_OF_X))
+def test_q_and_kv_a_projections_load_into_one_linear(family, checkpoints):
+    """q_a_proj (V3) or q_proj (V2) and kv_a_proj_with_mqa become qkv_a_proj, q's rows first, each
+    section the checkpoint's tensor; the layer's x feeds one GEMM; the way back names both tensors."""
+    from safetensors.torch import load_file
+
+    from models.layers.linear import MergedColumnParallelLinear
+    from models.loader.safetensors import checkpoint_shapes
+
+    q_name, q_rows = Q_OF_X[family]
+    ckpt = load_file(str(checkpoints[family] / "model.safetensors"))
+    model = load_model(checkpoints[family], torch.float32, "cpu")
+    for i, layer in enumerate(model.model.layers):
+        attn, pre = layer.self_attn, f"model.layers.{i}.self_attn."
+        assert isinstance(attn.qkv_a_proj, MergedColumnParallelLinear)
+        assert not any(hasattr(attn, n) for n in ("q_proj", "q_a_proj", "kv_a_proj_with_mqa"))
+        assert attn.qkv_a_proj.output_sizes == [q_rows, LORA + ROPE]
+        want = torch.cat([ckpt[pre + f"{q_name}.weight"], ckpt[pre + "kv_a_proj_with_mqa.weight"]])
+        assert torch.equal(attn.qkv_a_proj.weight, want)
+    shapes = checkpoint_shapes(model)  # what benchmarks write random checkpoints from: the hub's names
+    assert shapes["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"] == (LORA + ROPE, 64)
+    assert shapes[f"model.layers.0.self_attn.{q_name}.weight"] == (q_rows, 64)
+    assert not any("qkv_a_proj" in name for name in shapes)
+
+
+@pytest.mark.parametrize("family", list(Q_OF_X))
+def test_a_missing_section_is_named_by_its_checkpoint_name(family, checkpoints, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    q_name = Q_OF_X[family][0]
+    dst = tmp_path / family
+    shutil.copytree(checkpoints[family], dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    for leaf in (q_name, "kv_a_proj_with_mqa"):
+        del tensors[f"model.layers.1.self_attn.{leaf}.weight"]
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="missing: ") as err:
+        load_model(dst, torch.float32, "cpu")
+    missing = str(err.value).split("missing: ")[1]
+    assert missing == f"model.layers.1.self_attn.kv_a_proj_with_mqa.weight, model.layers.1.self_attn.{q_name}.weight"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("family", list(Q_OF_X))
+def test_tp2_splits_q_proj_and_replicates_q_a_and_kv_a(family, rank, checkpoints):
+    """Under tensor parallelism q_proj's rows split by heads as a column linear's do; q_a_proj and
+    kv_a_proj_with_mqa are small and stay whole on every rank (they were ReplicatedLinears)."""
+    from safetensors.torch import load_file
+
+    from models.layers.parallel import ParallelInfo
+
+    q_name, q_rows = Q_OF_X[family]
+    ckpt = load_file(str(checkpoints[family] / "model.safetensors"))
+    model = load_model(checkpoints[family], torch.float32, "cpu", parallel=ParallelInfo(rank, 2))
+    attn, pre = model.model.layers[0].self_attn, "model.layers.0.self_attn."
+    q = ckpt[pre + f"{q_name}.weight"]
+    if q_name == "q_proj":
+        q = q[rank * q_rows // 2 : (rank + 1) * q_rows // 2]
+    assert attn.num_heads == H // 2 and attn.qkv_a_sections == [q.shape[0], LORA, ROPE]
+    assert torch.equal(attn.qkv_a_proj.weight, torch.cat([q, ckpt[pre + "kv_a_proj_with_mqa.weight"]]))
 
 
 def test_cuda_graphs_only_where_a_kernel_runs_the_mla(checkpoints, monkeypatch):
@@ -261,6 +329,7 @@ def config(family: str, **extra) -> dict:
         ("deepseek_v2", dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
         ("deepseek_v3", dict(n_group=4, topk_group=None), "only one of n_group / topk_group"),
         ("deepseek_v3", dict(quantization_config={"quant_method": "fp8"}), "quant_method='fp8' is not supported"),
+        ("deepseek_v2", dict(attention_bias=True, q_lora_rank=None), "attention_bias=true without q_lora_rank is"),
     ],
 )
 def test_unsupported_settings_fail_at_parsing(family, extra, message):

@@ -146,6 +146,21 @@ def test_shapes_that_do_not_divide_are_clear_errors():
         QKVParallelLinear(64, 16, 4, 3, parallel=ParallelInfo(0, 4))
     with pytest.raises(ValueError, match="rank 2 of size 2"):
         ParallelInfo(2, 2)
+    with pytest.raises(ValueError, match="replicated has 1 flags for 2 sections"):
+        MergedColumnParallelLinear(64, [16, 16], replicated=(True,))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_replicated_section_is_whole_on_every_rank(rank):
+    """DeepSeek's qkv_a_proj without q LoRA: q_proj's rows split by rank, kv_a_proj_with_mqa whole."""
+    layer = MergedColumnParallelLinear(6, [8, 5], True, ParallelInfo(rank, 2), replicated=(False, True))
+    w, b = {0: torch.randn(8, 6), 1: torch.randn(5, 6)}, {0: torch.randn(8), 1: torch.randn(5)}
+    for sid in (0, 1):
+        layer.weight_loader(layer.weight, w[sid], sid)
+        layer.weight_loader(layer.bias, b[sid], sid)
+    assert layer.local_output_sizes == [4, 5]
+    assert torch.equal(layer.weight, torch.cat([rows(w[0], rank, 2), w[1]]))
+    assert torch.equal(layer.bias, torch.cat([rows(b[0], rank, 2), b[1]]))
 
 
 def test_each_linear_shards_the_right_dimension():

@@ -69,6 +69,8 @@ def test_the_layer_latent_norm_and_rope_become_one_op(interleave, q_lora):
     came = Counter({"atomc.mla_latent_norm_rope": 1, "getitem": 3})
     assert ops(after) == ops(gm) - gone + came
     assert ops(after)["atomc.rms_norm"] == (1 if q_lora else 0)  # q_a_layernorm is no part of it
+    # one GEMM reads x (qkv_a_proj: q's input and the latent with its rope key), then q_b_proj, o_proj
+    assert ops(gm)["linear"] == (3 if q_lora else 2)
     assert_same(run(gm, inputs), run(after, inputs))  # no cache: one causal sequence
 
 
