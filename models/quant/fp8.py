@@ -27,6 +27,7 @@ input scales doubled), as AITER's GEMMs take them; every backend reads (q, scale
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.fp8_*)
@@ -165,6 +166,29 @@ class FP8BlockLinearMethod(LinearMethod):
         )
 
 
+def dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """fp32 weight [N, K] of a block-FP8 weight and its [ceil(N/bn), ceil(K/bk)] scales (partial
+    last blocks cut off)."""
+    (bn, bk), (n, k) = block, weight.shape
+    s = scale_inv.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    return weight.float() * s
+
+
+class DequantizedFP8BlockLinearMethod(FP8BlockLinearMethod):
+    """A block-FP8 checkpoint linear whose weight the model reads as a dense tensor, not through a
+    GEMM (DeepSeek's kv_b_proj: absorbed MLA takes per-head views of it into torch.bmm): the fp8
+    weight and its `weight_scale_inv` load as FP8BlockLinearMethod's do, then the weight is
+    dequantised once into the model dtype and the scales are dropped; apply is then F.linear."""
+
+    def process_weights_after_loading(self, layer):
+        dense = dequantize_blocks(layer.weight.data, layer.weight_scale_inv.data, (self.block_n, self.block_k))
+        _replace(layer, "weight", dense.to(layer.params_dtype))
+        delattr(layer, "weight_scale_inv")
+
+    def apply(self, layer, x, bias):
+        return F.linear(x, layer.weight, bias)
+
+
 def quantize_per_row(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 weight, scale [N]) with one scale per output row: amax / 448."""
     w = weight.float()
@@ -198,7 +222,19 @@ class OnlineFP8LinearMethod(FP8LinearMethod):
         to_device_fp8(layer, "weight_scale")
 
 
-def method_for(scheme: FP8Scheme) -> LinearMethod:
+def method_for(scheme: FP8Scheme, dense_weight: bool = False) -> LinearMethod | None:
+    """The method of a linear the spec gives `scheme`. `dense_weight`: the model reads the layer's
+    weight as a dense tensor (LinearBase.dense_weight): a block-FP8 checkpoint's is dequantised at
+    load, online quantisation leaves it alone (None: keep the unquantised method), others are refused."""
+    if dense_weight:
+        if scheme.online:
+            return None
+        if scheme.weight != "block":
+            raise QuantConfigError(
+                f"{scheme.describe()}: a layer whose weight is read as a dense tensor (DeepSeek's kv_b_proj) "
+                "is dequantised at load from block FP8 checkpoints only"
+            )
+        return DequantizedFP8BlockLinearMethod(scheme)
     if scheme.online:
         return OnlineFP8LinearMethod(scheme)
     if scheme.weight == "block":
