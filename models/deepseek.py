@@ -39,10 +39,16 @@ a draft head a speculative-decoding step calls through `mtp_forward` / `mtp_comp
 with a latent cache of its own (layer index num_hidden_layers + k in `kv_cache_specs`).
 
 atomc::mla_attention runs its Triton kernel on NVIDIA GPUs (CUDA graphs then capture it), AITER's
-MLA kernels on ROCm (never run on AMD hardware) and its torch reference on the CPU. Not here yet:
-the speculative-decoding loop that would
-use the MTP module, FP8 checkpoints (any `quantization_config` is refused at parsing), tensor
-parallelism (the layers split heads, but the all-reduce is not there: sizes > 1 are refused).
+MLA kernels on ROCm (never run on AMD hardware) and its torch reference on the CPU.
+
+FP8. DeepSeek-V3/R1's block-FP8 checkpoints (`quant_method: fp8` with `weight_block_size`) load
+through the generic path (models/loader/quantize.py): every linear gets FP8BlockLinearMethod except
+the router (`router`: stored dense) and kv_b_proj (`dense_weight`: absorbed_weights reads it into
+torch.bmm, so it is dequantised at load into the model dtype, or left dense under online FP8); the
+routed experts get Fp8MoEMethod. Other `quantization_config`s are refused at parsing, naming it.
+
+Not here yet: the speculative-decoding loop that would use the MTP module, tensor parallelism (the
+layers split heads, but the all-reduce is not there: sizes > 1 are refused).
 """
 
 from __future__ import annotations

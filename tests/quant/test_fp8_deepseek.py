@@ -201,7 +201,8 @@ def test_mtp_layer_loads_like_the_main_layers(eh_proj, made):
     layer, ckpt = model.mtp[0], "model.layers.2."
     methods = _methods(layer)
     assert methods["eh_proj"] is (FP8BlockLinearMethod if eh_proj else UnquantizedLinearMethod)
-    assert methods["block.self_attn.qkv_a_proj"] is methods["block.mlp.shared_experts.down_proj"] is FP8BlockLinearMethod
+    for name in ("block.self_attn.qkv_a_proj", "block.self_attn.o_proj", "block.mlp.shared_experts.down_proj"):
+        assert methods[name] is FP8BlockLinearMethod
     assert methods["block.self_attn.kv_b_proj"] is DequantizedFP8BlockLinearMethod
     assert methods["block.mlp.gate"] is UnquantizedLinearMethod
     assert isinstance(layer.block.mlp.experts.moe_method, Fp8MoEMethod)
