@@ -123,6 +123,19 @@ def write_fp8(base_dir: Path, out: Path, eh_proj: bool = False, qc: dict | None 
     return fc._write(out, tensors, qc or QUANTIZATION_CONFIG)
 
 
+def online_reference_checkpoint(base_dir: Path, out: Path) -> Path:
+    """`--quantization fp8`'s weights written as a plain fp32 checkpoint: every linear and routed
+    expert projection quantised per row (amax / 448) and dequantised, except kv_b_proj (dense)."""
+    shutil.copytree(base_dir, out, dirs_exist_ok=True)
+    state = load_file(str(base_dir / "model.safetensors"))
+    for name in quantised_names(state, eh_proj=True):
+        if not name.endswith("kv_b_proj"):
+            q, s = fc.per_row(state[f"{name}.weight"].float())
+            state[f"{name}.weight"] = (q.float() * s).contiguous()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def reference(dequantized_dir: Path, fake_quant: bool = True):
     """transformers (fp32) on the dequantised checkpoint; `fake_quant`: the block-FP8 GEMMs' inputs
     rounded through FP8 per 128-value group (module docstring)."""

@@ -172,15 +172,14 @@ def test_kv_b_proj_is_dequantised_into_the_model_dtype(made):
     assert torch.isfinite(_logits(model, torch.tensor(PROMPT)).float()).all()
 
 
-class _FakeQuantInputs:
-    """Round the input of each of atomc's block-FP8 GEMMs through FP8 per 128-value group, on a
-    dense atomc model (the dequantised checkpoint): what the FP8 load computes, by other means."""
-
-    def __init__(self, model, fp8_model):
-        fp8 = {n for n, m in _methods(fp8_model).items() if m is FP8BlockLinearMethod}
-        for name, m in model.named_modules():
-            if name in fp8:
-                m.register_forward_pre_hook(lambda mod, args: (fc.fake_quant(args[0], "group", group=128),))
+def fake_quant_inputs(model, fp8_model, method=FP8BlockLinearMethod, activation="group") -> None:
+    """Round the input of each linear that runs `method` in `fp8_model` through FP8 as it does (per
+    128-value group, or per token), on a dense atomc model of the same weights: what the FP8 load
+    computes, by other means."""
+    fp8 = {n for n, m in _methods(fp8_model).items() if m is method}
+    for name, m in model.named_modules():
+        if name in fp8:
+            m.register_forward_pre_hook(lambda mod, args: (fc.fake_quant(args[0], activation, group=128),))
 
 
 def _mtp_logits(model, ids):
@@ -211,18 +210,19 @@ def test_mtp_layer_loads_like_the_main_layers(eh_proj, made):
         assert torch.equal(layer.eh_proj.weight, load_file(str(qdir / "model.safetensors"))[ckpt + "eh_proj.weight"])
     assert ("mtp.0.eh_proj" in model.quant_schemes) == eh_proj
     dense = load_model(deq, torch.float32, "cpu", mtp=True)
-    _FakeQuantInputs(dense, model)
+    fake_quant_inputs(dense, model)
     ids = torch.arange(5, 41) * 11 % 384
     assert_close_to_reference(_logits(model, ids), _logits(dense, ids))
     assert_close_to_reference(_mtp_logits(model, ids), _mtp_logits(dense, ids))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_online_fp8_keeps_kv_b_proj_and_the_router_dense(family, made):
+def test_online_fp8_keeps_kv_b_proj_and_the_router_dense(family, made, tmp_path):
     """`--quantization fp8` on a bf16 DeepSeek checkpoint: every other linear and the experts are
     quantised per row at load; kv_b_proj (read by the absorbed attention's bmm) and the router stay
     bf16. Against atomc's own bf16 run the median token's max |diff| stays under 15% of the largest
-    logit (the per-row and per-token FP8 rounding, as test_fp8_models.py measures for Llama)."""
+    logit (the per-row and per-token FP8 rounding, as test_fp8_models.py measures for Llama); in
+    fp32 against the same rounding done by other means, within the module docstring's rule."""
     base, _, _ = made(family)
     online = load_model(base, torch.bfloat16, "cpu", quantization="fp8")
     methods = _methods(online)
@@ -237,6 +237,12 @@ def test_online_fp8_keeps_kv_b_proj_and_the_router_dense(family, made):
     assert torch.isfinite(got).all()
     rel = ((got - ref).abs().amax(-1) / ref.abs().max()).median().item()
     assert rel < PLAIN_MEDIAN_REL, rel
+    # fp32: the dense model of the per-row-rounded weights (kv_b_proj unrounded), each online FP8
+    # linear's input rounded per token: the same computation, held to the module docstring's rule
+    fp32 = load_model(base, torch.float32, "cpu", quantization="fp8")
+    dense = load_model(dc.online_reference_checkpoint(base, tmp_path / "online-ref"), torch.float32, "cpu")
+    fake_quant_inputs(dense, fp32, OnlineFP8LinearMethod, "token")
+    assert_close_to_reference(_logits(fp32, ids), _logits(dense, ids))
 
 
 def _arch(made, family: str, **changes) -> ModelArch:
