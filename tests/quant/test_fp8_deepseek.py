@@ -1,7 +1,8 @@
 """DeepSeek-V3/R1's block-FP8 checkpoints (models/deepseek.py) on the CPU, fp32 activations: tiny V3-
 and V2-style models in the published layout (tests/quant/fp8_deepseek_checkpoints.py) against
 transformers on the dequantised weights; which linears are FP8, which stay dense; kv_b_proj
-dequantised into the model dtype; the MTP layer; online `--quantization fp8`; refused configs.
+dequantised into the model dtype; the MTP layer; online `--quantization fp8`; the CPU passes on the
+FP8 graph; refused configs.
 
 Tolerances, against transformers with the dequantised weights and every block-FP8 GEMM's input
 rounded through FP8 per 128-value group as atomc does (`reference`): the two compute the same thing
@@ -271,3 +272,31 @@ def _arch(made, family: str, **changes) -> ModelArch:
 def test_configs_atomc_cannot_run_are_refused_naming_the_field(family, changes, error, message, made):
     with pytest.raises(error, match=message):
         build_on_meta(_arch(made, family, **changes), torch.float32)
+
+
+def test_cpu_pipeline_keeps_the_fp8_gemms_and_fuses_the_latent_norm_rope(made):
+    """The traced V3-style FP8 model through the CPU passes: the logits of the eager model; the only
+    F.linear left is the dense router (lm_head is outside the forward); the latent's norm + RoPE
+    still fuse (one per layer) as in bf16; the norms before FP8 GEMMs fuse with their quants."""
+    from atomc.passes import PassManager
+
+    _, qdir, _ = made("deepseek_v3")
+    model = load_model(qdir, torch.float32, "cpu")
+    ids, positions = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(0)), torch.arange(9)
+    pm, reports = PassManager.for_platform("cpu"), []
+
+    def backend(gm, example_inputs):
+        reports[:] = pm.run(gm)
+        return gm
+
+    compiled = torch.compile(model.forward, backend=backend, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        want = _logits(model, ids)
+        got = model.compute_logits(compiled(ids, positions))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    by_name = {r.name: (r.matched, r.rewritten) for r in reports}
+    assert by_name["fuse_mla_latent_norm_rope"] == (2, 2)
+    assert by_name["fuse_rmsnorm_fp8_quant"][1] > 0 and by_name["fuse_silu_mul_fp8_quant"] == (2, 2)
+    code = reports[-1].graph_after
+    assert code.count("torch._C._nn.linear") == 1  # layer 1's router
+    assert "torch.ops.atomc.fp8_block_gemm" in code
