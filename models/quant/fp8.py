@@ -123,6 +123,8 @@ class FP8LinearMethod(LinearMethod):
 class FP8BlockLinearMethod(LinearMethod):
     """Block-scaled weights (`weight_scale_inv` per bn x bk block), activations per token group of bk."""
 
+    quantizes_inputs = True  # the input features must then be whole groups of bk
+
     def __init__(self, scheme: FP8Scheme):
         if scheme.weight != "block":
             raise QuantConfigError(f"FP8BlockLinearMethod cannot run {scheme.describe()}")
@@ -144,7 +146,7 @@ class FP8BlockLinearMethod(LinearMethod):
                     f"block FP8: {what}{type(layer).__name__} holds {size} rows on this rank, not a multiple "
                     f"of the weight block's {bn} rows (weight_block_size; {why})"
                 )
-        if input_size_per_partition % bk:
+        if self.quantizes_inputs and input_size_per_partition % bk:
             raise QuantConfigError(
                 f"block FP8: {type(layer).__name__} has {input_size_per_partition} input features on this rank, "
                 f"not a multiple of the weight block's {bk} columns (activations are quantised in groups of {bk})"
@@ -153,7 +155,7 @@ class FP8BlockLinearMethod(LinearMethod):
         blocks_n = sum(-(-s // bn) for s in output_partition_sizes)
         attrs = {"output_dim": 0, "input_dim": 1, "block": (bn, bk), "weight_loader": weight_loader}
         layer.register_parameter(
-            "weight_scale_inv", _param((blocks_n, input_size_per_partition // bk), torch.float32, attrs)
+            "weight_scale_inv", _param((blocks_n, -(-input_size_per_partition // bk)), torch.float32, attrs)
         )
 
     def process_weights_after_loading(self, layer):
@@ -178,7 +180,10 @@ class DequantizedFP8BlockLinearMethod(FP8BlockLinearMethod):
     """A block-FP8 checkpoint linear whose weight the model reads as a dense tensor, not through a
     GEMM (DeepSeek's kv_b_proj: absorbed MLA takes per-head views of it into torch.bmm): the fp8
     weight and its `weight_scale_inv` load as FP8BlockLinearMethod's do, then the weight is
-    dequantised once into the model dtype and the scales are dropped; apply is then F.linear."""
+    dequantised once into the model dtype and the scales are dropped; apply is then F.linear. Its
+    inputs are never quantised, so the input features may end in a partial block too."""
+
+    quantizes_inputs = False
 
     def process_weights_after_loading(self, layer):
         dense = dequantize_blocks(layer.weight.data, layer.weight_scale_inv.data, (self.block_n, self.block_k))

@@ -261,8 +261,8 @@ def _arch(made, family: str, **changes) -> ModelArch:
         # a q LoRA of 96 rows: q's section would end inside a block that kv_a's rows continue
         ("deepseek_v3", dict(q_lora_rank=96), QuantConfigError,
          r"section 0 of MergedColumnParallelLinear holds 96 rows .* another section starts after it"),
-        # kv_b_proj reads 96 latent features: not whole 128-value groups
-        ("deepseek_v2", dict(kv_lora_rank=96), QuantConfigError, r"has 96 input features on this rank"),
+        # o_proj reads 4 heads x 16 values: not whole 128-value groups for its activation quant
+        ("deepseek_v2", dict(v_head_dim=16), QuantConfigError, r"RowParallelLinear has 64 input features on this rank"),
         ("deepseek_v3", dict(quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic"}), ValueError,
          r"quantization_config without weight_block_size \(per-tensor FP8\) is not supported"),
         ("deepseek_v2", dict(quantization_config={"quant_method": "compressed-tensors"}), ValueError,
@@ -300,3 +300,24 @@ def test_cpu_pipeline_keeps_the_fp8_gemms_and_fuses_the_latent_norm_rope(made):
     code = reports[-1].graph_after
     assert code.count("torch._C._nn.linear") == 1  # layer 1's router
     assert "torch.ops.atomc.fp8_block_gemm" in code
+
+
+def test_dequantised_block_weights_may_end_in_partial_blocks_both_ways():
+    """kv_b_proj's method never quantises an input, so a layer of 96 inputs x 200 outputs (partial
+    blocks in both dims) loads and dequantises: weight x its block's scale, in the layer's dtype."""
+    from models.layers.linear import ColumnParallelLinear
+    from models.quant.spec import FP8Scheme
+
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(200, 96, generator=g) * 2).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 1, generator=g) / 100 + 1e-3
+    layer = ColumnParallelLinear(
+        96, 200, linear_method=DequantizedFP8BlockLinearMethod(FP8Scheme("block", "group", (128, 128)))
+    )
+    for name, t in (("weight", w), ("weight_scale_inv", scale)):
+        param = getattr(layer, name)
+        param.weight_loader(param, t)
+    layer.linear_method.process_weights_after_loading(layer)
+    want = w.float() * torch.cat([scale[0].expand(128, 96), scale[1].expand(72, 96)])
+    assert layer.weight.dtype == torch.float32 and not hasattr(layer, "weight_scale_inv")
+    assert torch.equal(layer.weight, want)
