@@ -1,4 +1,6 @@
-"""FP8 (e4m3) linear methods: per-tensor, per-channel, block-scaled, and online quantisation at load.
+"""FP8 (e4m3) linear methods: per-tensor, per-channel, block-scaled, and online quantisation at load;
+and block-FP8 checkpoint weights dequantised at load, for a layer the model reads as a dense tensor
+(DeepSeek's kv_b_proj: DequantizedFP8BlockLinearMethod).
 
 Each creates float8_e4m3fn weights plus float32 scales tagged for the layer's weight_loader, so
 merged layers (q/k/v -> qkv_proj, gate/up -> gate_up_proj) and tensor-parallel shards load scales
