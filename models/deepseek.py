@@ -39,10 +39,16 @@ a draft head a speculative-decoding step calls through `mtp_forward` / `mtp_comp
 with a latent cache of its own (layer index num_hidden_layers + k in `kv_cache_specs`).
 
 atomc::mla_attention runs its Triton kernel on NVIDIA GPUs (CUDA graphs then capture it), AITER's
-MLA kernels on ROCm (never run on AMD hardware) and its torch reference on the CPU. Not here yet:
-the speculative-decoding loop that would
-use the MTP module, FP8 checkpoints (any `quantization_config` is refused at parsing), tensor
-parallelism (the layers split heads, but the all-reduce is not there: sizes > 1 are refused).
+MLA kernels on ROCm (never run on AMD hardware) and its torch reference on the CPU.
+
+FP8. DeepSeek-V3/R1's block-FP8 checkpoints (`quant_method: fp8` with `weight_block_size`) load
+through the generic path (models/loader/quantize.py): every linear gets FP8BlockLinearMethod except
+the router (`router`: stored dense) and kv_b_proj (`dense_weight`: absorbed_weights reads it into
+torch.bmm, so it is dequantised at load into the model dtype, or left dense under online FP8); the
+routed experts get Fp8MoEMethod. Other `quantization_config`s are refused at parsing, naming it.
+
+Not here yet: the speculative-decoding loop that would use the MTP module, tensor parallelism (the
+layers split heads, but the all-reduce is not there: sizes > 1 are refused).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ import atomc.ops  # noqa: F401  (registers torch.ops.atomc.mla_attention, moe)
 from atomc.kv_spec import MLAAttentionSpec
 from models.arch import ModelArch
 from models.decoder import DecoderForCausalLM, required
-from models.deepseek_mtp import MTPLayer, checkpoint_prefixes, share_absent_tables
+from models.deepseek_mtp import MTPLayer, checkpoint_prefixes, keep_dense_eh_proj, share_absent_tables
 from models.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -113,13 +119,25 @@ def _refuse(cond: bool, setting: str, name: str, why: str) -> None:
         raise ValueError(f"{setting} is not supported for {name} ({why})")
 
 
+def _check_quantization(qc: dict | None, name: str) -> None:
+    """DeepSeek-V3/R1's own FP8 layout loads (HF `quant_method: fp8` with `weight_block_size`: block
+    weights, activations quantised per token group); other quantised DeepSeek checkpoints are
+    refused, their field named (untested with MLA's absorbed kv_b_proj and merged qkv_a_proj)."""
+    if qc is None:
+        return
+    quant = qc.get("quant_method") if isinstance(qc, dict) else None
+    _refuse(quant != "fp8", f"quantization_config.quant_method={quant!r}", name,
+            "atomc reads DeepSeek's block-FP8 layout: quant_method fp8 with weight_block_size")  # fmt: skip
+    block = qc.get("weight_block_size")
+    _refuse(block is None, "quantization_config without weight_block_size (per-tensor FP8)", name,
+            "atomc reads DeepSeek's block-FP8 layout: quant_method fp8 with weight_block_size")  # fmt: skip
+
+
 def parse_deepseek_config(arch: ModelArch, version: int) -> DeepseekConfig:
     cfg, name = arch.raw, arch.architecture
     act = cfg.get("hidden_act", "silu")
     _refuse(act != "silu", f"hidden_act={act!r}", name, "atomc's MLPs are silu-gated")
-    quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    _refuse(quant is not None, f"quantization_config.quant_method={quant!r}", name,
-            "atomc runs DeepSeek checkpoints in bf16/fp16/fp32 only; FP8 ones need a dequantized copy")  # fmt: skip
+    _check_quantization(cfg.get("quantization_config"), name)
     bias, q_lora = bool(cfg.get("attention_bias", False)), cfg.get("q_lora_rank")
     _refuse(bias and not q_lora, "attention_bias=true without q_lora_rank", name,
             "q_proj has no bias but kv_a_proj_with_mqa has one, and atomc runs the two as one GEMM")  # fmt: skip
@@ -210,6 +228,9 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, LORA_NORM_EPS)
         kv_b_out = heads * (c.qk_nope_head_dim + c.v_head_dim)  # per head: W_UK's nope rows, then W_UV's v rows
         self.kv_b_proj = ColumnParallelLinear(c.kv_lora_rank, kv_b_out, False, parallel)
+        # absorbed_weights reads per-head views of the weight into torch.bmm, so it must be dense:
+        # an FP8 checkpoint's is dequantised once at load, online FP8 leaves it alone
+        self.kv_b_proj.dense_weight = True
         self.o_proj = RowParallelLinear(heads * c.v_head_dim, h, c.attention_bias, parallel)
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -248,7 +269,10 @@ def qkv_a_mapping(c: DeepseekConfig) -> dict[str, tuple[str, int]]:
 
 class DeepseekRouter(ReplicatedLinear):
     """The router GEMM (`gate.weight`), and V3's `e_score_correction_bias`, kept in fp32 as the
-    checkpoints store it (it separates experts whose bf16 scores would tie)."""
+    checkpoints store it (it separates experts whose bf16 scores would tie). Never quantised: FP8
+    checkpoints store the gate dense too (no weight_scale_inv)."""
+
+    router = True
 
     def __init__(self, hidden_size: int, num_experts: int, correction_bias: bool, parallel: ParallelInfo = SINGLE):
         super().__init__(hidden_size, num_experts, False, parallel)
@@ -335,6 +359,7 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
         layers without their own embedding or head share the main model's."""
         if len(self.mtp):
             share_absent_tables(self, names)
+            keep_dense_eh_proj(self, names)
 
     def mtp_forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, depth: int = 0

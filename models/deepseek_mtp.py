@@ -50,6 +50,8 @@ from models.layers.linear import ReplicatedLinear
 from models.layers.norm import RMSNorm
 from models.layers.parallel import SINGLE, ParallelInfo
 from models.layers.rotary import RotaryEmbedding
+from models.quant.fp8 import FP8BlockLinearMethod
+from models.quant.unquantized import UnquantizedLinearMethod
 
 # an MTP layer's own modules (the checkpoint names them as they are named here); the rest of
 # `model.layers.{N + k}` is its decoder layer
@@ -118,3 +120,18 @@ def share_absent_tables(model: nn.Module, names: set[str] | None) -> None:
             layer.embed_tokens.weight = model.model.embed_tokens.weight
         if names is None or prefix + "shared_head.head.weight" not in names:
             layer.shared_head.head.weight = model.lm_head.weight
+
+
+def keep_dense_eh_proj(model: nn.Module, names: set[str] | None) -> None:
+    """Under a block-FP8 checkpoint each MTP layer's eh_proj is quantised only where the checkpoint
+    holds its `weight_scale_inv`: DeepSeek-V3/R1 store it bf16 (the rest of the layer in FP8), some
+    re-quantised copies in FP8. No checkpoint (dummy weights): dense, as the released ones. Runs on
+    the meta model, after the loader chose the methods (online FP8, which quantises at load, stays)."""
+    n = model.arch.num_layers
+    for k, layer in enumerate(model.mtp):
+        if not isinstance(layer.eh_proj.linear_method, FP8BlockLinearMethod):
+            continue
+        if names is None or f"model.layers.{n + k}.eh_proj.weight_scale_inv" not in names:
+            with torch.device("meta"):
+                layer.eh_proj.set_linear_method(UnquantizedLinearMethod())
+            getattr(model, "quant_schemes", {}).pop(f"mtp.{k}.eh_proj", None)

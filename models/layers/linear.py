@@ -36,7 +36,15 @@ class LinearBase(nn.Module):
     Subclasses fix, per section: its full size (`output_sizes`), this rank's size
     (`local_output_sizes`) and which slice of the full section this rank holds (`shard_ranks`);
     and whether the input features are split (`input_size_per_partition` < `input_size`).
+
+    Two flags a model may set for the loader's quantisation (models/loader/quantize.py): `router`
+    (a MoE router: never quantised, as checkpoints store it dense) and `dense_weight` (the model
+    reads `weight` as a dense tensor besides or instead of calling the layer: FP8 checkpoints'
+    weights are dequantised at load, online FP8 leaves it dense).
     """
+
+    router = False
+    dense_weight = False
 
     def __init__(
         self,

@@ -3,7 +3,9 @@
 Runs on the meta model, before any tensor is read: a layer's method decides which parameters it has
 (fp8 weight + scales), so the checkpoint's tensors then load through the usual weight_loaders. The
 spec speaks of the checkpoint's module names, so a merged layer (qkv_proj, gate_up_proj) asks for
-each section's name (q_proj, k_proj, v_proj) and needs one answer. MoE routers stay unquantised.
+each section's name (q_proj, k_proj, v_proj) and needs one answer. MoE routers stay unquantised
+(SparseMoEBlock's gate, or a linear flagged `router`); a linear flagged `dense_weight` (DeepSeek's
+kv_b_proj) is dequantised after loading from block FP8, and stays dense under online FP8.
 Each FusedMoE gets an MoE method: an experts-only spec's format (MXFP4, models/quant/mxfp4.py), or
 under an FP8 spec the scheme its per-expert projections get by the linear rules, all the same
 (FP8 experts, models/quant/fp8_moe.py); a skip list naming the block or every expert keeps it dense.
@@ -30,7 +32,7 @@ def apply_quantization(model: nn.Module, spec: QuantSpec | None, naming) -> dict
     routers = {id(m.gate) for m in model.modules() if isinstance(m, SparseMoEBlock)}
     chosen: dict[str, FP8Scheme] = {}
     for name, module in model.named_modules():
-        if not isinstance(module, LinearBase) or id(module) in routers:
+        if not isinstance(module, LinearBase) or module.router or id(module) in routers:
             continue
         sections = [naming.to_checkpoint(f"{name}.weight", sid).removesuffix(".weight") for sid in module.shard_ids]
         schemes = {s: spec.scheme_for(s) for s in sections}
@@ -41,9 +43,10 @@ def apply_quantization(model: nn.Module, spec: QuantSpec | None, naming) -> dict
                 "atomc runs them as one GEMM, so they must agree"
             )
         scheme = schemes[sections[0]]
-        if scheme is None:
+        method = None if scheme is None else method_for(scheme, module.dense_weight)
+        if method is None:
             continue
-        module.set_linear_method(method_for(scheme))
+        module.set_linear_method(method)
         chosen[name] = scheme
         aliases.update(scheme.aliases)
     model.quant_tensor_aliases = aliases  # checkpoint tensor leaf name -> ours (load_weights)

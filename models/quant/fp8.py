@@ -1,4 +1,6 @@
-"""FP8 (e4m3) linear methods: per-tensor, per-channel, block-scaled, and online quantisation at load.
+"""FP8 (e4m3) linear methods: per-tensor, per-channel, block-scaled, and online quantisation at load;
+and block-FP8 checkpoint weights dequantised at load, for a layer the model reads as a dense tensor
+(DeepSeek's kv_b_proj: DequantizedFP8BlockLinearMethod).
 
 Each creates float8_e4m3fn weights plus float32 scales tagged for the layer's weight_loader, so
 merged layers (q/k/v -> qkv_proj, gate/up -> gate_up_proj) and tensor-parallel shards load scales
@@ -27,6 +29,7 @@ input scales doubled), as AITER's GEMMs take them; every backend reads (q, scale
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.fp8_*)
@@ -122,6 +125,8 @@ class FP8LinearMethod(LinearMethod):
 class FP8BlockLinearMethod(LinearMethod):
     """Block-scaled weights (`weight_scale_inv` per bn x bk block), activations per token group of bk."""
 
+    quantizes_inputs = True  # the input features must then be whole groups of bk
+
     def __init__(self, scheme: FP8Scheme):
         if scheme.weight != "block":
             raise QuantConfigError(f"FP8BlockLinearMethod cannot run {scheme.describe()}")
@@ -143,7 +148,7 @@ class FP8BlockLinearMethod(LinearMethod):
                     f"block FP8: {what}{type(layer).__name__} holds {size} rows on this rank, not a multiple "
                     f"of the weight block's {bn} rows (weight_block_size; {why})"
                 )
-        if input_size_per_partition % bk:
+        if self.quantizes_inputs and input_size_per_partition % bk:
             raise QuantConfigError(
                 f"block FP8: {type(layer).__name__} has {input_size_per_partition} input features on this rank, "
                 f"not a multiple of the weight block's {bk} columns (activations are quantised in groups of {bk})"
@@ -152,7 +157,7 @@ class FP8BlockLinearMethod(LinearMethod):
         blocks_n = sum(-(-s // bn) for s in output_partition_sizes)
         attrs = {"output_dim": 0, "input_dim": 1, "block": (bn, bk), "weight_loader": weight_loader}
         layer.register_parameter(
-            "weight_scale_inv", _param((blocks_n, input_size_per_partition // bk), torch.float32, attrs)
+            "weight_scale_inv", _param((blocks_n, -(-input_size_per_partition // bk)), torch.float32, attrs)
         )
 
     def process_weights_after_loading(self, layer):
@@ -163,6 +168,32 @@ class FP8BlockLinearMethod(LinearMethod):
         return torch.ops.atomc.fp8_block_gemm(
             xq, x_scale, layer.weight, layer.weight_scale_inv, self.block_n, self.block_k, bias, x.dtype
         )
+
+
+def dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """fp32 weight [N, K] of a block-FP8 weight and its [ceil(N/bn), ceil(K/bk)] scales (partial
+    last blocks cut off)."""
+    (bn, bk), (n, k) = block, weight.shape
+    s = scale_inv.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    return weight.float() * s
+
+
+class DequantizedFP8BlockLinearMethod(FP8BlockLinearMethod):
+    """A block-FP8 checkpoint linear whose weight the model reads as a dense tensor, not through a
+    GEMM (DeepSeek's kv_b_proj: absorbed MLA takes per-head views of it into torch.bmm): the fp8
+    weight and its `weight_scale_inv` load as FP8BlockLinearMethod's do, then the weight is
+    dequantised once into the model dtype and the scales are dropped; apply is then F.linear. Its
+    inputs are never quantised, so the input features may end in a partial block too."""
+
+    quantizes_inputs = False
+
+    def process_weights_after_loading(self, layer):
+        dense = dequantize_blocks(layer.weight.data, layer.weight_scale_inv.data, (self.block_n, self.block_k))
+        _replace(layer, "weight", dense.to(layer.params_dtype))
+        delattr(layer, "weight_scale_inv")
+
+    def apply(self, layer, x, bias):
+        return F.linear(x, layer.weight, bias)
 
 
 def quantize_per_row(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,7 +229,19 @@ class OnlineFP8LinearMethod(FP8LinearMethod):
         to_device_fp8(layer, "weight_scale")
 
 
-def method_for(scheme: FP8Scheme) -> LinearMethod:
+def method_for(scheme: FP8Scheme, dense_weight: bool = False) -> LinearMethod | None:
+    """The method of a linear the spec gives `scheme`. `dense_weight`: the model reads the layer's
+    weight as a dense tensor (LinearBase.dense_weight): a block-FP8 checkpoint's is dequantised at
+    load, online quantisation leaves it alone (None: keep the unquantised method), others are refused."""
+    if dense_weight:
+        if scheme.online:
+            return None
+        if scheme.weight != "block":
+            raise QuantConfigError(
+                f"{scheme.describe()}: a layer whose weight is read as a dense tensor (DeepSeek's kv_b_proj) "
+                "is dequantised at load from block FP8 checkpoints only"
+            )
+        return DequantizedFP8BlockLinearMethod(scheme)
     if scheme.online:
         return OnlineFP8LinearMethod(scheme)
     if scheme.weight == "block":

@@ -328,7 +328,9 @@ def config(family: str, **extra) -> dict:
         ("deepseek_v2", dict(norm_topk_prob=True), "norm_topk_prob=true is not supported"),
         ("deepseek_v2", dict(hidden_act="gelu"), "hidden_act='gelu' is not supported"),
         ("deepseek_v3", dict(n_group=4, topk_group=None), "only one of n_group / topk_group"),
-        ("deepseek_v3", dict(quantization_config={"quant_method": "fp8"}), "quant_method='fp8' is not supported"),
+        # DeepSeek's own block-FP8 layout loads (tests/quant/test_fp8_deepseek.py); other layouts are refused
+        ("deepseek_v3", dict(quantization_config={"quant_method": "fp8"}), "without weight_block_size"),
+        ("deepseek_v3", dict(quantization_config={"quant_method": "quark"}), "quant_method='quark' is not supported"),
         ("deepseek_v2", dict(attention_bias=True, q_lora_rank=None), "attention_bias=true without q_lora_rank is"),
     ],
 )
