@@ -150,6 +150,8 @@ def test_greedy_32_tokens_agree_with_transformers_eager(family, made):
     _greedy_against_reference(LLM(model=str(qdir), dtype="float32", device="cpu", enforce_eager=True), deq)
 
 
+@pytest.mark.slow  # 46 s on 2 CPU cores (`pytest -m slow`); the default run checks the compiled
+# graph's logits against eager in test_cpu_pipeline_keeps_the_fp8_gemms_and_fuses_the_latent_norm_rope
 def test_greedy_32_tokens_agree_with_transformers_compiled(made, tmp_path):
     """The V3-style FP8 model through the compile path (trace, passes, Inductor, artifact)."""
     _, qdir, deq = made("deepseek_v3")
