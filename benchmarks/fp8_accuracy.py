@@ -32,9 +32,11 @@ from atomc.bench.blocks.accuracy import build_request, project, run_lm_eval
 from atomc.bench.sweep import free_port, server_command, stop_process_group, wait_until_healthy
 
 MAX_POINTS = 1.0  # the bound on the score difference, in percentage points
-# per-token log-likelihood bound: e4m3 keeps 3 mantissa bits, so each weight and activation moves
-# by up to 2^-4 of itself; over a 30-layer model the logits move by a few hundredths and a token's
-# log-probability by about as much. The mean is the bound stated (a few tokens near ties move more)
+# per-token log-likelihood bound, stated before the first run: e4m3 keeps 3 mantissa bits, so each
+# weight and activation moves by up to 2^-4 of itself, and a token's log-probability by a few
+# hundredths on average. The default model measured 0.166 on the CPU (2026-12-02), the same to six
+# digits as transformers with FP8 fake-quant linears (benchmarks/fp8_fake_quant_reference.py): the
+# 135M model is that sensitive to the format; the bound is left as stated, and fails there
 MAX_MEAN_ABS_LOGPROB = 0.05
 
 
