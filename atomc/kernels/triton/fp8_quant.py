@@ -50,22 +50,39 @@ def _round_to_e4m3_grid(q):
 
 
 @triton.jit
+def _amax_scale(amax):
+    """A dynamic scale: amax / 448, floored at 1e-12 (ref.MIN_SCALE)."""
+    # div_rn: IEEE division, as torch divides; Triton's `/` on fp32 is the GPU's approximate
+    # division (up to 2 ulp), which moves values across e4m3 rounding boundaries
+    return tl.maximum(tl.div_rn(amax, 448.0), 1e-12)
+
+
+@triton.jit
+def _store_e4m3(q_ptr, offs, y, s, ok, ROUND_IN_FP32: tl.constexpr):
+    """y / s (IEEE division), saturated at +-448 and cast to e4m3, stored at q_ptr + offs."""
+    q = tl.minimum(tl.maximum(tl.div_rn(y, s), -448.0), 448.0)
+    if ROUND_IN_FP32:  # the interpreter's own fp32 -> e4m3 cast is wrong (module docstring)
+        q = _round_to_e4m3_grid(q)
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _silu_mul(x, u, dtype: tl.constexpr):
+    """silu(x) * u in fp32 (x, u fp32), rounded once to `dtype` (as atomc/kernels/triton/activation.py)."""
+    return (x / (1.0 + tl.exp(-x)) * u).to(dtype)
+
+
+@triton.jit
 def _quantize_store(
     y, offs, ok, gidx, n_groups, q_row, s_row, scale_ptr, STATIC: tl.constexpr, ROUND_IN_FP32: tl.constexpr
 ):
     """y [NG, G] fp32 (masked entries 0) -> e4m3 at q_row + offs, and (dynamic) its group scales."""
-    # div_rn: IEEE division, as torch divides; Triton's `/` on fp32 is the GPU's approximate
-    # division (up to 2 ulp), which moves values across e4m3 rounding boundaries
     if STATIC:
-        q = tl.div_rn(y, tl.load(scale_ptr))
+        _store_e4m3(q_row, offs, y, tl.load(scale_ptr), ok, ROUND_IN_FP32)
     else:
-        s = tl.maximum(tl.div_rn(tl.max(tl.abs(y), 1), 448.0), 1e-12)
+        s = _amax_scale(tl.max(tl.abs(y), 1))
         tl.store(s_row + gidx, s, mask=gidx < n_groups)
-        q = tl.div_rn(y, s[:, None])
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-    if ROUND_IN_FP32:  # the interpreter's own fp32 -> e4m3 cast is wrong (module docstring)
-        q = _round_to_e4m3_grid(q)
-    tl.store(q_row + offs, q.to(q_row.dtype.element_ty), mask=ok)
+        _store_e4m3(q_row, offs, y, s[:, None], ok, ROUND_IN_FP32)
 
 
 @triton.jit
@@ -106,8 +123,7 @@ def _rows_quant_kernel(
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
     if SILU:
         u = tl.load(x_ptr + row * stride_x + n_cols + offs, mask=ok, other=0.0).to(tl.float32)
-        # fp32 throughout, rounded once to dtype (as atomc/kernels/triton/activation.py)
-        x = (x / (1.0 + tl.exp(-x)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+        x = _silu_mul(x, u, x_ptr.dtype.element_ty).to(tl.float32)
     _quantize_store(
         x, offs, ok, gidx, n_groups, q_ptr + row * n_cols, s_ptr + row * n_groups, scale_ptr, STATIC, ROUND_IN_FP32
     )
@@ -123,7 +139,7 @@ def _silu_mul_amax_kernel(x_ptr, h_ptr, amax_ptr, stride_x, n_cols, n_chunks, CH
     ok = offs < n_cols
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + n_cols + offs, mask=ok, other=0.0).to(tl.float32)
-    y = (x / (1.0 + tl.exp(-x)) * u).to(x_ptr.dtype.element_ty)
+    y = _silu_mul(x, u, x_ptr.dtype.element_ty)
     tl.store(h_ptr + row * n_cols + offs, y, mask=ok)
     tl.store(amax_ptr + row * n_chunks + chunk, tl.max(tl.abs(y.to(tl.float32)), 0))
 
@@ -142,13 +158,10 @@ def _quant_by_chunk_amax_kernel(
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     ok = offs < n_cols
     y = tl.load(h_ptr + row * n_cols + offs, mask=ok, other=0.0).to(tl.float32)
-    s = tl.maximum(tl.div_rn(amax, 448.0), 1e-12)
+    s = _amax_scale(amax)
     if chunk == 0:
         tl.store(s_ptr + row, s)
-    q = tl.minimum(tl.maximum(tl.div_rn(y, s), -448.0), 448.0)
-    if ROUND_IN_FP32:
-        q = _round_to_e4m3_grid(q)
-    tl.store(q_ptr + row * n_cols + offs, q.to(q_ptr.dtype.element_ty), mask=ok)
+    _store_e4m3(q_ptr + row * n_cols, offs, y, s, ok, ROUND_IN_FP32)
 
 
 # per-token SiLU·mul quant of a few rows: one program a row is one SM doing a 14336-wide row (6.7 us
@@ -251,7 +264,6 @@ def _rows_quant(x, scale, group_size, silu: bool, num_warps=None):
             SILU=silu, STATIC=scale is not None, NG=ng, G=g, ROUND_IN_FP32=ROUND_IN_FP32,
             num_warps=num_warps or _num_warps(ng * g),
         )  # fmt: skip
-    lead = x.shape[:-1]
     return q.view(*lead, k), s.view(*lead, n_groups)
 
 

@@ -52,7 +52,15 @@ import torch
 import triton
 import triton.language as tl
 
-from atomc.kernels.triton.paged_attention import CAPTURE_SEG_TILES, MAX_SEGMENTS, MIN_SEG_TILES, _find_seq, _num_sms
+from atomc.kernels.triton.paged_attention import (
+    CAPTURE_SEG_TILES,
+    MAX_SEGMENTS,
+    MIN_SEG_TILES,
+    _block_keys,
+    _find_seq,
+    _num_sms,
+    _seg_len,
+)
 
 
 @triton.jit
@@ -64,13 +72,6 @@ def _rows(ptr, rows, row_ok, COL0: tl.constexpr, COLS: tl.constexpr, LIMIT: tl.c
     if FULL:
         return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
     return tl.load(ptrs, mask=row_ok[:, None] & (offs < LIMIT)[None, :], other=0.0)
-
-
-@triton.jit
-def _seg_len(seq_len, NUM_SEGMENTS: tl.constexpr, TILE_N: tl.constexpr, MIN_SEG_TILES: tl.constexpr):
-    # a multiple of TILE_N and at least MIN_SEG_TILES tiles (a short context leaves the last
-    # segments empty rather than one tile a program); the reduce recomputes it the same way
-    return tl.maximum(tl.cdiv(seq_len, NUM_SEGMENTS * TILE_N), MIN_SEG_TILES) * TILE_N
 
 
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
@@ -103,11 +104,11 @@ def _mla_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     prefix = seq_len - q_len  # cached tokens before this step's queries
 
-    kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)  # keys the block can see
+    _, kv_end = _block_keys(seq_len, prefix, q_block_local, BLOCK_Q, TILE_N, 0)  # keys the block can see
     kv_begin = 0
     alone = True  # this program sees all of the block's keys: it writes the output itself
     if SPLIT:
-        seg_len = _seg_len(seq_len, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES)
+        seg_len = _seg_len(seq_len, 0, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES)  # the MHA decode's segments
         alone = kv_end <= seg_len  # (a padding sequence with no keys too: it writes zeros)
         if alone:
             if seg > 0:
@@ -212,9 +213,9 @@ def _mla_reduce_kernel(
     if q_block_local * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    kv_end = tl.minimum(seq_len, seq_len - q_len + (q_block_local + 1) * BLOCK_Q)
+    _, kv_end = _block_keys(seq_len, seq_len - q_len, q_block_local, BLOCK_Q, TILE_N, 0)
     # the segments the attention kernel wrote for this q block (the rest exited without a store)
-    used = tl.cdiv(kv_end, _seg_len(seq_len, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES))
+    used = tl.cdiv(kv_end, _seg_len(seq_len, 0, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES))
     if used <= 1:  # the block's keys fit one segment: the attention kernel wrote its output
         return
 

@@ -106,12 +106,7 @@ def _attn_kernel(
     if FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)  # s = q . (stored * k_scale) * scale
 
-    # keys this q block can see at all
-    kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)
-    kv_lo = 0
-    if WINDOW > 0:
-        # the block's first query sees keys from its position - WINDOW + 1; start at that key's tile
-        kv_lo = tl.maximum(prefix + q_block_local * BLOCK_Q - (WINDOW - 1), 0) // TILE_N * TILE_N
+    kv_lo, kv_end = _block_keys(seq_len, prefix, q_block_local, BLOCK_Q, TILE_N, WINDOW)
     kv_begin = kv_lo
     alone = True  # this program sees all of the block's keys: it writes the output itself
     if SPLIT:
@@ -189,6 +184,18 @@ def _attn_kernel(
 
 
 @triton.jit
+def _block_keys(seq_len, prefix, q_block_local, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, WINDOW: tl.constexpr):
+    """[kv_lo, kv_end): the keys a q block can see at all (the reduce recomputes them the same way).
+    kv_lo is 0, or with a window the tile of the key the block's first query sees first (its
+    position - WINDOW + 1)."""
+    kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)
+    kv_lo = 0
+    if WINDOW > 0:
+        kv_lo = tl.maximum(prefix + q_block_local * BLOCK_Q - (WINDOW - 1), 0) // TILE_N * TILE_N
+    return kv_lo, kv_end
+
+
+@triton.jit
 def _seg_len(seq_len, kv_lo, NUM_SEGMENTS: tl.constexpr, TILE_N: tl.constexpr, MIN_SEG_TILES: tl.constexpr):
     # a sequence's segment length over [kv_lo, seq_len): a multiple of TILE_N so every segment
     # count is valid, and at least MIN_SEG_TILES tiles, so a short context leaves the last segments
@@ -227,11 +234,7 @@ def _reduce_kernel(
     # the segments the attention kernel wrote partials for (the same arithmetic as there); a block
     # whose keys fit one segment was written by the attention kernel itself
     seq_len = tl.load(seq_lens_ptr + seq)
-    prefix = seq_len - q_len
-    kv_end = tl.minimum(seq_len, prefix + (q_block_local + 1) * BLOCK_Q)
-    kv_lo = 0
-    if WINDOW > 0:
-        kv_lo = tl.maximum(prefix + q_block_local * BLOCK_Q - (WINDOW - 1), 0) // TILE_N * TILE_N
+    kv_lo, kv_end = _block_keys(seq_len, seq_len - q_len, q_block_local, BLOCK_Q, TILE_N, WINDOW)
     seg_len = _seg_len(seq_len, kv_lo, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES)
     if kv_end - kv_lo <= seg_len:
         return
