@@ -67,6 +67,14 @@ class MoESpec:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
 
+    def routing_args(self) -> tuple:
+        """The routing and activation arguments atomc::moe and atomc::moe_quant take after top_k
+        (and moe_quant's weight format), in their order."""
+        return (
+            self.scoring, self.renormalize, self.num_expert_group, self.topk_group, self.routed_scaling_factor,
+            self.activation, self.swiglu_alpha, self.swiglu_limit,
+        )  # fmt: skip
+
     def __post_init__(self):
         check_moe_args(self.scoring, self.activation, self.top_k, self.num_experts)
         if self.num_expert_group and self.num_experts % self.num_expert_group:
@@ -266,14 +274,7 @@ class FusedMoE(nn.Module):
             self.expert_map,
             correction_bias,
             s.top_k,
-            s.scoring,
-            s.renormalize,
-            s.num_expert_group,
-            s.topk_group,
-            s.routed_scaling_factor,
-            s.activation,
-            s.swiglu_alpha,
-            s.swiglu_limit,
+            *s.routing_args(),
         )
 
 

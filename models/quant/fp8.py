@@ -34,7 +34,7 @@ from torch import nn
 
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.fp8_*)
 from atomc import platforms
-from atomc.ops.fp8 import FNUZ_DTYPE, fn_to_fnuz
+from atomc.ops.fp8 import FNUZ_DTYPE, expand_block_scale, fn_to_fnuz
 from models.quant.base import LinearMethod, set_weight_attrs
 from models.quant.spec import FP8_MAX, FP8Scheme, QuantConfigError
 
@@ -170,14 +170,6 @@ class FP8BlockLinearMethod(LinearMethod):
         )
 
 
-def dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """fp32 weight [N, K] of a block-FP8 weight and its [ceil(N/bn), ceil(K/bk)] scales (partial
-    last blocks cut off)."""
-    (bn, bk), (n, k) = block, weight.shape
-    s = scale_inv.float().repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
-    return weight.float() * s
-
-
 class DequantizedFP8BlockLinearMethod(FP8BlockLinearMethod):
     """A block-FP8 checkpoint linear whose weight the model reads as a dense tensor, not through a
     GEMM (DeepSeek's kv_b_proj: absorbed MLA takes per-head views of it into torch.bmm): the fp8
@@ -188,7 +180,8 @@ class DequantizedFP8BlockLinearMethod(FP8BlockLinearMethod):
     quantizes_inputs = False
 
     def process_weights_after_loading(self, layer):
-        dense = dequantize_blocks(layer.weight.data, layer.weight_scale_inv.data, (self.block_n, self.block_k))
+        w = layer.weight.data
+        dense = w.float() * expand_block_scale(layer.weight_scale_inv.data, self.block_n, self.block_k, *w.shape)
         _replace(layer, "weight", dense.to(layer.params_dtype))
         delattr(layer, "weight_scale_inv")
 

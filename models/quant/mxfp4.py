@@ -68,14 +68,7 @@ class MoEMethod:
             correction_bias,
             s.top_k,
             self.weight_format,
-            s.scoring,
-            s.renormalize,
-            s.num_expert_group,
-            s.topk_group,
-            s.routed_scaling_factor,
-            s.activation,
-            s.swiglu_alpha,
-            s.swiglu_limit,
+            *s.routing_args(),
         )
 
 
