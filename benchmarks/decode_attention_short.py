@@ -29,6 +29,7 @@ if TINY:
     os.environ["TRITON_INTERPRET"] = "1"  # before the first triton import
 
 import torch  # noqa: E402
+from graph_timing import graph_time_us  # noqa: E402
 
 from atomc.kernels.triton.mla_attention import mla_attention  # noqa: E402
 from atomc.kernels.triton.paged_attention import MIN_SEG_TILES, paged_attention  # noqa: E402
@@ -87,19 +88,6 @@ def mla_calls(shape, bs, ctx, cap, layers, dtype, dev):
     return pools, call, out
 
 
-def graph_us(call, pools, kw) -> float:
-    from triton.testing import do_bench
-
-    for p in pools[:1]:
-        call(p, **kw)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for p in pools:
-            call(p, **kw)
-    return do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3 / len(pools)
-
-
 def run_case(kind, name, shape, bs, ctx, cap, layers, configs, dtype, dev) -> list[dict]:
     make = mha_calls if kind == "mha" else mla_calls
     pools, call, out = make(shape, bs, ctx, cap, layers, dtype, dev)
@@ -113,7 +101,7 @@ def run_case(kind, name, shape, bs, ctx, cap, layers, configs, dtype, dev) -> li
             row["rel_err_vs_first"] = ((got - ref).norm() / ref.norm()).item()
             assert row["rel_err_vs_first"] < (1e-2 if dtype != torch.float32 else 1e-5), row
             if dev == "cuda":
-                row["us"] = round(graph_us(call, pools, kw), 2)
+                row["us"] = round(graph_time_us(lambda p, kw=kw: call(p, **kw), [(p,) for p in pools]), 2)
         except Exception as exc:  # e.g. out of shared memory or registers
             row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
         rows.append(row)

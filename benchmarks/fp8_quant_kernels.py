@@ -25,6 +25,7 @@ if TINY:
     os.environ["TRITON_INTERPRET"] = "1"  # before the first triton import
 
 import torch  # noqa: E402
+from graph_timing import graph_time_us  # noqa: E402
 
 from atomc.kernels.triton import fp8_quant  # noqa: E402
 
@@ -47,18 +48,6 @@ def cases(rows: int, hidden: int, inter: int, dtype, dev, layers: int):
     }
 
 
-def graph_us(fn, layers: int, nw) -> float:
-    from triton.testing import do_bench
-
-    fn(0, nw)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(layers):
-            fn(i, nw)
-    return do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3 / layers
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("results/fp8_quant_kernels.json"))
@@ -79,7 +68,9 @@ def main() -> None:
                     got = fn(0, nw)[0].float()
                     row["same_as_default"] = bool(torch.equal(got, want))
                     if dev == "cuda":
-                        row["us"] = round(graph_us(fn, layers, nw), 2)
+                        row["us"] = round(
+                            graph_time_us(lambda i, fn=fn, nw=nw: fn(i, nw), [(i,) for i in range(layers)]), 2
+                        )
                 except Exception as exc:  # e.g. too many warps for the tile
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
                 rows_out.append(row)

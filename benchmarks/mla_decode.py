@@ -36,6 +36,7 @@ if TINY:
 
 import torch  # noqa: E402
 from ceilings import dense_bf16_peak, mla_decode_roofline  # noqa: E402
+from graph_timing import graph_time_us  # noqa: E402
 
 from atomc.forward_context import AttentionMetadata  # noqa: E402
 from atomc.kernels.triton.mla_attention import mla_attention  # noqa: E402
@@ -141,20 +142,6 @@ def roofline_fields(bs: int, ctx: int, us: float, bw: float, peak: float, gemm: 
     )
 
 
-def graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw) -> float:
-    """Median µs of one kernel call, from replays of a graph of one call per cache in `pools`."""
-    from triton.testing import do_bench
-
-    for cache in pools:
-        kernel(q_absorbed, q_pe, cache, out, meta, scale, **kw)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for cache in pools:
-            kernel(q_absorbed, q_pe, cache, out, meta, scale, **kw)
-    return do_bench(graph.replay, warmup=5, rep=50, return_mode="median") * 1e3 / len(pools)
-
-
 # --sweep: the tiling before the compute-bound rework (32 heads, 64 keys, 4 warps, with the MHA
 # decode's segment rule: "old"), the new 64-head / 8-warp tiles over keys a step x stages x c_kv
 # pieces (64 keys x 3 stages would need 288 KiB of shared memory: left out), and the new default
@@ -198,7 +185,9 @@ def bench_rows(
         row = dict(bs=bs, ctx=ctx, config=config, launched=kw, reference_us=ref_us)
         try:
             row["rel_err"] = rel_err(kernel(q_absorbed, q_pe, pools[0], out, meta, scale, **kw), ref)
-            us = graph_time_us(q_absorbed, q_pe, pools, out, meta, scale, kw)
+            us = graph_time_us(
+                lambda c, kw=kw: kernel(q_absorbed, q_pe, c, out, meta, scale, **kw), [(c,) for c in pools], 50
+            )
         except Exception as exc:  # a config the GPU cannot hold
             row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
             print(f"bs {bs:3d} ctx {ctx:6d} {kw}: failed: {row['error']}")

@@ -38,6 +38,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import graph_timing  # noqa: E402
 import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
@@ -125,17 +126,13 @@ def grouped_mm_moe(x, weights, ids, w13, w2, b13, b2, activation):
 
 
 def graph_time_us(fn, calls: list[tuple]) -> float:
-    """Median µs of one call, from replays of a graph holding every call in `calls` back to back."""
-    for args in calls:
-        fn(*args)  # compile and warm up outside the capture
+    """Median µs of one call, from replays of a graph holding every call in `calls` back to back
+    (graph_timing.py); --tiny: the wall time of the calls, after one warm-up."""
     if DEV == "cpu":
-        return wall_us(lambda: [fn(*args) for args in calls]) / len(calls)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
         for args in calls:
             fn(*args)
-    return do_bench(graph.replay, warmup=5, rep=40, return_mode="median") * 1e3 / len(calls)
+        return wall_us(lambda: [fn(*args) for args in calls]) / len(calls)
+    return graph_timing.graph_time_us(fn, calls)
 
 
 def bench_shape(
