@@ -26,8 +26,10 @@ def test_tuned_file_is_a_valid_configuration(path):
     raw = json.loads(path.read_text())
     fields = dict(kv.split("=", 1) for kv in path.stem.split(","))
     dtype = getattr(torch, fields["dtype"])
+    weights = fields.get("weights", "")  # a quantised experts' file names its format
+    assert weights == ("" if raw["meta"].get("weights", "bf16") == "bf16" else raw["meta"]["weights"])
     assert path.name == moe_config.config_name(
-        int(fields["E"]), int(fields["H"]), int(fields["I"]), int(fields["topk"]), dtype, raw["meta"]["device"]
+        int(fields["E"]), int(fields["H"]), int(fields["I"]), int(fields["topk"]), dtype, raw["meta"]["device"], weights
     )
     buckets = moe_config.load_configs(path.name)
     assert buckets and all(m >= 1 for m in buckets)
