@@ -29,7 +29,7 @@ from models.arch import ModelArch, layer_sliding_window
 from models.layers.attention import LlamaStyleAttention
 from models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from models.layers.mlp import GatedMLP
-from models.layers.moe import ExpertNames, MoESpec, SparseMoEBlock
+from models.layers.moe import ExpertNames, MoESpec, SparseMoEBlock, expert_sharding
 from models.layers.norm import RMSNorm
 from models.layers.parallel import SINGLE, ParallelInfo
 from models.layers.rotary import RotaryEmbedding, rope_parameters
@@ -114,7 +114,7 @@ def llama_attention(config: DecoderConfig, layer_idx: int, parallel: ParallelInf
 
 def llama_mlp(config: DecoderConfig, layer_idx: int, parallel: ParallelInfo = SINGLE) -> nn.Module:
     if layer_idx in config.moe_layers:
-        return SparseMoEBlock(config.hidden_size, config.moe, parallel)
+        return SparseMoEBlock(config.hidden_size, config.moe, *expert_sharding(parallel))
     return GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias, parallel)
 
 

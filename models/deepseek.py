@@ -71,7 +71,7 @@ from models.layers.linear import (
     RowParallelLinear,
 )
 from models.layers.mlp import GatedMLP
-from models.layers.moe import ExpertNames, FusedMoE, MoESpec
+from models.layers.moe import ExpertNames, FusedMoE, MoESpec, expert_sharding
 from models.layers.norm import RMSNorm
 from models.layers.parallel import SINGLE, ParallelInfo
 from models.layers.rotary import RotaryEmbedding, rope_parameters
@@ -287,7 +287,7 @@ class DeepseekMoE(nn.Module):
     def __init__(self, c: DeepseekConfig, parallel: ParallelInfo = SINGLE):
         super().__init__()
         self.gate = DeepseekRouter(c.hidden_size, c.moe.num_experts, c.correction_bias, parallel)
-        self.experts = FusedMoE(c.hidden_size, c.moe, parallel)
+        self.experts = FusedMoE(c.hidden_size, c.moe, *expert_sharding(parallel))
         if c.shared_intermediate_size:
             self.shared_experts = GatedMLP(c.hidden_size, c.shared_intermediate_size, False, parallel)
         else:

@@ -21,3 +21,7 @@ from atomc.ops import fp8, fp8_fused  # noqa: F401
 # isort: split
 # MoE blocks with quantised experts (MXFP4, FP8)
 from atomc.ops import moe_quant  # noqa: F401
+
+# isort: split
+# the tensor-parallel collectives (torch.distributed inside; the layers call them only at TP > 1)
+from atomc.ops import collective  # noqa: F401

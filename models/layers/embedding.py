@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers.parallel import SINGLE, ParallelInfo, needs_all_reduce
+from models.layers.parallel import SINGLE, ParallelInfo, all_gather, all_reduce
 from models.quant.base import set_weight_attrs
 
 
@@ -38,16 +38,23 @@ class VocabParallelEmbedding(nn.Module):
         param.data[n:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        needs_all_reduce(self.parallel, type(self).__name__)  # TP: mask ids outside this slice, then sum
-        return F.embedding(input_ids, self.weight)
+        if self.parallel.size == 1:
+            return F.embedding(input_ids, self.weight)
+        # ids outside this rank's rows look up row 0 and are zeroed: the ranks' sum is the lookup
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.vocab_end - self.vocab_start)
+        rows = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return all_reduce(self.parallel, rows.masked_fill(outside.unsqueeze(-1), 0))
 
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits over this rank's vocabulary slice (TP: gathered and trimmed to the vocabulary)."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        needs_all_reduce(self.parallel, type(self).__name__)
-        return F.linear(hidden, self.weight).float()
+        logits = F.linear(hidden, self.weight).float()
+        if self.parallel.size == 1:
+            return logits
+        return all_gather(self.parallel, logits, -1)[..., : self.num_embeddings]  # the last rank's pad rows off
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise TypeError("ParallelLMHead computes logits: call compute_logits(hidden)")

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from models.layers.parallel import SINGLE, ParallelInfo, needs_all_reduce
+from models.layers.parallel import SINGLE, ParallelInfo, all_reduce
 from models.quant.base import LinearMethod, set_weight_attrs
 from models.quant.unquantized import UnquantizedLinearMethod
 
@@ -240,5 +240,8 @@ class RowParallelLinear(LinearBase):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        needs_all_reduce(self.parallel, type(self).__name__)
+        return all_reduce(self.parallel, self.partial_forward(x))
+
+    def partial_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum (the bias on rank 0 only), before the all-reduce."""
         return self.linear_method.apply(self, x, self.bias if self.parallel.rank == 0 else None)

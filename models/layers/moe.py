@@ -42,7 +42,7 @@ from torch import nn
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.moe)
 from atomc.ops.moe import check_moe_args
 from models.layers.linear import ReplicatedLinear
-from models.layers.parallel import SINGLE, ParallelInfo, needs_all_reduce
+from models.layers.parallel import SINGLE, ParallelInfo, all_reduce
 from models.quant.base import set_weight_attrs
 
 GATE_UP = ("gate", "up")
@@ -252,12 +252,10 @@ class FusedMoE(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor, correction_bias=None) -> torch.Tensor:
-        needs_all_reduce(self.tp, type(self).__name__)
-        if self.ep.size > 1:
-            raise NotImplementedError(
-                f"FusedMoE with expert-parallel size {self.ep.size} needs a collective atomc does not have yet"
-            )
-        return self.partial_forward(x, router_logits, correction_bias)
+        # every rank routes all tokens (replicated router, TP attention), so the ranks' partial
+        # blocks (their experts, or their slice of I) sum to the block: one all-reduce combines them
+        partial = self.partial_forward(x, router_logits, correction_bias)
+        return all_reduce(self.ep if self.ep.size > 1 else self.tp, partial)
 
     def partial_forward(self, x: torch.Tensor, router_logits: torch.Tensor, correction_bias=None) -> torch.Tensor:
         """This rank's share of the block: its experts, its slice of I (w2's bias on TP rank 0 only)."""
@@ -281,6 +279,12 @@ class FusedMoE(nn.Module):
 def _check(t: torch.Tensor, dim: int, expected: int, what: str) -> None:
     if t.dim() <= dim or t.shape[dim] != expected:
         raise ValueError(f"has shape {tuple(t.shape)}, but its dim {dim} should be {expected}{what}")
+
+
+def expert_sharding(parallel: ParallelInfo) -> tuple[ParallelInfo, ParallelInfo]:
+    """(tp, ep) for a MoE layer on these ranks: experts split across them under expert parallelism
+    (each expert whole on one rank), else every expert's intermediate size split."""
+    return (SINGLE, parallel) if parallel.expert_parallel and parallel.size > 1 else (parallel, SINGLE)
 
 
 class SparseMoEBlock(nn.Module):

@@ -2,18 +2,29 @@
 
 Layers take it explicitly instead of reading a global process group, so sharding is a pure function
 of (rank, size): a test can load rank 1 of 2 in a single process and check the slices. With size 1
-(today's only runtime setting) every layer holds the whole tensor and no collective is needed.
+every layer holds the whole tensor and no collective enters the traced graph; with size > 1 the
+layers whose outputs are partial sums or slices call the collective ops (atomc/ops/collective.py)
+on the process group named `group`, which atomc's workers set up.
+
+`expert_parallel` (`--enable-expert-parallel`): MoE layers split their experts across these ranks
+instead of each expert's intermediate size (attention and dense MLPs stay tensor-parallel).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+import atomc.ops  # noqa: F401  (registers torch.ops.atomc.all_reduce / all_gather)
+
 
 @dataclass(frozen=True)
 class ParallelInfo:
     rank: int = 0
     size: int = 1
+    group: str = "tp"
+    expert_parallel: bool = False
 
     def __post_init__(self):
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -29,11 +40,11 @@ class ParallelInfo:
 SINGLE = ParallelInfo()
 
 
-def needs_all_reduce(parallel: ParallelInfo, layer: str) -> None:
-    """Layers whose output is a partial sum (or a vocab slice) call this in forward: with size 1 it is
-    a constant no-op that leaves the traced graph untouched; the collective itself comes with TP."""
-    if parallel.size > 1:
-        raise NotImplementedError(
-            f"{layer} with tensor-parallel size {parallel.size} needs a collective atomc does not have yet; "
-            "loading sharded weights works, running them does not"
-        )
+def all_reduce(parallel: ParallelInfo, x: torch.Tensor) -> torch.Tensor:
+    """The sum of the ranks' partial x; with size 1, x itself (no node in the graph)."""
+    return x if parallel.size == 1 else torch.ops.atomc.all_reduce(x, parallel.group)
+
+
+def all_gather(parallel: ParallelInfo, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The ranks' slices of x joined along `dim`; with size 1, x itself."""
+    return x if parallel.size == 1 else torch.ops.atomc.all_gather(x, dim, parallel.group)

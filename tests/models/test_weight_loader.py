@@ -133,9 +133,9 @@ def test_vocab_that_does_not_divide_is_padded_on_the_last_rank():
     assert torch.equal(torch.cat(parts)[:10], table) and torch.count_nonzero(parts[2][2:]) == 0
 
 
-def test_sharded_forward_is_refused_until_tp_lands(checkpoints):
+def test_sharded_forward_outside_a_worker_is_a_clear_error(checkpoints):
     model = load(checkpoints["llama"], 1, 2)
-    with pytest.raises(NotImplementedError, match="tensor-parallel size 2"):
+    with pytest.raises(RuntimeError, match="collective group 'tp' is not set up"):
         model(torch.arange(3), torch.arange(3))
 
 
