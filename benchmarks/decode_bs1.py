@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import ceilings  # noqa: E402
 from checkpoints import make_checkpoint, model_config, weight_bytes  # noqa: E402
+from tree_env import child_env  # noqa: E402
 
 PROMPT_LEN, OUTPUT_LEN = 128, 512
 TINY_LENS = (16, 24)  # prompt, output tokens under --tiny
@@ -70,7 +71,7 @@ def run_child(cmd: list[str], timeout: float, log: Path | None) -> tuple[dict | 
     returns (its RESULT json or None, the tail of its output)."""
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=child_env(PYTHONUNBUFFERED="1"),  # this tree's atomc, whatever the caller exported
     )  # fmt: skip
 
     def stop(signum, frame):  # a timeout around this script must not leave an engine holding the GPU

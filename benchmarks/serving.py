@@ -21,11 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from atomc.bench.sweep import free_port, server_command, stop_process_group, wait_until_healthy
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]  # this tree first
 import ceilings  # noqa: E402
 from checkpoints import CONFIGS, make_checkpoint, model_config  # noqa: E402
+from tree_env import child_env  # noqa: E402
+
+from atomc.bench.sweep import free_port, server_command, stop_process_group, wait_until_healthy  # noqa: E402
 
 # --tiny: a toy model on the CPU, short requests, nominal rates (the % are then smoke values only)
 TINY = {"isl": 32, "osl": 16, "conc": [1, 4], "hf_conc": 4, "hf_osl": 8, "bandwidth": 20e9, "matmul_flops": 200e9}
@@ -41,7 +42,7 @@ def start_server(
     ]  # fmt: skip
     log = open(log_path, "w")  # noqa: SIM115 (lives as long as the server)
     cmd = server_command(model_dir, port, engine_args)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=child_env())
     wait_until_healthy(f"http://127.0.0.1:{port}", proc, 900, log_path)
     return proc
 
