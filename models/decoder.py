@@ -142,8 +142,26 @@ def llama_style_layer(config: DecoderConfig, layer_idx: int, parallel: ParallelI
     return DecoderLayer(attn, mlp, config.hidden_size, config.rms_norm_eps)
 
 
+def refuse_pipeline_kv(parallel: ParallelInfo) -> None:
+    """The runner allocates a KV cache for every layer index; a stage holds only some of them."""
+    if parallel.stages > 1:
+        raise ValueError(
+            f"pipeline stage {parallel.stage} of {parallel.stages}: the engine does not run pipeline stages "
+            "yet (a stage's model runs its layers' forward; its KV cache and scheduling are not built)"
+        )
+
+
+class OtherStageLayer(nn.Module):
+    """The place of a decoder layer another pipeline stage holds: no weights, never called (the
+    layer indices, the checkpoint names and the KV cache's layer ids stay the model's own)."""
+
+
 class DecoderModel(nn.Module):
-    """embed_tokens -> layers (built by `make_layer(i)`) -> norm, with the RoPE table every layer uses."""
+    """embed_tokens -> layers (built by `make_layer(i)`) -> norm, with the RoPE table every layer uses.
+
+    A pipeline stage (`parallel.stages` > 1) builds its own layers only; the embedding lives on the
+    first stage (and on the last too when the LM head is tied to it), the norm on the last. A stage
+    after the first takes the previous stage's hidden states instead of token ids."""
 
     def __init__(
         self,
@@ -154,18 +172,33 @@ class DecoderModel(nn.Module):
         make_layer: Callable[[int], nn.Module],
         rotary_emb: RotaryEmbedding,
         parallel: ParallelInfo = SINGLE,
+        tied_head: bool = False,
     ):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(vocab_size, hidden_size, parallel)
-        self.layers = nn.ModuleList(make_layer(i) for i in range(num_layers))
-        self.norm = RMSNorm(hidden_size, rms_norm_eps)
+        self.layer_range = parallel.stage_layers(num_layers)
+        embed = parallel.first_stage or (tied_head and parallel.last_stage)
+        self.embed_tokens = VocabParallelEmbedding(vocab_size, hidden_size, parallel) if embed else None
+        self.layers = nn.ModuleList(
+            make_layer(i) if i in self.layer_range else OtherStageLayer() for i in range(num_layers)
+        )
+        self.norm = RMSNorm(hidden_size, rms_norm_eps) if parallel.last_stage else None
+        self.first_stage = parallel.first_stage
         self.rotary_emb = rotary_emb
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(positions, x, self.rotary_emb)
-        return self.norm(x)
+    def stage_layers(self) -> list[nn.Module]:
+        """The decoder layers this process holds, in order."""
+        return [self.layers[i] for i in self.layer_range]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor | None = None):
+        if self.first_stage:
+            x = self.embed_tokens(input_ids)
+        elif hidden is None:
+            raise ValueError("a pipeline stage after the first takes the previous stage's hidden states")
+        else:
+            x = hidden
+        for i in self.layer_range:
+            x = self.layers[i](positions, x, self.rotary_emb)
+        return self.norm(x) if self.norm is not None else x
 
 
 class DecoderForCausalLM(nn.Module):
@@ -191,10 +224,11 @@ class DecoderForCausalLM(nn.Module):
         c = self.config
         rope = self.rotary_embedding()
         self.model = DecoderModel(
-            arch.vocab_size, c.hidden_size, c.rms_norm_eps, arch.num_layers, self.build_layer, rope, parallel
+            arch.vocab_size, c.hidden_size, c.rms_norm_eps, arch.num_layers, self.build_layer, rope, parallel,
+            tied_head=arch.tie_word_embeddings,
         )  # fmt: skip
-        self.lm_head = ParallelLMHead(arch.vocab_size, c.hidden_size, parallel)
-        if arch.tie_word_embeddings:  # one Parameter: the loader's materialisation keeps it shared
+        self.lm_head = ParallelLMHead(arch.vocab_size, c.hidden_size, parallel) if parallel.last_stage else None
+        if arch.tie_word_embeddings and self.lm_head is not None:  # one Parameter, kept shared by the loader
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def build_attention(self, layer_idx: int) -> nn.Module:
@@ -211,15 +245,33 @@ class DecoderForCausalLM(nn.Module):
         a, c = self.arch, self.config
         return RotaryEmbedding(a.head_dim, a.max_position_embeddings, c.rope_theta, c.rope_scaling)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states [T, hidden] for a flat batch; logits are computed only where needed."""
-        return self.model(input_ids, positions)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor | None = None):
+        """Hidden states [T, hidden] for a flat batch; logits are computed only where needed. A
+        pipeline stage after the first starts from `hidden`, the previous stage's output."""
+        return self.model(input_ids, positions, hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:
+            raise ValueError("only the last pipeline stage holds the LM head")
         return self.lm_head.compute_logits(hidden)
+
+    def skips_checkpoint_tensor(self, name: str) -> bool:
+        """A pipeline stage skips the tensors of the layers, embedding, norm and head it does not hold."""
+        if self.parallel.stages == 1:
+            return False
+        parts = name.split(".")
+        if parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdigit():
+            i = int(parts[2])
+            return i < self.arch.num_layers and i not in self.model.layer_range
+        if parts[:2] == ["model", "embed_tokens"]:
+            return self.model.embed_tokens is None
+        if parts[:2] == ["model", "norm"]:
+            return self.model.norm is None
+        return parts[0] == "lm_head" and self.lm_head is None
 
     def kv_cache_specs(self) -> list[PagedAttentionSpec]:
         """One spec per layer, with this rank's KV heads (what this process allocates)."""
+        refuse_pipeline_kv(self.parallel)
         return [
             PagedAttentionSpec(layer.self_attn.num_kv_heads, layer.self_attn.head_dim, window)
             for layer, window in zip(self.model.layers, self.arch.layer_sliding_windows(), strict=True)

@@ -62,7 +62,7 @@ from torch import nn
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.mla_attention, moe)
 from atomc.kv_spec import MLAAttentionSpec
 from models.arch import ModelArch
-from models.decoder import DecoderForCausalLM, required
+from models.decoder import DecoderForCausalLM, refuse_pipeline_kv, required
 from models.deepseek_mtp import MTPLayer, checkpoint_prefixes, keep_dense_eh_proj, share_absent_tables
 from models.layers.linear import (
     ColumnParallelLinear,
@@ -317,6 +317,8 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
         super().__init__(arch, parallel)
         c = self.config
         self.packed_modules_mapping = {**type(self).packed_modules_mapping, **qkv_a_mapping(c)}
+        if mtp and parallel.stages > 1:
+            raise ValueError("DeepSeek's MTP layers are not built under pipeline parallelism")
         if mtp and not c.num_mtp_layers:
             raise ValueError(
                 f"{arch.architecture}: this config.json has no MTP layers (num_nextn_predict_layers "
@@ -345,6 +347,8 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
         """V3/R1 checkpoints hold their MTP modules as layers num_hidden_layers..; a model built
         without `mtp` skips their tensors (one with it loads them through checkpoint_prefixes)."""
         parts = name.split(".")
+        if super().skips_checkpoint_tensor(name):  # another pipeline stage's
+            return True
         n = self.arch.num_layers
         return (
             not len(self.mtp)
@@ -376,6 +380,7 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
         """Every layer caches the latent and the rope key: kv_lora_rank + qk_rope_head_dim a token;
         MTP layers (when built) after the main ones, at their attention's layer index."""
         c = self.config
+        refuse_pipeline_kv(self.parallel)
         return [MLAAttentionSpec(c.kv_lora_rank, c.qk_rope_head_dim)] * (self.arch.num_layers + len(self.mtp))
 
 

@@ -137,5 +137,5 @@ class GptOssForCausalLM(DecoderForCausalLM):
 
     def __init__(self, arch: ModelArch, parallel: ParallelInfo = SINGLE):
         super().__init__(arch, parallel)
-        for layer in self.model.layers:
+        for layer in self.model.stage_layers():
             install_expert_loaders(layer.mlp.experts)

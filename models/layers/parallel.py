@@ -8,6 +8,10 @@ on the process group named `group`, which atomc's workers set up.
 
 `expert_parallel` (`--enable-expert-parallel`): MoE layers split their experts across these ranks
 instead of each expert's intermediate size (attention and dense MLPs stay tensor-parallel).
+
+`stage` of `stages` (pipeline parallelism): this process builds and loads only its contiguous run
+of decoder layers (`stage_layers`), the first stage the embedding, the last the final norm and the
+LM head; the hidden states between stages are the caller's to pass.
 """
 
 from __future__ import annotations
@@ -25,10 +29,31 @@ class ParallelInfo:
     size: int = 1
     group: str = "tp"
     expert_parallel: bool = False
+    stage: int = 0
+    stages: int = 1
 
     def __post_init__(self):
         if self.size < 1 or not 0 <= self.rank < self.size:
             raise ValueError(f"tensor-parallel rank {self.rank} of size {self.size} is not valid")
+        if self.stages < 1 or not 0 <= self.stage < self.stages:
+            raise ValueError(f"pipeline stage {self.stage} of {self.stages} is not valid")
+
+    @property
+    def first_stage(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.stage == self.stages - 1
+
+    def stage_layers(self, num_layers: int) -> range:
+        """This stage's decoder layers: contiguous runs whose lengths differ by at most one, the
+        longer ones first (the last stage also runs the LM head)."""
+        if num_layers < self.stages:
+            raise ValueError(f"{num_layers} decoder layers cannot fill {self.stages} pipeline stages")
+        base, extra = divmod(num_layers, self.stages)
+        start = self.stage * base + min(self.stage, extra)
+        return range(start, start + base + (self.stage < extra))
 
     def split(self, total: int, what: str) -> int:
         """The per-rank part of `total` (heads, features, ...), or a clear error if it does not divide."""
