@@ -97,16 +97,22 @@ class ParallelExecutor:
 
     def failure(self, error: BaseException) -> BaseException:
         """What ends the engine after `error` in a step or at start-up (the ranks may be out of
-        step, so nothing runs again): a dead worker's WorkerDied if there is one, else `error`."""
+        step, so nothing runs again): a dead worker's WorkerDied if there is one, else `error`.
+        The driver's own configuration errors (a size that does not divide, a missing file) stay
+        themselves: the workers hit the same one."""
+        if isinstance(error, (ValueError, TypeError, FileNotFoundError)):
+            self.close(graceful=False)
+            return error
         for _ in range(10):  # a worker killed mid-collective may take a moment to be reaped
             for rank, proc in enumerate(self.procs, 1):
                 if not proc.is_alive():
-                    self.close()
-                    return self._died(rank)
+                    died = self._died(rank)
+                    self.close(graceful=False)
+                    return died
             if isinstance(error, WorkerDied):
                 break
             wait([p.sentinel for p in self.procs], timeout=0.1)
-        self.close()
+        self.close(graceful=False)
         return error
 
     def check_alive(self) -> None:
@@ -145,20 +151,22 @@ class ParallelExecutor:
 
     # -- shutdown ------------------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Stop the workers: a STOP record and a join (`graceful`), else (after a failure, when the
+        ranks may be out of step) a kill at once."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.close)
         if hasattr(self, "_stop_watch"):
             self._stop_watch.set()
-        if hasattr(self, "channel") and all(p.is_alive() for p in self.procs):
+        if graceful and hasattr(self, "channel") and all(p.is_alive() for p in self.procs):
             try:
                 dist.broadcast(step_codec.header(step_codec.STOP), src=0, group=self.channel)
             except Exception as e:  # noqa: BLE001  (a worker gone mid-send: the kill below ends the rest)
                 log.warning("could not send STOP to the workers: %s", e)
-        for proc in self.procs:
-            proc.join(timeout=JOIN_TIMEOUT_S)
+            for proc in self.procs:
+                proc.join(timeout=JOIN_TIMEOUT_S)
         self._kill_all()
         distributed.leave()
 

@@ -54,9 +54,9 @@ def worker_main(args: WorkerArgs, ready) -> None:
             ready.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         except OSError:
             pass
-        sys.exit(1)
-    finally:
-        distributed.leave()
+        sys.stderr.flush()
+        os._exit(1)  # not through torch.distributed's teardown, which can wait on the other ranks
+    distributed.leave()
 
 
 def run_worker(args: WorkerArgs, ready) -> None:
