@@ -63,7 +63,8 @@ class ParallelExecutor:
         self._errors: dict[int, str] = {}
         atexit.register(self.close)
         try:
-            self.channel = distributed.join(0, self.size, device, init, par.distributed_timeout_s)
+            rank0 = distributed.rank_device(device, 0)
+            self.channel = distributed.join(0, self.size, rank0, init, par.distributed_timeout_s)
         except BaseException:
             self.close()
             raise
