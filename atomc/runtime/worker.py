@@ -66,6 +66,8 @@ def run_worker(args: WorkerArgs, ready) -> None:
     par = args.config.parallel
     rank, size = par.rank, par.tensor_parallel_size
     device = distributed.rank_device(args.device, rank)
+    if device == "cpu":  # the ranks share the cores: N ranks of all-core thread pools would thrash
+        torch.set_num_threads(max(1, torch.get_num_threads() // size))
     channel = distributed.join(rank, size, device, args.init_method, par.distributed_timeout_s)
     info = ParallelInfo(rank, size, expert_parallel=par.enable_expert_parallel)
     runner = ModelRunner(args.config, args.model_dir, args.arch, device, args.dtype, args.max_model_len, info)
