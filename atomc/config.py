@@ -68,8 +68,13 @@ class CompileConfig:
 
 @dataclass
 class ParallelConfig:
-    tensor_parallel_size: int = 1
-    rank: int = 0
+    tensor_parallel_size: int = 1  # ranks: the engine's process is rank 0, each other a worker process
+    pipeline_parallel_size: int = 1  # > 1 is refused (not implemented yet)
+    # MoE layers give each rank whole experts instead of a slice of every expert (attention stays TP)
+    enable_expert_parallel: bool = False
+    rank: int = 0  # this process's rank (set per worker; a cache-key factor)
+    # torch.distributed's timeout for every collective: a rank that stops answering fails the others
+    distributed_timeout_s: float = 300.0
 
 
 @dataclass

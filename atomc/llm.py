@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from atomc.config import CacheConfig, CompileConfig, EngineConfig, ModelConfig, SchedulerConfig
+from atomc.config import CacheConfig, CompileConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from atomc.engine.llm_engine import LLMEngine
 from atomc.outputs import RequestOutput, best_of
 from atomc.sampling_params import SamplingParams
@@ -39,6 +39,9 @@ class LLM:
         generation_config: str = ModelConfig.generation_config,
         cudagraph_mixed_max_tokens: int = CompileConfig.cudagraph_mixed_max_tokens,
         async_scheduling: bool = SchedulerConfig.async_scheduling,
+        tensor_parallel_size: int = ParallelConfig.tensor_parallel_size,
+        pipeline_parallel_size: int = ParallelConfig.pipeline_parallel_size,
+        enable_expert_parallel: bool = ParallelConfig.enable_expert_parallel,
         config: EngineConfig | None = None,
     ):
         """Each keyword sets the EngineConfig field of its name (defaults are the config's); or pass
@@ -51,6 +54,16 @@ class LLM:
         self.config = config
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (an exit does it too)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -71,6 +71,16 @@ Quantization = Annotated[
         "--quantization", "-q", help="fp8: quantise a bf16/fp32 checkpoint at load (default: as the checkpoint is)"
     ),
 ]
+TensorParallelSize = Annotated[
+    int, typer.Option("--tensor-parallel-size", "-tp", help="ranks the model is split over (one process each)")
+]
+PipelineParallelSize = Annotated[
+    int, typer.Option("--pipeline-parallel-size", "-pp", help="pipeline stages (only 1: not yet supported)")
+]
+EnableExpertParallel = Annotated[
+    bool,
+    typer.Option("--enable-expert-parallel", help="MoE layers: whole experts per rank instead of a slice of each"),
+]
 DisablePass = Annotated[list[str] | None, typer.Option("--disable-pass", help="skip a compiler pass by name")]
 
 
@@ -83,6 +93,7 @@ _CONFIG_FLAGS = frozenset(
         "block_size", "enable_prefix_caching", "gpu_memory_utilization", "num_kv_blocks", "kv_cache_dtype",
         "enforce_eager", "cache_dir", "cache_signing_key_file", "require_artifacts", "cudagraph_capture_sizes",
         "cudagraph_mixed_max_tokens", "disable_pass",
+        "tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
     }
 )  # fmt: skip
 

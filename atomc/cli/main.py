@@ -16,6 +16,7 @@ from atomc.cli.flags import (
     Device,
     DisablePass,
     Dtype,
+    EnableExpertParallel,
     EnforceEager,
     GenerationConfig,
     GpuMem,
@@ -27,15 +28,25 @@ from atomc.cli.flags import (
     MaxNumSeqs,
     MixedMaxTokens,
     Model,
+    PipelineParallelSize,
     PrefixCaching,
     Quantization,
     RequireArtifacts,
     Seed,
     SigningKeyFile,
+    TensorParallelSize,
     config_from,
     fail,
 )
-from atomc.config import CacheConfig, CompileConfig, EngineConfig, ModelConfig, SchedulerConfig, ServeConfig
+from atomc.config import (
+    CacheConfig,
+    CompileConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    ServeConfig,
+)
 
 # plain click help (rich_markup_mode=None): rich's boxed tables cut long flag names at 80 columns
 HELP_SETTINGS = {"max_content_width": 120, "help_option_names": ["-h", "--help"]}
@@ -74,6 +85,9 @@ def generate(
     cache_dir: CacheDir = None,
     cache_signing_key_file: SigningKeyFile = None,
     require_artifacts: RequireArtifacts = CompileConfig.require_artifacts,
+    tensor_parallel_size: TensorParallelSize = ParallelConfig.tensor_parallel_size,
+    pipeline_parallel_size: PipelineParallelSize = ParallelConfig.pipeline_parallel_size,
+    enable_expert_parallel: EnableExpertParallel = ParallelConfig.enable_expert_parallel,
 ) -> None:
     """Generate a continuation of PROMPT and print it."""
     from atomc.llm import LLM
@@ -131,6 +145,9 @@ def serve(
     load_format: LoadFormat = ModelConfig.load_format,
     generation_config: GenerationConfig = ModelConfig.generation_config,
     disable_pass: DisablePass = None,
+    tensor_parallel_size: TensorParallelSize = ParallelConfig.tensor_parallel_size,
+    pipeline_parallel_size: PipelineParallelSize = ParallelConfig.pipeline_parallel_size,
+    enable_expert_parallel: EnableExpertParallel = ParallelConfig.enable_expert_parallel,
     die_with_parent: Annotated[
         bool, typer.Option("--die-with-parent", help="exit when the process that started the server exits")
     ] = ServeConfig.die_with_parent,

@@ -25,6 +25,7 @@ from atomc.engine.client import EngineClient
 from atomc.engine.detokenizer import DetokenizerState, decode_rest, decode_step
 from atomc.engine.generation_defaults import generation_defaults
 from atomc.engine.inputs import InputProcessor
+from atomc.engine.parallel_executor import ParallelExecutor
 from atomc.engine.scheduler import ScheduledSeq, Scheduler
 from atomc.engine.sequence import SeqStatus, Sequence
 from atomc.engine.step_input import build_step_input
@@ -35,11 +36,13 @@ from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.runtime.model_runner import ModelRunner, PendingStep
 from atomc.sampling_params import SamplingParams
 from models.arch import ModelArch
+from models.layers.parallel import ParallelInfo
 from models.loader.default_model import DEFAULT_MODEL_NAME, resolve_model_path
 
 log = logging.getLogger(__name__)
 
 MAX_FAILED_STEPS = 3  # consecutive failed steps after which the engine gives up (step() raises)
+
 
 def served_model_name(config: EngineConfig) -> str:
     """The `model` id the server lists: --served-model-name, else the checkpoint folder's (or .gguf
@@ -128,20 +131,28 @@ class LLMEngine(EngineClient):
         self.dtype = resolve_dtype(config.model.dtype, self.arch.torch_dtype, self.device)
         # start-up phases, each logged with its time: where a slow (or silent) start goes
         t1 = time.perf_counter()
-        log.info(
-            "start-up: model folder %.1fs, tokenizer %.1fs (%s)", t1 - t0 - t_tok, t_tok, self.model_dir.name
-        )
-        self.runner = ModelRunner(config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
+        log.info("start-up: model folder %.1fs, tokenizer %.1fs (%s)", t1 - t0 - t_tok, t_tok, self.model_dir.name)
+        self.executor = self._start_workers()
+        try:
+            self.runner = ModelRunner(
+                config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len, self._parallel_info()
+            )
+            self.block_pools = self._block_pools()
+            if self.device.startswith("cuda") and not config.compile.enforce_eager:
+                t3 = time.perf_counter()
+                self.runner.capture_graphs(self.max_model_len)  # every rank the same sizes (collectives inside)
+                log.info("start-up: CUDA graphs captured in %.1fs", time.perf_counter() - t3)
+            if self.executor is not None:
+                self.executor.wait_ready(self.runner.group_num_blocks)
+        except BaseException as e:
+            if self.executor is not None:
+                raise self.executor.failure(e) from e
+            raise
         t2 = time.perf_counter()
         phases = runner_phases(self.runner)
         log.info("start-up: %s, KV cache (%d blocks): %.1fs in all", phases, self.runner.num_blocks, t2 - t1)
-        self.block_pools = self._block_pools()
         self.blocks = self.block_pools[0]
         self.scheduler = Scheduler(config.scheduler, self.block_pools)
-        if self.device.startswith("cuda") and not config.compile.enforce_eager:
-            t3 = time.perf_counter()
-            self.runner.capture_graphs(self.max_model_len)
-            log.info("start-up: CUDA graphs captured in %.1fs", time.perf_counter() - t3)
         self.eos_token_ids = self._eos_token_ids()
         # structured outputs: xgrammar is imported at the first constraint, never before
         tokenizer_dir = Path(config.model.tokenizer or self.model_dir)
@@ -164,6 +175,29 @@ class LLMEngine(EngineClient):
         self._failed_steps = 0  # consecutive
         self.num_failed_steps = 0
         self.num_sampler_fallbacks = 0
+
+    def _start_workers(self) -> ParallelExecutor | None:
+        """Tensor parallelism: the worker processes (ranks 1..N-1); this process is rank 0."""
+        par = self.config.parallel
+        if par.pipeline_parallel_size != 1:
+            raise ValueError(
+                f"--pipeline-parallel-size {par.pipeline_parallel_size}: pipeline parallelism is not yet supported"
+            )
+        if par.tensor_parallel_size == 1:
+            return None
+        executor = ParallelExecutor(self.config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
+        if self.device.startswith("cuda"):
+            self.device = "cuda:0"
+        return executor
+
+    def _parallel_info(self) -> ParallelInfo:
+        par = self.config.parallel
+        return ParallelInfo(0, par.tensor_parallel_size, expert_parallel=par.enable_expert_parallel)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do for one rank)."""
+        if self.executor is not None:
+            self.executor.close()
 
     def _max_model_len(self) -> int:
         limit = self.arch.max_position_embeddings
@@ -235,6 +269,8 @@ class LLMEngine(EngineClient):
         try:
             outputs = self._step()
         except Exception as e:
+            if self.executor is not None:  # the ranks may be out of step: nothing can run again
+                raise self.executor.failure(e) from e
             return self._fail_step(e, before)
         self._failed_steps = 0
         return outputs
@@ -310,9 +346,15 @@ class LLMEngine(EngineClient):
     def _launch(self, scheduled: list[ScheduledSeq]) -> _Launched | None:
         in_flight = self._in_flight.step_id if self._in_flight is not None else None
         step, samplers = build_step_input(
-            scheduled, self.blocks.block_size, next(self._step_ids), in_flight, self.scheduler.take_finished(),
+            scheduled,
+            self.blocks.block_size,
+            next(self._step_ids),
+            in_flight,
+            self.scheduler.take_finished(),
             len(self.block_pools),
         )
+        if self.executor is not None:
+            self.executor.send(step)  # the workers run the same step's forward beside this one
         pending = self.runner.launch(step)
         if step.prompt_logprobs:
             # computing them waited for the forward already; kept now, before a later schedule can

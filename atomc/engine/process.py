@@ -141,6 +141,8 @@ def run_engine_process(config: EngineConfig, conn, spawned_at: float | None = No
         except OSError:
             pass
         raise SystemExit(1) from e
+    finally:
+        engine.close()  # tensor-parallel workers stop with the engine
 
 
 def _serve_pipe(engine, conn) -> None:

@@ -43,13 +43,16 @@ OPS = (
     "fp8_gemm",
     "fp8_block_gemm",
     *FUSED_QUANT_OPS,
+    "all_reduce",
+    "all_gather",
 )
 # ops with a torch body only: every other backend falls back to it (silu_mul: Inductor fuses the
 # separate gate/up itself). The FP8 ops' CUDA backends (Triton kernels and torch._scaled_mm, and the
 # rule that picks one per call) are atomc/kernels/triton/fp8.py; on ROCm they lower to AITER
 # (atomc/kernels/aiter/fp8.py), and without AITER to Triton, whose bodies run the references there.
 # mla_latent_norm_rope has a Triton kernel and no AITER one: on ROCm it lowers to Triton.
-TORCH_ONLY = ("silu_mul",)
+# The collectives (atomc/ops/collective.py) are torch.distributed's own on every platform.
+TORCH_ONLY = ("silu_mul", "all_reduce", "all_gather")
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
 # an op reads the context and is missing here. rope_and_write_kv and qk_norm_rope_and_write_kv write

@@ -4,7 +4,13 @@
 and attention metadata go to the device (or into a CUDA graph's static buffers), the forward runs
 (eager, or the compiled artifact: same signature), logits are computed only for the rows that
 sample, and those are sampled; the returned `PendingStep` yields a `StepResult`. The runner reads
-nothing of the engine's objects, so the same record could drive a runner in another process.
+nothing of the engine's objects, so the same record drives a runner in another process.
+
+Tensor parallelism (`parallel.size > 1`, inside a process that joined the ranks,
+atomc/runtime/distributed.py): the model loads its shard, the ranks agree on the smallest KV pool,
+and every rank runs the same forwards (the layers' collectives inside). Rank 0 samples and
+broadcasts the sampled ids; a worker receives them instead of sampling (it needs them for the next
+step's pending feeds, as the driver does) and returns no result.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from atomc.forward_context import AttentionMetadata, ForwardContext, group_conte
 from atomc.kernels.registry import choose_backend, ensure_registered, kv_cache_layout
 from atomc.kv_spec import blocks_per_sequence, kv_cache_groups, kv_cache_torch_dtype
 from atomc.platforms import platform_of
+from atomc.runtime import distributed
 from atomc.runtime.batch import StepInput, StepResult, group_array_name, prefill_step_input, write_batch_arrays
 from atomc.runtime.capture_sizes import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
@@ -35,6 +42,7 @@ from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block, scale_kv_
 from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch, apply_token_bitmask
 from atomc.runtime.transfer import to_device
 from models.arch import ModelArch
+from models.layers.parallel import SINGLE, ParallelInfo
 from models.loader import load_model
 
 log = logging.getLogger(__name__)
@@ -49,8 +57,10 @@ class ModelRunner:
         device: str,
         dtype: torch.dtype,
         max_model_len: int,
+        parallel: ParallelInfo = SINGLE,
     ):
         self.config, self.arch, self.device, self.dtype = config, arch, device, dtype
+        self.parallel = parallel
         self.max_model_len = max_model_len
         self.block_size = config.cache.block_size
         # the pages' dtype (fp8: e4m3, 1 byte an element, so the same memory holds twice the blocks
@@ -67,8 +77,9 @@ class ModelRunner:
         self.timings["device_init_wait_s"] = device_init.wait()
         self.timings["device_init_s"] = device_init.seconds
         self.model = load_model(
-            model_dir, dtype, device, config.model.load_format, quantization=config.model.quantization
-        )
+            model_dir, dtype, device, config.model.load_format, parallel=parallel,
+            quantization=config.model.quantization,
+        )  # fmt: skip
         self.timings["load_weights_s"] = time.perf_counter() - t0
         self.forward = self.model.forward
         self.kv_specs = self.model.kv_cache_specs()  # one per layer
@@ -94,6 +105,8 @@ class ModelRunner:
                 self.layer_group[layer] = g
         t0 = time.perf_counter()
         self.group_num_blocks = self._num_kv_blocks()  # on a GPU: the first forward, where kernels compile
+        if parallel.size > 1:  # one scheduler's block ids address every rank's pool: the smallest wins
+            self.group_num_blocks = distributed.min_across_ranks(self.group_num_blocks, device)
         self.timings["kv_sizing_s"] = time.perf_counter() - t0
         self.num_blocks = self.group_num_blocks[0]
         self.kv_caches = self._allocate_kv_cache(self.group_num_blocks)
@@ -217,6 +230,10 @@ class ModelRunner:
                 self._last_sampled = None
                 return PendingStep(None, prompt_logprobs) if prompt_logprobs else None
             logits = self.model.compute_logits(hidden[to_device(step.sample_rows, torch.long, self.device)])
+        if self.parallel.rank > 0:  # a worker: the driver samples; its ids feed the next step here too
+            tokens = distributed.broadcast_tokens(None, len(step.sample_rows), self.device)
+            self._last_sampled = (step.step_id, tokens)
+            return None
         batch = self._sampling_batch(step)
         if step.masked_rows:
             # structured outputs: the forward is queued; sampling waits for the rows' token bitmask,
@@ -238,6 +255,8 @@ class ModelRunner:
         if bitmask is not None:
             apply_token_bitmask(logits, bitmask, masked_rows)
         sample = self.sampler.sample(logits, batch)
+        if self.parallel.size > 1:
+            distributed.broadcast_tokens(sample.token_ids, len(batch.params), self.device)
         self._last_sampled = (step_id, sample.token_ids)
         return sample
 

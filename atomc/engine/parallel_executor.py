@@ -1,0 +1,193 @@
+"""The driver's side of tensor parallelism: start the workers, send them each step, watch them.
+
+With `--tensor-parallel-size N` the engine's own process is rank 0 (it schedules and is the only
+rank that samples) and N - 1 worker processes (atomc/runtime/worker.py, started with `spawn`) are
+ranks 1..N-1. `start` spawns them and joins the ranks with them; the engine then builds its own
+runner (rank 0) while the workers build theirs, and `wait_ready` collects their start-up errors.
+Each step `send(step)` broadcasts the record as int64 tensors (atomc/runtime/step_codec.py) before
+the driver's own forward.
+
+Failure: a worker that dies ends the engine with `WorkerDied` (which worker, its exit code, its
+error if it sent one), not a hang: `send` checks every worker's process first, and a watchdog
+thread that sees a worker's sentinel fire while a collective waits on it kills the whole group of
+workers so the collective fails at once (gloo and NCCL also give up after the distributed
+timeout). `close` stops them (a STOP record, then a join, then a kill); an `atexit` hook does it
+for an engine nobody closed, and each worker exits by itself when the driver's process is gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing as mp
+import signal
+import socket
+import threading
+from multiprocessing.connection import wait
+
+import torch.distributed as dist
+
+from atomc.config import EngineConfig
+from atomc.runtime import distributed, step_codec
+from atomc.runtime.batch import StepInput
+from atomc.runtime.worker import WorkerArgs, worker_main
+
+log = logging.getLogger(__name__)
+
+JOIN_TIMEOUT_S = 10.0  # a worker that does not stop after STOP is killed
+
+
+class WorkerDied(RuntimeError):
+    """A tensor-parallel worker exited: the engine cannot run another step."""
+
+
+class ParallelExecutor:
+    def __init__(self, config: EngineConfig, model_dir, arch, device: str, dtype, max_model_len: int):
+        par = config.parallel
+        self.size = par.tensor_parallel_size
+        distributed.check_world(device, self.size)
+        ctx = mp.get_context("spawn")
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        self.procs: list[mp.process.BaseProcess] = []
+        self.pipes = []
+        for rank in range(1, self.size):
+            cfg = _with_rank(config, rank)
+            args = WorkerArgs(cfg, model_dir, arch, device, dtype, max_model_len, init)
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=worker_main, args=(args, send), name=f"atomc-tp-worker-{rank}")
+            proc.start()
+            send.close()
+            self.procs.append(proc)
+            self.pipes.append(recv)
+        self._closed = False
+        self._errors: dict[int, str] = {}
+        atexit.register(self.close)
+        try:
+            rank0 = distributed.rank_device(device, 0)
+            self.channel = distributed.join(0, self.size, rank0, init, par.distributed_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self._stop_watch = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name="atomc-tp-watchdog").start()
+
+    # -- start-up ------------------------------------------------------------------------------------
+
+    def wait_ready(self, num_blocks: list[int]) -> None:
+        """Wait for every worker's runner; each must have sized the same KV pools as the driver."""
+        for rank, pipe in enumerate(self.pipes, 1):
+            kind, value = self._receive(rank, pipe)
+            if kind != "ready":
+                raise self._died(rank)
+            if value != num_blocks:
+                raise RuntimeError(f"worker rank {rank} sized KV pools {value}, the driver {num_blocks}")
+
+    def _receive(self, rank: int, pipe):
+        try:
+            return pipe.recv()
+        except EOFError:
+            raise self._died(rank) from None
+
+    # -- each step -----------------------------------------------------------------------------------
+
+    def send(self, step: StepInput) -> None:
+        self.check_alive()
+        payload = step_codec.encode(step)
+        dist.broadcast(step_codec.header(step_codec.STEP, payload), src=0, group=self.channel)
+        dist.broadcast(payload, src=0, group=self.channel)
+
+    def failure(self, error: BaseException) -> BaseException:
+        """What ends the engine after `error` in a step or at start-up (the ranks may be out of
+        step, so nothing runs again): a dead worker's WorkerDied if there is one, else `error`.
+        The driver's own configuration errors (a size that does not divide, a missing file) stay
+        themselves: the workers hit the same one."""
+        if isinstance(error, (ValueError, TypeError, FileNotFoundError)):
+            self.close(graceful=False)
+            return error
+        for _ in range(10):  # a worker killed mid-collective may take a moment to be reaped
+            for rank, proc in enumerate(self.procs, 1):
+                if not proc.is_alive():
+                    died = self._died(rank)
+                    self.close(graceful=False)
+                    return died
+            if isinstance(error, WorkerDied):
+                break
+            wait([p.sentinel for p in self.procs], timeout=0.1)
+        self.close(graceful=False)
+        return error
+
+    def check_alive(self) -> None:
+        for rank, proc in enumerate(self.procs, 1):
+            if not proc.is_alive():
+                raise self._died(rank)
+
+    def _died(self, rank: int) -> WorkerDied:
+        proc, pipe = self.procs[rank - 1], self.pipes[rank - 1]
+        proc.join(timeout=1.0)
+        error = self._errors.get(rank)
+        if error is None and pipe.poll():
+            try:
+                kind, value = pipe.recv()
+                error = value if kind == "error" else None
+            except (EOFError, OSError):
+                pass
+        code = proc.exitcode
+        how = "is still running but stopped answering" if code is None else f"exited with code {code}"
+        if code is not None and code < 0:
+            how = f"was killed by signal {signal.Signals(-code).name}"
+        msg = f"tensor-parallel worker rank {rank} {how}; the engine cannot continue"
+        return WorkerDied(msg + (f"\nits error: {error}" if error else ""))
+
+    def _watch(self) -> None:
+        """A worker that dies while the driver waits in a collective: stop the rest, so the
+        collective errors out now instead of at the distributed timeout."""
+        sentinels = {proc.sentinel: rank for rank, proc in enumerate(self.procs, 1)}
+        while not self._stop_watch.is_set():
+            ready = wait(list(sentinels), timeout=0.5)
+            if ready and not self._stop_watch.is_set():
+                ranks = sorted(sentinels[s] for s in ready)
+                log.error("tensor-parallel worker rank(s) %s exited; stopping the others", ranks)
+                self._kill_all()
+                return
+
+    # -- shutdown ------------------------------------------------------------------------------------
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop the workers: a STOP record and a join (`graceful`), else (after a failure, when the
+        ranks may be out of step) a kill at once."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        if hasattr(self, "_stop_watch"):
+            self._stop_watch.set()
+        if graceful and hasattr(self, "channel") and all(p.is_alive() for p in self.procs):
+            try:
+                dist.broadcast(step_codec.header(step_codec.STOP), src=0, group=self.channel)
+            except Exception as e:  # noqa: BLE001  (a worker gone mid-send: the kill below ends the rest)
+                log.warning("could not send STOP to the workers: %s", e)
+            for proc in self.procs:
+                proc.join(timeout=JOIN_TIMEOUT_S)
+        self._kill_all()
+        distributed.leave()
+
+    def _kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs:
+            proc.join(timeout=JOIN_TIMEOUT_S)
+
+
+def _with_rank(config: EngineConfig, rank: int) -> EngineConfig:
+    import copy
+
+    cfg = copy.deepcopy(config)
+    cfg.parallel.rank = rank
+    return cfg
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

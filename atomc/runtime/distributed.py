@@ -1,0 +1,67 @@
+"""Joining the tensor-parallel ranks: torch.distributed, the "tp" group, the step channel.
+
+Every rank (the driver, rank 0, and each worker) calls `join`: the world group is the "tp" group
+the layers' collectives use (NCCL on CUDA, gloo on CPU), and a second, gloo group carries the step
+records from the driver (CPU tensors, so a record never waits behind GPU work). The timeout bounds
+every collective: a rank that stops answering fails the others instead of hanging them.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from atomc.ops import collective
+
+
+def rank_device(device: str, rank: int) -> str:
+    """Rank `rank`'s device: cuda:rank on CUDA, cpu on CPU."""
+    return f"cuda:{rank}" if device.startswith("cuda") else "cpu"
+
+
+def check_world(device: str, size: int) -> None:
+    """Clear errors for a world the machine cannot hold."""
+    if size < 1:
+        raise ValueError(f"--tensor-parallel-size must be at least 1, got {size}")
+    if device.startswith("cuda"):
+        if device not in ("cuda", "cuda:0"):
+            raise ValueError(f"--tensor-parallel-size {size} places rank r on cuda:r; give --device cuda, not {device}")
+        have = torch.cuda.device_count()
+        if size > have:
+            raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs, this machine has {have}")
+
+
+def join(rank: int, size: int, device: str, init_method: str, timeout_s: float) -> dist.ProcessGroup:
+    """Join the world as `rank`; returns the gloo group the step records travel on."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(torch.device(device))
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=size, timeout=timeout
+    )
+    collective.set_group("tp", None)  # the world group
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
+def leave() -> None:
+    collective.clear_groups()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def min_across_ranks(values: list[int], device: str) -> list[int]:
+    """Each value's minimum over the ranks (the KV block counts every rank must share)."""
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=collective.group("tp"))
+    return t.tolist()
+
+
+def broadcast_tokens(tokens: torch.Tensor | None, count: int, device: str) -> torch.Tensor:
+    """The driver's sampled ids of a step on every rank (workers feed them to the next step's
+    inputs, as the driver does). `tokens` on rank 0; None on a worker, which receives `count` ids."""
+    buf = torch.empty(count, dtype=torch.long, device=device) if tokens is None else tokens.to(torch.long).contiguous()
+    dist.broadcast(buf, src=0, group=collective.group("tp"))
+    return buf

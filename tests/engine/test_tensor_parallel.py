@@ -1,0 +1,134 @@
+"""The engine split over two ranks (this process the driver, one spawned worker, gloo on CPU) gives
+the greedy tokens of one rank, eager and compiled, tensor- and expert-parallel; a worker that dies
+ends the engine with a clear error in seconds, and no worker outlives its driver."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from atomc import LLM, SamplingParams
+from atomc.engine.parallel_executor import WorkerDied
+from atomc.runtime import distributed, step_codec
+from atomc.runtime.batch import GroupTables, PromptLogprobRequest, StepInput
+
+PROMPTS = ["The capital of France is", "def add(a, b):\n", "1 2 3"]
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+SMALL = dict(device="cpu", dtype="float32", max_model_len=128, num_kv_blocks=64, max_num_seqs=8)
+
+
+def _tokens(path, **kw) -> list[list[int]]:
+    with LLM(model=str(path), **SMALL, **kw) as llm:
+        return [out.outputs[0].token_ids for out in llm.generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize(
+    "family, kw",
+    [
+        ("llama", dict(enforce_eager=True)),
+        ("llama", dict(enforce_eager=False)),  # each rank compiles its own artifact (collectives inside)
+        ("qwen3_moe", dict(enforce_eager=True, enable_expert_parallel=True)),
+    ],
+    ids=["llama-eager", "llama-compiled", "qwen3_moe-ep-eager"],
+)
+def test_two_ranks_generate_the_tokens_of_one(checkpoints, tmp_path, family, kw):
+    want = _tokens(checkpoints[family], enforce_eager=True)
+    got = _tokens(checkpoints[family], tensor_parallel_size=2, cache_dir=str(tmp_path), **kw)
+    assert got == want
+    assert all(len(t) == 32 for t in got)
+
+
+def test_a_killed_worker_ends_the_engine_with_a_clear_error(checkpoints):
+    llm = LLM(model=str(checkpoints["llama"]), **SMALL, enforce_eager=True, tensor_parallel_size=2)
+    proc = llm.engine.executor.procs[0]
+    long = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    killer = threading.Timer(0.5, os.kill, (proc.pid, signal.SIGKILL))  # mid-generation
+    killer.start()
+    t0 = time.perf_counter()
+    with pytest.raises(WorkerDied, match="rank 1 was killed by signal SIGKILL"):
+        for _ in range(50):  # generation is fast: keep stepping until the kill lands
+            llm.generate(["hello"] * 4, long)
+    assert time.perf_counter() - t0 < 15
+    killer.join()
+    assert not proc.is_alive()
+    with pytest.raises(WorkerDied):  # the engine stays ended
+        llm.generate(["hello"], GREEDY)
+
+
+_DRIVER = """
+import sys, time
+from atomc import LLM
+if __name__ == "__main__":
+    llm = LLM(model=sys.argv[1], device="cpu", dtype="float32", enforce_eager=True, max_model_len=128,
+              num_kv_blocks=64, tensor_parallel_size=2)
+    print(llm.engine.executor.procs[0].pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not reaped yet
+    except FileNotFoundError:
+        return True
+
+
+def test_workers_exit_when_the_driver_dies(checkpoints, tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(_DRIVER)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    driver = subprocess.Popen([sys.executable, str(script), str(checkpoints["llama"])], stdout=subprocess.PIPE, env=env)
+    try:
+        worker = int(driver.stdout.readline())
+        assert not _gone(worker)
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 10
+        while not _gone(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(worker)
+    finally:
+        driver.kill()
+
+
+def test_heads_that_do_not_divide_fail_at_load(checkpoints):
+    with pytest.raises(ValueError, match="attention heads = 4 does not divide across 3"):
+        LLM(model=str(checkpoints["llama"]), **SMALL, enforce_eager=True, tensor_parallel_size=3)
+
+
+def test_pipeline_parallelism_is_refused(checkpoints):
+    with pytest.raises(ValueError, match="pipeline parallelism is not yet supported"):
+        LLM(model=str(checkpoints["llama"]), **SMALL, enforce_eager=True, pipeline_parallel_size=2)
+
+
+def test_more_ranks_than_gpus_is_a_clear_error():
+    import torch
+
+    have = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=f"needs {have + 1} GPUs, this machine has {have}"):
+        distributed.check_world("cuda", have + 1)
+
+
+def test_the_step_record_round_trips_through_its_tensor():
+    step = StepInput(
+        7, [3, 9], [2, 1], [0, 5], [[4], [1, 2]], [11, -1, 12], [0, 1, 5], [64, 65, 37],
+        [1, 2], [3, 9], [], feed_rows=[1], feed_sources=[0], feed_step=6,
+        prompt_logprobs=[PromptLogprobRequest(3, 0, 2, [13])],
+        group_tables=[GroupTables([[0], [8, 9]], [0, 1, 2])], masked_rows=[1],
+    )  # fmt: skip
+    back = step_codec.decode(step_codec.encode(step))
+    for name in (
+        "step_id", "seq_ids", "query_lens", "context_lens", "block_tables", "input_ids", "positions",
+        "slot_mapping", "sample_rows", "sample_seq_ids", "feed_rows", "feed_sources", "feed_step",
+        "prompt_logprobs", "group_tables", "masked_rows",
+    ):  # fmt: skip
+        assert getattr(back, name) == getattr(step, name), name
+    empty = StepInput(0, [1], [1], [0], [[0]], [5], [0], [0], [], [], [])
+    assert step_codec.decode(step_codec.encode(empty)).feed_step is None
