@@ -59,15 +59,14 @@ def check_can_launch(cfg: SweepConfig) -> None:
     p = cfg.params
     if p["nnodes"] > 1:
         raise SweepConfigError(
-            f"params.nnodes={p['nnodes']}: atomc cannot launch a multi-node server yet (it arrives with "
-            "tensor/pipeline parallelism); start the servers yourself and pass --base-url to gate them"
+            f"params.nnodes={p['nnodes']}: atomc cannot launch a multi-node server yet (its ranks are "
+            "processes of one machine); start the servers yourself and pass --base-url to gate them"
         )
-    for name in ("tensor_parallelism", "pipeline_parallel_size"):
-        if p[name] > 1:
-            raise SweepConfigError(
-                f"params.{name}={p[name]}: atomc serve runs on one device (no tensor/pipeline parallelism yet); "
-                f"set it to 1, or start a {p[name]}-way server yourself and pass --base-url"
-            )
+    if p["pipeline_parallel_size"] > 1:
+        raise SweepConfigError(
+            f"params.pipeline_parallel_size={p['pipeline_parallel_size']}: atomc serve has no pipeline "
+            "parallelism yet; set it to 1, or start a pipelined server yourself and pass --base-url"
+        )
 
 
 def free_port() -> int:
@@ -83,11 +82,19 @@ def server_command(model_id: str | None, port: int, extra_args: list[str]) -> li
 
 
 def native_server_args(cfg: SweepConfig) -> list[str]:
-    """roles.server.atom_args, plus --max-model-len from params.max_model_length unless given there."""
+    """roles.server.atom_args, plus --max-model-len from params.max_model_length and
+    --tensor-parallel-size from params.tensor_parallelism, each unless given there."""
     args = list(cfg.server_args)
+
+    def given(*flags: str) -> bool:
+        return any(a in flags or a.startswith(tuple(f"{f}=" for f in flags)) for a in args)
+
     limit = cfg.params.get("max_model_length")
-    if limit is not None and not any(a == "--max-model-len" or a.startswith("--max-model-len=") for a in args):
+    if limit is not None and not given("--max-model-len"):
         args += ["--max-model-len", str(limit)]
+    tp = cfg.params.get("tensor_parallelism", 1)
+    if tp > 1 and not given("--tensor-parallel-size", "-tp"):
+        args += ["--tensor-parallel-size", str(tp)]
     return args
 
 

@@ -358,7 +358,7 @@ def test_max_model_length_checks_cells_and_reaches_the_server(tmp_path):
     cfg = load_sweep_config(write(tmp_path, single_node(max_model_length="4096")))
     assert sw.native_server_args(cfg)[-2:] == ["--max-model-len", "4096"]
     cfg.server_args = ["--max-model-len=2048"]  # the server flag given by hand wins
-    assert sw.native_server_args(cfg) == ["--max-model-len=2048"]
+    assert sw.native_server_args(cfg) == ["--max-model-len=2048", "--tensor-parallel-size", "8"]
 
 
 def test_reuse_server_across_sweep_sessions(tmp_path):
@@ -396,8 +396,10 @@ def test_external_drivers_need_a_server_the_user_started(tmp_path):
 
 def test_launch_refusals(tmp_path):
     cfg = load_sweep_config(write(tmp_path, single_node()))
-    with pytest.raises(SweepConfigError, match="params.tensor_parallelism=8: atomc serve runs on one device"):
-        sw.check_can_launch(cfg)
+    sw.check_can_launch(cfg)  # TP 8 on one machine is atomc serve --tensor-parallel-size 8
+    assert sw.native_server_args(cfg).count("-tp") == 1  # the page's atom_args give it: not twice
+    cfg.server_args = []
+    assert sw.native_server_args(cfg)[-2:] == ["--tensor-parallel-size", "8"]
     mn = single_node(tensor_parallelism="1", nnodes="2", master_addr="10.0.0.1")
     with pytest.raises(SweepConfigError, match="atomc cannot launch a multi-node server yet"):
         sw.check_can_launch(load_sweep_config(write(tmp_path, mn)))
