@@ -74,7 +74,13 @@ class ServerState:
         self.config = config
         self.model_name: str = self.engine.model_name
         self.chat_template = load_chat_template(config.serve.chat_template)
-        self.metrics = ServerMetrics(async_engine.stats, lambda: async_engine.healthy)
+        par = config.parallel
+        layout = {
+            "tensor_parallel_size": par.tensor_parallel_size,
+            "pipeline_parallel_size": par.pipeline_parallel_size,
+            "expert_parallel": str(par.enable_expert_parallel).lower(),
+        }
+        self.metrics = ServerMetrics(async_engine.stats, lambda: async_engine.healthy, layout)
         self.created = int(time.time())
         self._token_strs: dict[int, str] = {}
         self.jobs: set[_Job] = set()  # requests being answered (event-loop side only)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -74,8 +74,17 @@ _ENGINE_COUNTERS = (
 
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], dict], healthy: Callable[[], bool]):
+    def __init__(self, stats: Callable[[], dict], healthy: Callable[[], bool], parallel: dict | None = None):
         r = self.registry = CollectorRegistry()
+        # the layout the engine runs on, as vLLM's *_config_info gauges give theirs: 1, with labels
+        layout = parallel or {}
+        info = Gauge(
+            "atomc:parallel_config_info",
+            "How the model is split: tensor_parallel_size, pipeline_parallel_size, expert_parallel.",
+            list(layout),
+            registry=r,
+        )
+        (info.labels(**{k: str(v) for k, v in layout.items()}) if layout else info).set(1)
         self.http_requests = Counter(
             "atomc:http_requests", "HTTP requests by route and status code.", ["route", "status"], registry=r
         )

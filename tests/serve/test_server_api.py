@@ -373,5 +373,7 @@ def test_metrics(server, client, model):
     }
     assert values['atomc:http_requests_total{route="/v1/completions",status="200"}'] > 0
     assert values["atomc:generation_tokens_total"] > 0
+    layout = 'atomc:parallel_config_info{expert_parallel="false",pipeline_parallel_size="1",tensor_parallel_size="1"}'
+    assert values[layout] == 1
     assert values["atomc:time_to_first_token_seconds_count"] > 0
     assert values["atomc:prefix_cache_hits_total"] > 0  # repeated prompts above
