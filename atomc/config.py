@@ -73,6 +73,12 @@ class ParallelConfig:
     # MoE layers give each rank whole experts instead of a slice of every expert (attention stays TP)
     enable_expert_parallel: bool = False
     rank: int = 0  # this process's rank (set per worker; a cache-key factor)
+    # several machines (vLLM's names): torchrun starts tensor_parallel_size / nnodes ranks on each
+    # node, joined at master_addr:master_port; node 0's rank 0 is the engine (docs/parallelism.md)
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
     # torch.distributed's timeout for every collective: a rank that stops answering fails the others
     distributed_timeout_s: float = 300.0
 

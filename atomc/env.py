@@ -14,6 +14,9 @@ READ_VARS = (
     "CVS_CONFIG_PROFILE",
     "CVS_INFERENCE_PREV_REPORT_JSON",
     "CVS_ATOM_PARITY_REF_JSON",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
 )
 # Read by `atomc bench` only: nothing the compiler builds depends on them. The last two are the
 # run deck's comparison inputs (CVS's names): what a report is drawn against.
@@ -22,6 +25,9 @@ BENCH_VARS = ("CVS_CONFIG_PROFILE", "CVS_INFERENCE_PREV_REPORT_JSON", "CVS_ATOM_
 # `ATOMC_CACHE_DIR=X` find the same entries, and a cache copied elsewhere still hits. Where the
 # signing key lives is no graph factor either: one entry verifies under any path to the same key.
 LOCATION_VARS = ("ATOMC_CACHE_DIR", "ATOMC_CACHE_SIGNING_KEY_FILE", "XDG_CONFIG_HOME")
+# Set by torchrun for each rank it starts (a multi-node run): which rank a process is. Not a key
+# factor as such: the rank enters the key as config.parallel.rank
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 SIGNING_KEY_NAME = "cache-signing.key"
 
@@ -74,4 +80,11 @@ def snapshot() -> dict[str, str | None]:
 
 def graph_snapshot() -> dict[str, str | None]:
     """Values of the variables that change what atomc builds (graphs/cache_key.py hashes these)."""
-    return {k: v for k, v in snapshot().items() if k not in LOCATION_VARS + BENCH_VARS}
+    return {k: v for k, v in snapshot().items() if k not in LOCATION_VARS + BENCH_VARS + LAUNCHER_VARS}
+
+
+def launched_rank() -> tuple[int, int, int] | None:
+    """(rank, local rank, world size) when torchrun started this process, else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), int(os.environ["WORLD_SIZE"])

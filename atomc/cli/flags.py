@@ -81,6 +81,10 @@ EnableExpertParallel = Annotated[
     bool,
     typer.Option("--enable-expert-parallel", help="MoE layers: whole experts per rank instead of a slice of each"),
 ]
+NNodes = Annotated[int, typer.Option("--nnodes", help="machines the ranks span (torchrun starts them on each)")]
+NodeRank = Annotated[int, typer.Option("--node-rank", help="this machine's index among --nnodes")]
+MasterAddr = Annotated[str, typer.Option("--master-addr", help="node 0's address, where the ranks meet")]
+MasterPort = Annotated[int, typer.Option("--master-port", help="node 0's port, where the ranks meet")]
 DisablePass = Annotated[list[str] | None, typer.Option("--disable-pass", help="skip a compiler pass by name")]
 
 
@@ -94,6 +98,7 @@ _CONFIG_FLAGS = frozenset(
         "enforce_eager", "cache_dir", "cache_signing_key_file", "require_artifacts", "cudagraph_capture_sizes",
         "cudagraph_mixed_max_tokens", "disable_pass",
         "tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
+        "nnodes", "node_rank", "master_addr", "master_port",
     }
 )  # fmt: skip
 

@@ -23,11 +23,15 @@ from atomc.cli.flags import (
     KvBlocks,
     KvCacheDtype,
     LoadFormat,
+    MasterAddr,
+    MasterPort,
     MaxBatchedTokens,
     MaxModelLen,
     MaxNumSeqs,
     MixedMaxTokens,
     Model,
+    NNodes,
+    NodeRank,
     PipelineParallelSize,
     PrefixCaching,
     Quantization,
@@ -38,6 +42,7 @@ from atomc.cli.flags import (
     config_from,
     fail,
 )
+from atomc.cli.launch import run_as_rank
 from atomc.config import (
     CacheConfig,
     CompileConfig,
@@ -88,6 +93,10 @@ def generate(
     tensor_parallel_size: TensorParallelSize = ParallelConfig.tensor_parallel_size,
     pipeline_parallel_size: PipelineParallelSize = ParallelConfig.pipeline_parallel_size,
     enable_expert_parallel: EnableExpertParallel = ParallelConfig.enable_expert_parallel,
+    nnodes: NNodes = ParallelConfig.nnodes,
+    node_rank: NodeRank = ParallelConfig.node_rank,
+    master_addr: MasterAddr = ParallelConfig.master_addr,
+    master_port: MasterPort = ParallelConfig.master_port,
 ) -> None:
     """Generate a continuation of PROMPT and print it."""
     from atomc.llm import LLM
@@ -105,6 +114,8 @@ def generate(
             seed=sample_seed,
         )
         cfg = config_from(locals())
+        if run_as_rank(cfg):  # a worker rank of a multi-node run: it served until the engine stopped
+            return
         llm = LLM(config=cfg)
         outs = llm.chat([{"role": "user", "content": prompt}], params) if chat else llm.generate(prompt, params)
     except (ValueError, FileNotFoundError, ModuleNotFoundError, RuntimeError) as e:
@@ -148,6 +159,10 @@ def serve(
     tensor_parallel_size: TensorParallelSize = ParallelConfig.tensor_parallel_size,
     pipeline_parallel_size: PipelineParallelSize = ParallelConfig.pipeline_parallel_size,
     enable_expert_parallel: EnableExpertParallel = ParallelConfig.enable_expert_parallel,
+    nnodes: NNodes = ParallelConfig.nnodes,
+    node_rank: NodeRank = ParallelConfig.node_rank,
+    master_addr: MasterAddr = ParallelConfig.master_addr,
+    master_port: MasterPort = ParallelConfig.master_port,
     die_with_parent: Annotated[
         bool, typer.Option("--die-with-parent", help="exit when the process that started the server exits")
     ] = ServeConfig.die_with_parent,
@@ -216,6 +231,11 @@ def serve(
     from atomc.serve.server import run_server
 
     cfg = config_from(locals())
+    try:
+        if run_as_rank(cfg):  # a worker rank of a multi-node run: it served until the engine stopped
+            return
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        raise fail(str(e)) from None
     cfg.serve.host, cfg.serve.port, cfg.serve.api_key = host, port, api_key
     cfg.serve.die_with_parent = die_with_parent
     cfg.serve.engine_process = engine_process

@@ -110,6 +110,17 @@ class _Launched:
     masked_rows: list[int]  # sampled rows under structured outputs (see StructuredSteps)
 
 
+def max_model_len(arch: ModelArch, config: EngineConfig) -> int:
+    """--max-model-len, checked against the model's limit (its limit when not given)."""
+    limit = arch.max_position_embeddings
+    asked = config.model.max_model_len
+    if asked is None:
+        return limit
+    if asked > limit:
+        raise ValueError(f"--max-model-len {asked} exceeds what the model supports ({limit})")
+    return asked
+
+
 class LLMEngine(EngineClient):
     def __init__(self, config: EngineConfig, decode_only_tokenizer: bool = False):
         """`decode_only_tokenizer`: a front end tokenizes and renders chat templates (the engine
@@ -200,13 +211,7 @@ class LLMEngine(EngineClient):
             self.executor.close()
 
     def _max_model_len(self) -> int:
-        limit = self.arch.max_position_embeddings
-        asked = self.config.model.max_model_len
-        if asked is None:
-            return limit
-        if asked > limit:
-            raise ValueError(f"--max-model-len {asked} exceeds what the model supports ({limit})")
-        return asked
+        return max_model_len(self.arch, self.config)
 
     def _eos_token_ids(self) -> list[int]:
         ids = set(self.arch.eos_token_ids)

@@ -27,6 +27,7 @@ from multiprocessing.connection import wait
 
 import torch.distributed as dist
 
+from atomc import env
 from atomc.config import EngineConfig
 from atomc.runtime import distributed, step_codec
 from atomc.runtime.batch import StepInput
@@ -45,12 +46,15 @@ class ParallelExecutor:
     def __init__(self, config: EngineConfig, model_dir, arch, device: str, dtype, max_model_len: int):
         par = config.parallel
         self.size = par.tensor_parallel_size
-        distributed.check_world(device, self.size)
+        launched = env.launched_rank()  # torchrun started every rank (--nnodes > 1): nothing to spawn
+        if launched is not None and launched[2] != self.size:
+            raise ValueError(f"torchrun started {launched[2]} ranks, --tensor-parallel-size is {self.size}")
+        distributed.check_world(device, self.size // max(1, par.nnodes))
         ctx = mp.get_context("spawn")
-        init = f"tcp://127.0.0.1:{_free_port()}"
+        init = "env://" if launched is not None else f"tcp://127.0.0.1:{_free_port()}"
         self.procs: list[mp.process.BaseProcess] = []
         self.pipes = []
-        for rank in range(1, self.size):
+        for rank in range(1, self.size) if launched is None else ():
             cfg = _with_rank(config, rank)
             args = WorkerArgs(cfg, model_dir, arch, device, dtype, max_model_len, init)
             recv, send = ctx.Pipe(duplex=False)
@@ -69,7 +73,8 @@ class ParallelExecutor:
             self.close()
             raise
         self._stop_watch = threading.Event()
-        threading.Thread(target=self._watch, daemon=True, name="atomc-tp-watchdog").start()
+        if self.procs:  # torchrun's ranks are torchrun's to watch: it ends the job when one fails
+            threading.Thread(target=self._watch, daemon=True, name="atomc-tp-watchdog").start()
 
     # -- start-up ------------------------------------------------------------------------------------
 

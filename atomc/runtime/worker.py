@@ -40,6 +40,7 @@ class WorkerArgs:
     dtype: torch.dtype
     max_model_len: int
     init_method: str
+    local_rank: int | None = None  # its GPU on its machine (torchrun's LOCAL_RANK); None: its rank
 
 
 def worker_main(args: WorkerArgs, ready) -> None:
@@ -59,13 +60,22 @@ def worker_main(args: WorkerArgs, ready) -> None:
     distributed.leave()
 
 
+def run_launched(args: WorkerArgs) -> None:
+    """A rank that torchrun started (a multi-node run): no pipe to a driver; a failure is an
+    exception, and torchrun ends the job's other ranks when this process exits non-zero."""
+    try:
+        run_worker(args, None)
+    finally:
+        distributed.leave()
+
+
 def run_worker(args: WorkerArgs, ready) -> None:
     from atomc.runtime.model_runner import ModelRunner  # in the child: torch and the kernels load here
     from models.layers.parallel import ParallelInfo
 
     par = args.config.parallel
     rank, size = par.rank, par.tensor_parallel_size
-    device = distributed.rank_device(args.device, rank)
+    device = distributed.rank_device(args.device, rank if args.local_rank is None else args.local_rank)
     if device == "cpu":  # the ranks share the cores: N ranks of all-core thread pools would thrash
         torch.set_num_threads(max(1, torch.get_num_threads() // size))
     channel = distributed.join(rank, size, device, args.init_method, par.distributed_timeout_s)
@@ -73,7 +83,8 @@ def run_worker(args: WorkerArgs, ready) -> None:
     runner = ModelRunner(args.config, args.model_dir, args.arch, device, args.dtype, args.max_model_len, info)
     if device.startswith("cuda") and not args.config.compile.enforce_eager:
         runner.capture_graphs(args.max_model_len)  # the driver captures the same sizes, in the same order
-    ready.send(("ready", runner.group_num_blocks))
+    if ready is not None:
+        ready.send(("ready", runner.group_num_blocks))
     serve_steps(runner, channel)
 
 
