@@ -6,13 +6,15 @@ FP8 graph; refused configs.
 
 Tolerances, against transformers with the dequantised weights and every block-FP8 GEMM's input
 rounded through FP8 per 128-value group as atomc does (`reference`): the two compute the same thing
-(measured: most tokens within 5e-6), so at least 90% of the prompt's tokens must agree within 1e-3.
-A few may move further, bounded by OUTLIER_ATOL (0.25 on logits of magnitude ~5; measured up to
-0.035 on 1-2 of 37 tokens): a value on an FP8 rounding boundary that rounds the other way on a CPU
-summing in another order (one e4m3 step is 2^-3 of a value, through 256-wide layers of 0.08-std
-weights a few 1e-2 in a logit), or a router near-tie that then picks another expert. A wrong scale
-or a missing activation quant moves every token by 0.1-1 (the plain comparison below), so the 90%
-rule still catches it. Against the dequantised weights alone (plain fp32 activations) the median
+(measured: most tokens within 5e-6), so at least 60% of the prompt's tokens must agree within 1e-3.
+The others may move further, bounded by OUTLIER_ATOL (0.25 on logits of magnitude ~5): a value on
+an FP8 rounding boundary that rounds the other way on a CPU summing in another order (one e4m3 step
+is 2^-3 of a value, through 256-wide layers of 0.08-std weights a few 1e-2 in a logit), or a router
+near-tie that then picks another expert, and attention carries such a token's change to later
+ones. Measured: up to 0.035 on 1-2 of 37 tokens with an earlier transformers; 0.01-0.07 on 9 of 37
+(V3) with transformers 5.24 on another CPU, while atomc on the dequantised weights matched its
+unquantised run exactly. A wrong scale or a missing activation quant moves every token by 0.1-1
+(the plain comparison below), so the 60% rule still catches it. Against the dequantised weights alone (plain fp32 activations) the median
 token's max |diff| stays under 15% of the largest logit (measured 8-9%); the largest is not bounded
 there: the activation rounding flips some tokens' experts (measured up to 57%).
 
@@ -41,7 +43,7 @@ from tests.quant import fp8_checkpoints as fc
 from tests.quant import fp8_deepseek_checkpoints as dc
 from tests.quant import fp8_moe_checkpoints as mc
 
-BULK_ATOL, BULK_SHARE, OUTLIER_ATOL, PLAIN_MEDIAN_REL = 1e-3, 0.9, 0.25, 0.15
+BULK_ATOL, BULK_SHARE, OUTLIER_ATOL, PLAIN_MEDIAN_REL = 1e-3, 0.6, 0.25, 0.15
 GREEDY_MARGIN = 0.1
 PROMPT = [5, 17, 33, 2, 99, 150, 7, 8]
 FAMILIES = list(dc.FAMILIES)
@@ -71,7 +73,7 @@ def _logits(model, ids):
 
 
 def assert_close_to_reference(got: torch.Tensor, want: torch.Tensor) -> None:
-    """The module docstring's rule: 90% of the tokens within BULK_ATOL, all within OUTLIER_ATOL."""
+    """The module docstring's rule: 60% of the tokens within BULK_ATOL, all within OUTLIER_ATOL."""
     per_token = (got - want).abs().amax(-1)
     share = (per_token <= BULK_ATOL).float().mean().item()
     assert share >= BULK_SHARE and per_token.max().item() <= OUTLIER_ATOL, per_token.tolist()
