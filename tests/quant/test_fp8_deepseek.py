@@ -12,11 +12,12 @@ an FP8 rounding boundary that rounds the other way on a CPU summing in another o
 is 2^-3 of a value, through 256-wide layers of 0.08-std weights a few 1e-2 in a logit), or a router
 near-tie that then picks another expert, and attention carries such a token's change to later
 ones. Measured: up to 0.035 on 1-2 of 37 tokens with an earlier transformers; 0.01-0.07 on 9 of 37
-(V3) with transformers 5.24 on another CPU, while atomc on the dequantised weights matched its
-unquantised run exactly. A wrong scale or a missing activation quant moves every token by 0.1-1
-(the plain comparison below), so the 60% rule still catches it. Against the dequantised weights alone (plain fp32 activations) the median
-token's max |diff| stays under 15% of the largest logit (measured 8-9%); the largest is not bounded
-there: the activation rounding flips some tokens' experts (measured up to 57%).
+(V3) with transformers 5.24 on another CPU, while atomc and transformers on the dequantised
+weights, unquantised, agreed exactly. A wrong scale or a missing activation quant moves every token
+by 0.1-1 (the plain comparison below: 0% of the tokens within 1e-3), so the 60% rule still catches
+it. Against the dequantised weights alone (plain fp32 activations) the median token's max |diff|
+stays under 15% of the largest logit (measured 8-9%); the largest is not bounded there: the
+activation rounding flips some tokens' experts (measured up to 57%).
 
 Greedy: 32 tokens against the reference's generate, parting only at a near-tie: margin GREEDY_MARGIN
 (0.1), above the measured outliers (0.035) that a rounding flip can move a logit by.
