@@ -31,7 +31,7 @@ def _tokens(path, **kw) -> list[list[int]]:
 @pytest.mark.parametrize(
     "family, kw",
     [
-        ("llama", dict(enforce_eager=True)),
+        pytest.param("llama", dict(enforce_eager=True), marks=pytest.mark.slow),  # CI time: the compiled one covers it
         ("llama", dict(enforce_eager=False)),  # each rank compiles its own artifact (collectives inside)
         ("qwen3_moe", dict(enforce_eager=True, enable_expert_parallel=True)),
     ],
@@ -98,6 +98,7 @@ def test_workers_exit_when_the_driver_dies(checkpoints, tmp_path):
         driver.kill()
 
 
+@pytest.mark.slow  # three ranks on CI's two cores; the layers' error itself: tests/models/test_weight_loader.py
 def test_heads_that_do_not_divide_fail_at_load(checkpoints):
     with pytest.raises(ValueError, match="attention heads = 4 does not divide across 3"):
         LLM(model=str(checkpoints["llama"]), **SMALL, enforce_eager=True, tensor_parallel_size=3)

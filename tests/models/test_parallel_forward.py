@@ -69,8 +69,8 @@ def run_split(path, tmp_path, size: int = 2, expert_parallel: bool = False, pipe
 
 @pytest.mark.parametrize(
     "family, expert_parallel",
-    [("llama", False), ("qwen3", False), ("qwen3_moe", False), ("qwen3_moe", True),
-     ("deepseek_v3", True)],
+    [("llama", False), pytest.param("qwen3", False, marks=pytest.mark.slow),
+     pytest.param("qwen3_moe", False, marks=pytest.mark.slow), ("qwen3_moe", True), ("deepseek_v3", True)],
 )  # fmt: skip
 def test_two_ranks_match_one_process(checkpoints, tmp_path, family, expert_parallel):
     whole = _logits(checkpoints[family], ParallelInfo())
@@ -81,7 +81,7 @@ def test_two_ranks_match_one_process(checkpoints, tmp_path, family, expert_paral
         assert torch.equal(logits.argmax(-1), whole.argmax(-1))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", pytest.param("deepseek_v3", marks=pytest.mark.slow)])
 def test_two_pipeline_stages_match_one_process(checkpoints, tmp_path, family):
     """qwen3's head is tied to its embedding: the last stage holds the table too."""
     whole = _logits(checkpoints[family], ParallelInfo())
