@@ -34,6 +34,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # three CLI processes (~50 s): CI's budget; `pytest -m slow` runs it
 def test_two_nodes_generate_the_text_of_one_process(llama_dir):
     one = subprocess.run(_cli(llama_dir), env=_env(), capture_output=True, text=True, timeout=300, check=True)
     port = str(_free_port())
