@@ -83,8 +83,12 @@ def graph_snapshot() -> dict[str, str | None]:
     return {k: v for k, v in snapshot().items() if k not in LOCATION_VARS + BENCH_VARS + LAUNCHER_VARS}
 
 
-def launched_rank() -> tuple[int, int, int] | None:
-    """(rank, local rank, world size) when torchrun started this process, else None."""
+def launched_rank(world_size: int) -> tuple[int, int, int] | None:
+    """(rank, local rank, world size) when torchrun started this process, checked against the
+    `world_size` (--tensor-parallel-size) it was given; None when it did not start this process."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
-    return int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), int(os.environ["WORLD_SIZE"])
+    launched = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), int(os.environ["WORLD_SIZE"])
+    if launched[2] != world_size:
+        raise ValueError(f"torchrun started {launched[2]} ranks, --tensor-parallel-size is {world_size}")
+    return launched

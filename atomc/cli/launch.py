@@ -40,16 +40,14 @@ def run_as_rank(cfg: EngineConfig) -> bool:
     usual (one node; or rank 0 under torchrun); True when this process was a worker rank and has
     finished. Outside torchrun with --nnodes > 1 it execs torchrun and does not return."""
     par = cfg.parallel
-    launched = env.launched_rank()
+    launched = env.launched_rank(par.tensor_parallel_size)
     if launched is None:
         if par.nnodes == 1:
             return False
         argv = torchrun_argv(cfg, sys.argv[1:])
         sys.stdout.flush()
         os.execv(argv[0], argv)
-    rank, local_rank, world = launched
-    if world != par.tensor_parallel_size:
-        raise ValueError(f"torchrun started {world} ranks, --tensor-parallel-size is {par.tensor_parallel_size}")
+    rank, local_rank, _ = launched
     par.rank = rank
     if rank == 0:
         return False

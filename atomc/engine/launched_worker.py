@@ -9,17 +9,11 @@ the worker loop of atomc/runtime/worker.py until the driver's STOP.
 
 from __future__ import annotations
 
-from atomc.config import EngineConfig, resolve_device, resolve_dtype
-from atomc.engine.llm_engine import max_model_len
+from atomc.config import EngineConfig
+from atomc.engine.model_files import resolve_model
 from atomc.runtime.worker import WorkerArgs, run_launched
-from models.arch import ModelArch
-from models.loader.default_model import resolve_model_path
 
 
 def run_launched_worker(config: EngineConfig, local_rank: int) -> None:
-    device = resolve_device(config.device)
-    model_dir = resolve_model_path(config.model.model, config.cache_path)
-    arch = ModelArch.from_dir(model_dir)
-    dtype = resolve_dtype(config.model.dtype, arch.torch_dtype, device)
-    args = WorkerArgs(config, model_dir, arch, device, dtype, max_model_len(arch, config), "env://", local_rank)
-    run_launched(args)
+    m = resolve_model(config)
+    run_launched(WorkerArgs(config, m.model_dir, m.arch, m.device, m.dtype, m.max_model_len, "env://", local_rank))

@@ -19,12 +19,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from atomc.config import EngineConfig, resolve_device, resolve_dtype
+from atomc.config import EngineConfig
 from atomc.engine.block_manager import BlockManager
 from atomc.engine.client import EngineClient
 from atomc.engine.detokenizer import DetokenizerState, decode_rest, decode_step
 from atomc.engine.generation_defaults import generation_defaults
 from atomc.engine.inputs import InputProcessor
+from atomc.engine.model_files import resolve_model
 from atomc.engine.parallel_executor import ParallelExecutor
 from atomc.engine.scheduler import ScheduledSeq, Scheduler
 from atomc.engine.sequence import SeqStatus, Sequence
@@ -33,11 +34,10 @@ from atomc.engine.structured_outputs import GrammarCompiler
 from atomc.engine.structured_step import StructuredSteps
 from atomc.engine.tokenizer import load_decoding_tokenizer, load_tokenizer
 from atomc.outputs import CompletionOutput, RequestOutput
+from atomc.runtime import distributed
 from atomc.runtime.model_runner import ModelRunner, PendingStep
 from atomc.sampling_params import SamplingParams
-from models.arch import ModelArch
-from models.layers.parallel import ParallelInfo
-from models.loader.default_model import DEFAULT_MODEL_NAME, resolve_model_path
+from models.loader.default_model import DEFAULT_MODEL_NAME
 
 log = logging.getLogger(__name__)
 
@@ -110,43 +110,29 @@ class _Launched:
     masked_rows: list[int]  # sampled rows under structured outputs (see StructuredSteps)
 
 
-def max_model_len(arch: ModelArch, config: EngineConfig) -> int:
-    """--max-model-len, checked against the model's limit (its limit when not given)."""
-    limit = arch.max_position_embeddings
-    asked = config.model.max_model_len
-    if asked is None:
-        return limit
-    if asked > limit:
-        raise ValueError(f"--max-model-len {asked} exceeds what the model supports ({limit})")
-    return asked
-
-
 class LLMEngine(EngineClient):
     def __init__(self, config: EngineConfig, decode_only_tokenizer: bool = False):
         """`decode_only_tokenizer`: a front end tokenizes and renders chat templates (the engine
         process), so the engine loads only what decoding needs (engine/tokenizer.py says why)."""
         t0 = time.perf_counter()
         self.config = config
-        self.device = resolve_device(config.device)
-        self.model_dir = resolve_model_path(config.model.model, config.cache_path)
-        self.arch = ModelArch.from_dir(self.model_dir)
+        self.device, self.model_dir, self.arch, self.dtype, self.max_model_len = resolve_model(config)
         t_tok = time.perf_counter()
         load = load_decoding_tokenizer if decode_only_tokenizer else load_tokenizer
         self.tokenizer = load(Path(config.model.tokenizer or self.model_dir))
         t_tok = time.perf_counter() - t_tok
-        self.max_model_len = self._max_model_len()
         self.inputs = InputProcessor(
             self.tokenizer, self.arch.vocab_size, self.max_model_len, config.serve.chat_template
         )
         self.model_name = served_model_name(config)
-        self.dtype = resolve_dtype(config.model.dtype, self.arch.torch_dtype, self.device)
         # start-up phases, each logged with its time: where a slow (or silent) start goes
         t1 = time.perf_counter()
         log.info("start-up: model folder %.1fs, tokenizer %.1fs (%s)", t1 - t0 - t_tok, t_tok, self.model_dir.name)
         self.executor = self._start_workers()
         try:
+            shard = distributed.parallel_info(config.parallel)
             self.runner = ModelRunner(
-                config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len, self._parallel_info()
+                config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len, shard
             )
             self.block_pools = self._block_pools()
             if self.device.startswith("cuda") and not config.compile.enforce_eager:
@@ -201,17 +187,10 @@ class LLMEngine(EngineClient):
             self.device = "cuda:0"
         return executor
 
-    def _parallel_info(self) -> ParallelInfo:
-        par = self.config.parallel
-        return ParallelInfo(0, par.tensor_parallel_size, expert_parallel=par.enable_expert_parallel)
-
     def close(self) -> None:
         """Stop the tensor-parallel workers (nothing to do for one rank)."""
         if self.executor is not None:
             self.executor.close()
-
-    def _max_model_len(self) -> int:
-        return max_model_len(self.arch, self.config)
 
     def _eos_token_ids(self) -> list[int]:
         ids = set(self.arch.eos_token_ids)

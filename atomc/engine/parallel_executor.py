@@ -46,10 +46,8 @@ class ParallelExecutor:
     def __init__(self, config: EngineConfig, model_dir, arch, device: str, dtype, max_model_len: int):
         par = config.parallel
         self.size = par.tensor_parallel_size
-        launched = env.launched_rank()  # torchrun started every rank (--nnodes > 1): nothing to spawn
-        if launched is not None and launched[2] != self.size:
-            raise ValueError(f"torchrun started {launched[2]} ranks, --tensor-parallel-size is {self.size}")
-        distributed.check_world(device, self.size // max(1, par.nnodes))
+        launched = env.launched_rank(self.size)  # torchrun started every rank: nothing to spawn
+        distributed.check_world(device, self.size // par.nnodes)
         ctx = mp.get_context("spawn")
         init = "env://" if launched is not None else f"tcp://127.0.0.1:{_free_port()}"
         self.procs: list[mp.process.BaseProcess] = []
@@ -109,7 +107,7 @@ class ParallelExecutor:
         if isinstance(error, (ValueError, TypeError, FileNotFoundError)):
             self.close(graceful=False)
             return error
-        for _ in range(10):  # a worker killed mid-collective may take a moment to be reaped
+        for _ in range(10 if self.procs else 0):  # a worker killed mid-collective may take a moment to be reaped
             for rank, proc in enumerate(self.procs, 1):
                 if not proc.is_alive():
                     died = self._died(rank)

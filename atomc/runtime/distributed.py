@@ -13,7 +13,14 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from atomc.config import ParallelConfig
 from atomc.ops import collective
+from models.layers.parallel import ParallelInfo
+
+
+def parallel_info(par: ParallelConfig) -> ParallelInfo:
+    """The layers' shard of this process's rank (`par.rank`: 0 on the driver, set on each worker)."""
+    return ParallelInfo(par.rank, par.tensor_parallel_size, expert_parallel=par.enable_expert_parallel)
 
 
 def rank_device(device: str, rank: int) -> str:

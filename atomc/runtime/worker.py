@@ -71,7 +71,6 @@ def run_launched(args: WorkerArgs) -> None:
 
 def run_worker(args: WorkerArgs, ready) -> None:
     from atomc.runtime.model_runner import ModelRunner  # in the child: torch and the kernels load here
-    from models.layers.parallel import ParallelInfo
 
     par = args.config.parallel
     rank, size = par.rank, par.tensor_parallel_size
@@ -79,7 +78,7 @@ def run_worker(args: WorkerArgs, ready) -> None:
     if device == "cpu":  # the ranks share the cores: N ranks of all-core thread pools would thrash
         torch.set_num_threads(max(1, torch.get_num_threads() // size))
     channel = distributed.join(rank, size, device, args.init_method, par.distributed_timeout_s)
-    info = ParallelInfo(rank, size, expert_parallel=par.enable_expert_parallel)
+    info = distributed.parallel_info(par)
     runner = ModelRunner(args.config, args.model_dir, args.arch, device, args.dtype, args.max_model_len, info)
     if device.startswith("cuda") and not args.config.compile.enforce_eager:
         runner.capture_graphs(args.max_model_len)  # the driver captures the same sizes, in the same order
