@@ -59,6 +59,10 @@ class CompileConfig:
     # mixed (prefill + decode) batches up to this many tokens replay full CUDA graphs (CUDA only);
     # 0 = never. Off: no serving gain measured on the H200 (docs/performance.md, section 2)
     cudagraph_mixed_max_tokens: int = 0
+    # Triton kernels launch with programmatic dependent launch on Hopper and later (CUDA only;
+    # atomc/kernels/triton/pdl.py): each starts while the one before it finishes. How kernels are
+    # launched, not what the graph holds: not a key factor
+    enable_pdl: bool = True
     disabled_passes: list[str] = field(default_factory=list)
     require_artifacts: bool = False  # fail instead of compiling on a cache miss
     # the key that signs and verifies cache entries (graphs/signing.py); None: the environment's

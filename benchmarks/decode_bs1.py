@@ -48,6 +48,7 @@ NOMINAL_CPU_BANDWIDTH = 20e9  # --tiny: no GPU copy to measure; the % is then on
 ENGINES = {
     "atomc": ("atomc", False, "bf16"),
     "atomc-eager": ("atomc", True, "bf16"),
+    "atomc-no-pdl": ("atomc", False, "bf16"),  # --no-enable-pdl: the PDL A/B in one call
     "atomc-fp8": ("atomc", False, "fp8"),
     "atomc-fp8-eager": ("atomc", True, "fp8"),
     "hf": ("hf", None, "bf16"),
@@ -120,9 +121,10 @@ def _sync(device: str) -> None:
 
 def run_atomc(
     model_dir: str, enforce_eager: bool, device: str = "cuda", prompt_len: int = PROMPT_LEN,
-    output_len: int = OUTPUT_LEN, vocab: int = 1 << 30, quantization: str | None = None,
+    output_len: int = OUTPUT_LEN, vocab: int = 1 << 30, quantization: str | None = None, enable_pdl: bool = True,
 ) -> dict:  # fmt: skip
-    """`quantization` is EngineConfig.quantization (the CLI's --quantization): None or "fp8"."""
+    """`quantization` is EngineConfig.quantization (the CLI's --quantization): None or "fp8";
+    `enable_pdl` is CompileConfig.enable_pdl (--enable-pdl)."""
     from atomc import LLM, SamplingParams
 
     t0 = time.perf_counter()
@@ -135,6 +137,7 @@ def run_atomc(
         max_num_seqs=8,
         enforce_eager=enforce_eager,
         quantization=quantization,
+        enable_pdl=enable_pdl,
     )
     startup = time.perf_counter() - t0
     prompt = {"prompt_token_ids": prompt_ids(prompt_len, vocab)}
@@ -150,7 +153,8 @@ def run_atomc(
         runs.append({"total_s": total, "decode_tok_s": (output_len - 1) / decode, "e2e_tok_s": output_len / total})
     best = max(runs, key=lambda r: r["decode_tok_s"])
     name = "atomc" + (f" {quantization}" if quantization else "") + (" (eager)" if enforce_eager else "")
-    return {"engine": name, "quantization": quantization, "startup_s": startup, **best, "runs": runs}
+    name += "" if enable_pdl else " (no PDL)"
+    return {"engine": name, "quantization": quantization, "enable_pdl": enable_pdl, "startup_s": startup, **best, "runs": runs}
 
 
 def run_hf(
@@ -243,7 +247,8 @@ def run_engine_here(args, engine: str) -> dict:
     lens = dict(prompt_len=args.prompt_len, output_len=args.output_len,
                 vocab=model_config(args.model, args.tiny)["vocab_size"])  # fmt: skip
     if kind == "atomc":
-        return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None, **lens)
+        return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None,
+                         enable_pdl=engine != "atomc-no-pdl", **lens)  # fmt: skip
     if kind == "hf":
         return run_hf(model_dir, device=device, **lens)
     if kind == "hf-loop":
@@ -334,9 +339,11 @@ def engine_row(engine: str, res: dict | None, tail: str, rooflines: dict, engine
 
 
 def speedups(engines: list[dict]) -> dict:
-    """Each quantised atomc engine's decode rate over its bf16 counterpart's (eager with eager)."""
+    """Each quantised atomc engine's decode rate over its bf16 counterpart's (eager with eager), and
+    atomc's over itself without PDL."""
     rate = {r["key"]: r.get("decode_tok_s", r["e2e_tok_s"]) for r in engines if "key" in r}
-    pairs = (("atomc-fp8", "atomc"), ("atomc-fp8-eager", "atomc-eager"), ("gpt-fast-int8", "atomc"))
+    pairs = (("atomc-fp8", "atomc"), ("atomc-fp8-eager", "atomc-eager"), ("gpt-fast-int8", "atomc"),
+             ("atomc", "atomc-no-pdl"))  # fmt: skip
     return {f"{a} / {b}": rate[a] / rate[b] for a, b in pairs if a in rate and b in rate}
 
 

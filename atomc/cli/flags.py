@@ -61,6 +61,13 @@ AsyncScheduling = Annotated[
         help="launch each step before the previous step's tokens are read back (default on)",
     ),
 ]
+EnablePdl = Annotated[
+    bool,
+    typer.Option(
+        "--enable-pdl/--no-enable-pdl",
+        help="CUDA, Hopper and later: each kernel starts while the one before it finishes (default on)",
+    ),
+]
 GenerationConfig = Annotated[
     str, typer.Option("--generation-config", help="auto: sampling defaults from generation_config.json; none")
 ]
@@ -96,7 +103,7 @@ _CONFIG_FLAGS = frozenset(
         "max_num_seqs", "max_num_batched_tokens", "async_scheduling",
         "block_size", "enable_prefix_caching", "gpu_memory_utilization", "num_kv_blocks", "kv_cache_dtype",
         "enforce_eager", "cache_dir", "cache_signing_key_file", "require_artifacts", "cudagraph_capture_sizes",
-        "cudagraph_mixed_max_tokens", "disable_pass",
+        "cudagraph_mixed_max_tokens", "enable_pdl", "disable_pass",
         "tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
         "nnodes", "node_rank", "master_addr", "master_port",
     }

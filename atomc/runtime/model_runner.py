@@ -70,6 +70,10 @@ class ModelRunner:
         device_init = DeviceInit(device)  # CUDA: the context is made on a thread while we import
         # backend ops (and the eager model's GPU attention kernel) defined before the first forward
         ensure_registered(platform_of(device))
+        if platform_of(device) == "cuda":
+            from atomc.kernels.triton import pdl
+
+            pdl.configure(config.compile.enable_pdl)
         if not config.compile.enforce_eager:
             compat.import_compiler(gpu=device_init.started)
         self.timings = {"imports_s": time.perf_counter() - t0}

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomc.kernels.triton import fp8_config
+from atomc.kernels.triton import fp8_config, pdl
 from atomc.kernels.triton.gemv import row_dot
 
 
@@ -47,11 +47,13 @@ def _fp8_gemv_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr,
     N, K, stride_wn, stride_wsn,
     WS_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
-    """Per-tensor or per-row scales (WS_ROWS: w_scale has one value per output row)."""
+    """Per-tensor or per-row scales (WS_ROWS: w_scale has one value per output row). PDL: pdl.py
+    (row_dot waits before it reads x; the activation scale is read after it)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K) * tl.load(xs_ptr)
+    y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K, PDL) * tl.load(xs_ptr)
     if WS_ROWS:
         y = y * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)
     else:
@@ -257,7 +259,7 @@ def _reduce(x, xs, weight, ws, b, has_bias, out_dtype, block, cfg) -> torch.Tens
         _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
             x, xs, weight, ws.reshape(-1), b, y, n, k, weight.stride(0), 0,
             WS_ROWS=ws.numel() > 1, HAS_BIAS=has_bias, BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=num_warps, num_stages=num_stages,
+            num_warps=num_warps, num_stages=num_stages, **pdl.launch(x),
         )  # fmt: skip
         return y
     bn, bk = block

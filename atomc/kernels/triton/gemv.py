@@ -21,6 +21,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
+
 MAX_M = 16
 
 
@@ -63,13 +66,22 @@ def _gemv_kernel(
 
 
 @triton.jit
-def row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def row_dot(
+    x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
     """[BLOCK_N] fp32: the one row x [K] times the weight rows offs_n, on the CUDA cores into a
     [BLOCK_N, BLOCK_K] register tile summed once at the end (the reduce GEMV's loop; the FP8 GEMV
-    runs it on e4m3 weights)."""
+    runs it on e4m3 weights). The first weight tile is loaded before `wait_producer` (pdl.py): it
+    streams in while the kernel before this one finishes."""
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    offs_k = tl.arange(0, BLOCK_K)
+    k_ok = offs_k < K
+    w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    wait_producer(PDL)
+    release_dependents(PDL)
+    x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    acc = w.to(tl.float32) * x[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
         x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
@@ -82,11 +94,11 @@ def row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N: tl.constexpr, BLO
 def _gemv_reduce_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     N, K, stride_wn,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K)
+    y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K, PDL)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
@@ -119,7 +131,7 @@ def gemv(
         _gemv_reduce_kernel[(triton.cdiv(n, block_n),)](
             x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
             HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=num_warps, num_stages=num_stages,
+            num_warps=num_warps, num_stages=num_stages, **pdl.launch(x),
         )  # fmt: skip
         return y
     if kernel != "dot":

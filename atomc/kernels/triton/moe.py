@@ -23,7 +23,7 @@ import functools
 import torch
 import triton
 
-from atomc.kernels.triton import moe_config, moe_gemv
+from atomc.kernels.triton import moe_config, moe_gemv, pdl
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
 from atomc.kernels.triton.moe_routing import route
@@ -92,7 +92,7 @@ def fused_experts(
         _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config)
     block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
     moe_combine_kernel[(t, triton.cdiv(h, block_h))](
-        y, weights, local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h,
+        y, weights, local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h, **pdl.launch(x),
     )  # fmt: skip
     return out
 
@@ -125,7 +125,7 @@ def _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, c
         act.stride(0), float(alpha), float(limit),
         TOPK=k, ACT=code, HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route,
         IEEE=ieee, WEIGHTS=DENSE, BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"], BLOCK_SLOTS=slots,
-        num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+        num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x),
     )  # fmt: skip
     moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2, w2_bias if w2_bias is not None else w2, y, *route,
@@ -133,7 +133,7 @@ def _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, c
         act.stride(0), w2.stride(0), w2.stride(1), 0, 0, 0, 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
         TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=DENSE,
         BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"], BLOCK_SLOTS=slots,
-        num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+        num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x),
     )  # fmt: skip
 
 

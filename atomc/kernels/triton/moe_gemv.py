@@ -24,7 +24,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
 from atomc.kernels.triton.moe_tiles import DENSE, bias_row, round_activate, weight_tile
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
 
 
 @triton.jit
@@ -33,9 +35,12 @@ def moe_gate_up_gemv_kernel(
     H, INTER, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_am,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """act[j, n] = act(x @ w13[e_j, n], x @ w13[e_j, INTER + n]); w13 DENSE or FP8 (moe_tiles.py;
     MXFP4 has its own GEMVs, moe_mxfp4_gemv.py)."""
+    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
+    release_dependents(PDL)
     j = tl.program_id(0)
     e = tl.load(local_ids + j)
     if e < 0:  # on another rank
@@ -72,7 +77,10 @@ def moe_down_gemv_kernel(
     act_ptr, w_ptr, b_ptr, y_ptr, local_ids,
     H, INTER, stride_am, stride_we, stride_wn, stride_be, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
+    release_dependents(PDL)
     j = tl.program_id(0)
     e = tl.load(local_ids + j)
     if e < 0:
@@ -97,9 +105,12 @@ def moe_down_combine_gemv_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, weights_ptr, local_ids, out_ptr,
     H, INTER, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be,
     TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """out[n] = sum over slots s (in order) of weight[s] * round(act[s] @ w2[e_s][n] (+ b)); slots whose
     expert is on another rank add nothing. w2 DENSE or FP8."""
+    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
+    release_dependents(PDL)
     dtype = out_ptr.dtype.element_ty
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
@@ -145,19 +156,19 @@ def launch(
         h, inter, w13.stride(0), w13.stride(1), 0, 0, 0, 0 if w13_bias is None else w13_bias.stride(0), act.stride(0),
         float(alpha), float(limit),
         ACT=activation_code, HAS_BIAS=w13_bias is not None, WEIGHTS=DENSE, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"],
-        num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+        num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x),
     )  # fmt: skip
     if combines_in_down(config):
         moe_down_combine_gemv_kernel[(triton.cdiv(h, dn["block_n"]),)](
             act, w2, w2, w2_bias if w2_bias is not None else w2, weights, local, out,
             h, inter, act.stride(0), w2.stride(0), w2.stride(1), 0, 0, 0, 0 if w2_bias is None else w2_bias.stride(0),
             TOPK=k, HAS_BIAS=w2_bias is not None, WEIGHTS=DENSE, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
-            num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+            num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x),
         )  # fmt: skip
         return
     moe_down_gemv_kernel[(k, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2_bias if w2_bias is not None else w2, y, local,
         h, inter, act.stride(0), w2.stride(0), w2.stride(1), 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
         HAS_BIAS=w2_bias is not None, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"],
-        num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+        num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x),
     )  # fmt: skip

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
 from atomc.ops.moe import select_experts
 
 MAX_EXPERTS = 1024  # one program holds a token's whole logit row
@@ -27,7 +29,10 @@ MAX_EXPERTS = 1024  # one program holds a token's whole logit row
 def _softmax_topk_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, stride_lt, scale,
     TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    wait_producer(PDL)  # pdl.py: the logits come from the step
+    release_dependents(PDL)
     t = tl.program_id(0)
     offs = tl.arange(0, BLOCK_E)
     ok = offs < E
@@ -70,7 +75,7 @@ def softmax_topk(
             router_logits, weights, ids, e, router_logits.stride(0), float(routed_scaling_factor),
             TOPK=top_k, RENORMALIZE=renormalize, BLOCK_E=max(16, triton.next_power_of_2(e)),
             BLOCK_K=triton.next_power_of_2(top_k),
-            num_warps=1 if e <= 128 else 4,
+            num_warps=1 if e <= 128 else 4, **pdl.launch(router_logits),
         )  # fmt: skip
     return weights, ids
 

@@ -38,7 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
 from atomc.kernels.triton.kv_cache_write import kv_scale_args
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
 
 
 @triton.jit
@@ -77,11 +79,13 @@ def _attn_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     seg = tl.program_id(2)
+    wait_producer(PDL)  # pdl.py: q, the cache and the step's metadata are all written in the step
+    release_dependents(PDL)
 
     seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
@@ -220,11 +224,13 @@ def _reduce_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SINKS: tl.constexpr,
-    TILE_N: tl.constexpr, MIN_SEG_TILES: tl.constexpr, WINDOW: tl.constexpr,
+    TILE_N: tl.constexpr, MIN_SEG_TILES: tl.constexpr, WINDOW: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # same q-block mapping as the attention kernel, so only rows owned by a sequence are written
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
+    wait_producer(PDL)
+    release_dependents(PDL)
     seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
@@ -376,7 +382,8 @@ def paged_attention(
     else:
         part_acc = part_m = part_l = out  # unused
 
-    common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, NUM_Q_HEADS=num_q_heads, BLOCK_M=block_m)
+    common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, NUM_Q_HEADS=num_q_heads, BLOCK_M=block_m,
+                  **pdl.launch(q))  # fmt: skip
     _attn_kernel[(q_blocks, num_kv_heads, num_segments)](
         q, k_cache, v_cache, out,
         part_acc, part_m, part_l,

@@ -9,17 +9,23 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
+
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     stride_x, stride_r, stride_o, stride_ro,
     n_cols, eps,
-    ADD: tl.constexpr, BLOCK_N: tl.constexpr,
+    ADD: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait (pdl.py)
+    wait_producer(PDL)
+    release_dependents(PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if ADD:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
@@ -28,7 +34,6 @@ def _rms_norm_kernel(
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, 0) / n_cols + eps)
     y = (xf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -51,7 +56,7 @@ def _launch(x, residual, weight, eps, out, residual_out):
         x2, r2, weight, o2, ro2,
         x2.stride(0), r2.stride(0), o2.stride(0), ro2.stride(0),
         n, eps,
-        ADD=add, BLOCK_N=block_n, num_warps=min(16, max(1, block_n // 512)),
+        ADD=add, BLOCK_N=block_n, num_warps=min(16, max(1, block_n // 512)), **pdl.launch(x2),
     )  # fmt: skip
 
 

@@ -16,8 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
 from atomc.kernels.triton.fp8_quant import ROUND_IN_FP32
 from atomc.kernels.triton.kv_cache_write import kv_scale_args, quantize_kv_value
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
 
 
 @triton.jit
@@ -56,9 +58,11 @@ def _rope_kernel(
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, WRITE_KV: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr,
-    ROUND_IN_FP32: tl.constexpr,
+    ROUND_IN_FP32: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
+    wait_producer(PDL)  # pdl.py: everything here but the cos/sin table is written in the step
+    release_dependents(PDL)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)[None, :]
     cs = cs_ptr + pos * stride_cs + d
@@ -127,7 +131,7 @@ def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(half), PAGE=page, WRITE_KV=write, NORM=qk_norm is not None,
-        FP8=fp8, ROUND_IN_FP32=fp8 and ROUND_IN_FP32, num_warps=4,
+        FP8=fp8, ROUND_IN_FP32=fp8 and ROUND_IN_FP32, num_warps=4, **pdl.launch(q),
     )  # fmt: skip
 
 

@@ -1,0 +1,205 @@
+"""The PDL rules of atomc/kernels/triton/pdl.py, checked on every PDL-aware kernel through the Triton
+interpreter with PDL forced on: each program waits once and releases once, stores nothing before its
+wait, and before it loads only the model weights the case names. The interpreter runs programs one
+by one, so each memory access is attributed to its program."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+if torch.cuda.is_available():  # the interpreter setting is process-wide; test_pdl_gpu.py covers CUDA
+    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+
+triton = pytest.importorskip("triton")
+from triton.runtime import interpreter  # noqa: E402
+from triton_kernel_cases import cos_sin_cache, make_batch, make_moe  # noqa: E402
+
+from atomc.kernels.triton import (  # noqa: E402
+    fused_add_rms_norm,
+    paged_attention,
+    pdl,
+    rms_norm,
+    rope_and_write_kv,
+    silu_and_mul,
+)
+from atomc.kernels.triton.fp8_gemv import fp8_gemv  # noqa: E402
+from atomc.kernels.triton.gemv import gemv  # noqa: E402
+from atomc.kernels.triton.moe import fused_experts  # noqa: E402
+from atomc.kernels.triton.moe_routing import softmax_topk  # noqa: E402
+from atomc.ops.moe import select_experts  # noqa: E402
+
+
+class Trace:
+    """Per program (grid index): the ordered events wait / release / load(addresses) / store."""
+
+    def __init__(self, monkeypatch):
+        self.programs: dict[tuple, list] = {}
+        b = interpreter.interpreter_builder
+        cls = type(b)
+        # the kernels read `pdl.launch` and the jit helpers `pdl.gdc_*` when they run
+        monkeypatch.setattr(pdl, "launch", lambda t: {"PDL": True})
+        monkeypatch.setattr(pdl, "gdc_wait", lambda: self._add("wait"))
+        monkeypatch.setattr(pdl, "gdc_launch_dependents", lambda: self._add("release"))
+        set_idx, load, store = cls.set_grid_idx, cls.create_masked_load, cls.create_masked_store
+        atomic_rmw, atomic_cas = cls.create_atomic_rmw, cls.create_atomic_cas
+
+        def set_grid_idx(builder, x, y, z):
+            set_idx(builder, x, y, z)
+            self.programs.setdefault((self.launches, x, y, z), [])
+
+        def masked_load(builder, ptrs, mask, *a):
+            self._add(("load", ptrs.data[mask.data].astype("uint64").tolist()))
+            return load(builder, ptrs, mask, *a)
+
+        def masked_store(builder, ptrs, value, mask, *a):
+            self._add("store")
+            return store(builder, ptrs, value, mask, *a)
+
+        def rmw(builder, *a):
+            self._add("store")
+            return atomic_rmw(builder, *a)
+
+        def cas(builder, *a):
+            self._add("store")
+            return atomic_cas(builder, *a)
+
+        self.launches = 0
+        set_dim = cls.set_grid_dim
+
+        def set_grid_dim(builder, *a):
+            self.launches += 1
+            return set_dim(builder, *a)
+
+        for name, fn in [("set_grid_idx", set_grid_idx), ("create_masked_load", masked_load),
+                         ("create_masked_store", masked_store), ("create_atomic_rmw", rmw),
+                         ("create_atomic_cas", cas), ("set_grid_dim", set_grid_dim)]:  # fmt: skip
+            monkeypatch.setattr(cls, name, fn)
+        self._builder = b
+
+    def _add(self, event):
+        self.programs[(self.launches, *self._builder.grid_idx)].append(event)
+
+    def check(self, weights: list[torch.Tensor]) -> int:
+        """Assert the rules for every program of each launch in which a program waited (a PDL-aware
+        kernel; the MoE sort is not one); returns how many such launches ran."""
+        spans = [(w.untyped_storage().data_ptr(), w.untyped_storage().data_ptr() + w.untyped_storage().nbytes())
+                 for w in weights]  # fmt: skip
+        pdl_launches = {p[0] for p, events in self.programs.items() if "wait" in events}
+        for prog, events in self.programs.items():
+            if prog[0] not in pdl_launches:
+                continue
+            kinds = [e if isinstance(e, str) else e[0] for e in events]
+            assert kinds.count("wait") == 1 and kinds.count("release") == 1, (prog, kinds)
+            w = kinds.index("wait")
+            assert kinds.index("release") > w, (prog, "released before its wait")
+            before = events[:w]
+            assert "store" not in before, (prog, "stored before its wait")
+            for e in before:
+                for a in e[1]:
+                    assert any(lo <= a < hi for lo, hi in spans), (prog, "loaded a non-weight before its wait")
+        return len(pdl_launches)
+
+    def clear(self):
+        self.programs.clear()
+
+
+@pytest.fixture
+def trace(monkeypatch):
+    return Trace(monkeypatch)
+
+
+def test_rms_norm(trace):
+    x, w = torch.randn(3, 80), torch.randn(80)
+    y = rms_norm(x, w, 1e-6)
+    assert trace.check([w]) == 1 and len(trace.programs) == 3
+    torch.testing.assert_close(y, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+
+
+def test_fused_add_rms_norm(trace):
+    x, r, w = torch.randn(2, 64), torch.randn(2, 64), torch.randn(64)
+    fused_add_rms_norm(x, r, w, 1e-6)
+    assert trace.check([w]) == 1 and len(trace.programs) == 2
+
+
+def test_reduce_gemv_loads_its_first_weight_tile_early(trace):
+    x, w = torch.randn(1, 100), torch.randn(37, 100)  # K over several 32-wide tiles, a masked tail
+    b = torch.randn(37)
+    y = gemv(x, w, b, kernel="reduce", block_n=4, block_k=32)
+    assert trace.check([w]) == 1 and len(trace.programs) == triton.cdiv(37, 4)
+    for events in trace.programs.values():
+        assert events[0][0] == "load", "the first weight tile streams in before the wait"
+    torch.testing.assert_close(y, x @ w.t() + b, atol=1e-4, rtol=1e-4)
+
+
+def test_fp8_reduce_gemv(trace):
+    fp8 = torch.float8_e4m3fn
+    xq = (torch.randn(1, 96) * 8).to(fp8)
+    w = (torch.randn(20, 96) * 8).to(fp8)
+    xs, ws = torch.rand(1, 1), torch.rand(20)
+    fp8_gemv(xq, xs, w, ws, None, torch.float32, kernel="reduce", block_n=4, block_k=32)
+    assert trace.check([w, ws]) == 1
+
+
+def test_rope_and_write_kv(trace):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(4, h, 32, generator=g) for h in (4, 2, 2))
+    kc, vc = torch.zeros(3, 16, 2, 32), torch.zeros(3, 16, 2, 32)
+    qw, kw = torch.rand(32) + 0.5, torch.rand(32) + 0.5
+    cs = cos_sin_cache(64, 32, "cpu")
+    rope_and_write_kv(torch.tensor([0, 5, 9, 2]), q, k, v, cs, kc, vc, torch.tensor([3, -1, 20, 7]),
+                      qk_norm=(qw, 1e-6, kw, 1e-6))  # fmt: skip
+    assert trace.check([cs, qw, kw]) == 1
+
+
+@pytest.mark.parametrize("segments", [1, 3])
+def test_paged_attention(trace, segments):
+    q, k_cache, v_cache, meta = make_batch([1, 1, 3], [9, 70, 40], 4, 2, 32, torch.float32, "cpu")
+    out = torch.empty_like(q)
+    paged_attention(q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.2,
+                    meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=segments)  # fmt: skip
+    assert trace.check([]) == (1 if segments == 1 else 2)  # the split adds its reduce kernel
+
+
+def test_silu_and_mul(trace):
+    silu_and_mul(torch.randn(2, 80))
+    assert trace.check([]) == 1 and len(trace.programs) == 2
+
+
+def test_softmax_topk(trace):
+    softmax_topk(torch.randn(3, 24), 4)
+    assert trace.check([]) == 1 and len(trace.programs) == 3
+
+
+TILE = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
+MOE_CONFIGS = {
+    "gemv": {"path": "gemv", "gate_up": dict(TILE, block_n=4, block_k=16), "down": dict(TILE, block_n=2, block_k=32)},
+    "gemv-combine-kernel": {"path": "gemv", "gate_up": dict(TILE, block_n=4, block_k=16),
+                            "down": dict(TILE, block_n=2, block_k=32, fuse_combine=False)},
+    "small": {"path": "small", "gate_up": dict(TILE), "down": dict(TILE)},
+    "sorted": {"path": "sorted", "gate_up": dict(TILE), "down": dict(TILE)},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_fused_experts(trace, name):
+    t = 1 if name.startswith("gemv") else 5
+    x, logits, w13, w2, _, _ = make_moe(t, 6, 48, 40, 2, torch.float32, "cpu")
+    weights, ids = select_experts(logits, 2)
+    expert_map = torch.tensor([0, -1, 1, 2, -1, 3], dtype=torch.int32)  # experts on another rank exit early
+    trace.clear()
+    fused_experts(x, weights, ids, w13[:4], w2[:4], expert_map=expert_map, config=MOE_CONFIGS[name])
+    assert trace.check([w13, w2]) == (2 if name == "gemv" else 3)  # gate-up, down (+ the combine)
+
+
+def test_launch_is_off_without_a_hopper_gpu():
+    assert pdl.launch(torch.zeros(1)) == {"PDL": False}
+    pdl.configure(False)
+    try:
+        assert not pdl.enabled()
+    finally:
+        pdl.configure(True)
