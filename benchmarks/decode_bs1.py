@@ -154,7 +154,8 @@ def run_atomc(
     best = max(runs, key=lambda r: r["decode_tok_s"])
     name = "atomc" + (f" {quantization}" if quantization else "") + (" (eager)" if enforce_eager else "")
     name += "" if enable_pdl else " (no PDL)"
-    return {"engine": name, "quantization": quantization, "enable_pdl": enable_pdl, "startup_s": startup, **best, "runs": runs}
+    return {"engine": name, "quantization": quantization, "enable_pdl": enable_pdl, "startup_s": startup, **best,
+            "runs": runs}  # fmt: skip
 
 
 def run_hf(

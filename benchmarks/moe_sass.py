@@ -54,7 +54,7 @@ KERNELS = {
              stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32", stride_be="i32",
              stride_am="i32", alpha="fp32", limit="fp32"),
         dict(TOPK=4, ACT=1, HAS_BIAS=True, ROUTE_SORTED=True, IEEE=False, WEIGHTS=MXFP4, BLOCK_M=64, BLOCK_N=64,
-             BLOCK_K=128, BLOCK_SLOTS=4), 4, 3),
+             BLOCK_K=128, BLOCK_SLOTS=4, PDL=False), 4, 3),
 }  # fmt: skip
 
 
