@@ -35,6 +35,7 @@ from atomc.kernels.triton.moe import device_name, fused_experts
 from atomc.ops.moe import select_experts
 from atomc.ops.moe_quant import WEIGHT_FORMATS
 
+VERBOSE = False  # --verbose: every candidate's time
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SMALL_TILES = [dict(block_m=0, block_n=n, block_k=k, num_warps=w, num_stages=s)
                for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3,))]  # fmt: skip
@@ -66,7 +67,10 @@ def timer(weights13, weights2, b13, b2, act, calls, weights_fmt: str = "bf16"):
     def time_config(cfg: dict) -> float:
         try:
             fn = run(cfg)
-            return graph_time_us(fn, calls)
+            us = graph_time_us(fn, calls)
+            if VERBOSE:
+                print(f"    {us:8.1f} us {cfg}")
+            return us
         except Exception as exc:  # out of shared memory, too many registers: not a candidate
             print(f"    skip {cfg}: {type(exc).__name__}")
             return float("inf")
@@ -138,7 +142,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a third of the grid")
     ap.add_argument("--out-dir", type=Path, default=moe_config.CONFIG_DIR)
     ap.add_argument("--weights", choices=("bf16", *WEIGHT_FORMATS), default="bf16", help="expert weight format")
+    ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
     args = ap.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
     tokens = [int(t) for t in args.tokens.split(",")]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name in args.shapes.split(","):
