@@ -46,7 +46,7 @@ def compile_config(config: dict, decode: bool = True, segments: int = 1, arch: i
         KV_LORA=LORA, ROPE=ROPE, BLOCK_C=t["block_c"], BLOCK_R=ROPE, NUM_HEADS=HEADS, BLOCK_H=t["block_h"],
         HEAD_BLOCKS=-(-HEADS // t["block_h"]), BLOCK_M=t["block_m"], BLOCK_Q=t["block_q"], TILE_N=t["tile_n"],
         PAGE=PAGE, NUM_SEGMENTS=segments, SPLIT=segments > 1, MIN_SEG_TILES=mla.MIN_SEG_TILES,
-        DV_SPLIT=t["dv_split"], DECODE=decode, PRECISION="tf32",
+        DV_SPLIT=t["dv_split"], DECODE=decode, PRECISION="tf32", PDL=True,
     )  # fmt: skip
     names = mla._mla_kernel.arg_names
     sig = {n: POINTERS.get(n) or ("constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32") for n in names}
@@ -56,7 +56,7 @@ def compile_config(config: dict, decode: bool = True, segments: int = 1, arch: i
         mla._mla_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
         attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
     )  # fmt: skip
-    opts = dict(num_warps=t["num_warps"], num_stages=t["num_stages"])
+    opts = dict(num_warps=t["num_warps"], num_stages=t["num_stages"], launch_pdl=True)  # as on an H200
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
 
 

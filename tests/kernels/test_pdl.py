@@ -16,17 +16,23 @@ if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
 
 triton = pytest.importorskip("triton")
+from mla_latent_cases import layer_inputs  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 from triton_kernel_cases import cos_sin_cache, make_batch, make_moe  # noqa: E402
 
 from atomc.kernels.triton import (  # noqa: E402
+    fp8_quant,
     fused_add_rms_norm,
+    mla_attention,
+    mla_latent_norm_rope,
     paged_attention,
     pdl,
     rms_norm,
     rope_and_write_kv,
     silu_and_mul,
+    write_latent_cache,
 )
+from atomc.kernels.triton.argmax import argmax_rows  # noqa: E402
 from atomc.kernels.triton.fp8_gemv import fp8_gemv  # noqa: E402
 from atomc.kernels.triton.gemv import gemv  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
@@ -194,6 +200,44 @@ def test_fused_experts(trace, name):
     trace.clear()
     fused_experts(x, weights, ids, w13[:4], w2[:4], expert_map=expert_map, config=MOE_CONFIGS[name])
     assert trace.check([w13, w2]) == (2 if name == "gemv" else 3)  # gate-up, down (+ the combine)
+
+
+def test_fp8_activation_quants(trace):
+    x, r, w = torch.randn(2, 128), torch.randn(2, 128), torch.rand(128) + 0.5
+    fp8_quant.rms_norm_quant(x, r, w, 1e-6, None, 128)  # RMSNorm (+ residual) -> per-token FP8
+    assert trace.check([w]) == 1
+    trace.clear()
+    fp8_quant.quant_dynamic(x, 32)  # per-group
+    fp8_quant.silu_and_mul_quant(torch.randn(3, 2 * 64), None, 64)  # one program a row
+    assert trace.check([]) == 2
+    trace.clear()
+    wide = fp8_quant.SPLIT_CHUNK + 96  # a row over two chunks: the split path's two kernels
+    fp8_quant.silu_and_mul_quant(torch.randn(1, 2 * wide), None, wide)
+    assert trace.check([]) == 2
+
+
+def test_argmax(trace):
+    argmax_rows(torch.randn(3, 5000))
+    assert trace.check([]) == 2
+
+
+@pytest.mark.parametrize("segments", [1, 2])
+def test_mla_attention(trace, segments):
+    q, cache, _, meta = make_batch([1, 1, 4], [9, 30, 12], 4, 1, 48, torch.float32, "cpu", page=8)
+    out = torch.empty(*q.shape[:2], 40)
+    mla_attention(q[..., :40], q[..., 40:], cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                  0.2, meta.max_query_len, meta.max_seq_len, meta.num_seqs,
+                  num_segments=segments, tile_n=16)  # fmt: skip
+    assert trace.check([]) == segments  # the split adds its merge
+
+
+def test_latent_norm_rope_and_cache_write(trace):
+    args = layer_inputs(3, 4, 32, 8, torch.float32, "cpu", False)
+    mla_latent_norm_rope(*args)
+    assert trace.check([args[4]]) == 1
+    trace.clear()
+    write_latent_cache(torch.randn(3, 40), torch.randn(3, 8), torch.zeros(4, 8, 1, 48), torch.tensor([5, -1, 20]))
+    assert trace.check([]) == 1
 
 
 def test_launch_is_off_without_a_hopper_gpu():

@@ -16,6 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
+
 CHUNK = 1024  # elements per stage-1 program: 126 programs for one row of Llama-3's 128,256 logits
 # From this many rows on, argmax_rows hands over to torch.argmax: torch's one block per row then
 # already covers the GPU (256 blocks on an H200's 132 SMs), and splitting rows only adds the
@@ -37,7 +40,11 @@ def _max_first_index(vals, idx, valid):
 
 
 @triton.jit
-def _chunk_argmax_kernel(x_ptr, part_val_ptr, part_idx_ptr, stride_x, n_cols, n_chunks, CHUNK: tl.constexpr):
+def _chunk_argmax_kernel(
+    x_ptr, part_val_ptr, part_idx_ptr, stride_x, n_cols, n_chunks, CHUNK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    wait_producer(PDL)  # pdl.py
+    release_dependents(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -49,7 +56,9 @@ def _chunk_argmax_kernel(x_ptr, part_val_ptr, part_idx_ptr, stride_x, n_cols, n_
 
 
 @triton.jit
-def _merge_partials_kernel(part_val_ptr, part_idx_ptr, out_ptr, n_chunks, BLOCK: tl.constexpr):
+def _merge_partials_kernel(part_val_ptr, part_idx_ptr, out_ptr, n_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_producer(PDL)  # pdl.py
+    release_dependents(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunks = tl.arange(0, BLOCK)
     valid = chunks < n_chunks
@@ -72,8 +81,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     part_idx = torch.empty(rows, n_chunks, dtype=torch.int32, device=logits.device)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     _chunk_argmax_kernel[(rows, n_chunks)](
-        logits, part_val, part_idx, logits.stride(0), n_cols, n_chunks, CHUNK=CHUNK, num_warps=4
+        logits, part_val, part_idx, logits.stride(0), n_cols, n_chunks, CHUNK=CHUNK, num_warps=4, **pdl.launch(logits)
     )
     block = max(16, triton.next_power_of_2(n_chunks))
-    _merge_partials_kernel[(rows,)](part_val, part_idx, out, n_chunks, BLOCK=block, num_warps=1)
+    _merge_partials_kernel[(rows,)](part_val, part_idx, out, n_chunks, BLOCK=block, num_warps=1, **pdl.launch(logits))
     return out

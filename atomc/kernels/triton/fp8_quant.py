@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
 from atomc.ops import fp8 as ref
 
 FP8_MAX = ref.FP8_MAX
@@ -90,11 +92,15 @@ def _norm_quant_kernel(
     x_ptr, res_ptr, w_ptr, res_out_ptr, q_ptr, s_ptr, scale_ptr,
     stride_x, stride_r, stride_ro, n_cols, n_groups, eps,
     ADD: tl.constexpr, STATIC: tl.constexpr, NG: tl.constexpr, G: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     gidx = tl.arange(0, NG)
     offs = gidx[:, None] * G + tl.arange(0, G)[None, :]
     ok = offs < n_cols
+    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)  # a weight: before the wait (pdl.py)
+    wait_producer(PDL)
+    release_dependents(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0)
     if ADD:
         r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0)
@@ -102,7 +108,6 @@ def _norm_quant_kernel(
         tl.store(res_out_ptr + row * stride_ro + offs, x, mask=ok)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(tl.sum(xf * xf, 1), 0) / n_cols + eps)
-    w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     # HF rounding, as atomc::rms_norm: normalise in fp32, cast, times the weight, cast
     y = ((xf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w).to(x_ptr.dtype.element_ty).to(tl.float32)
     _quantize_store(
@@ -114,8 +119,11 @@ def _norm_quant_kernel(
 def _rows_quant_kernel(
     x_ptr, q_ptr, s_ptr, scale_ptr, stride_x, n_cols, n_groups,
     SILU: tl.constexpr, STATIC: tl.constexpr, NG: tl.constexpr, G: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Plain quant of x [rows, n_cols], or (SILU) of silu(x[:, :n_cols]) * x[:, n_cols:]."""
+    wait_producer(PDL)  # pdl.py
+    release_dependents(PDL)
     row = tl.program_id(0).to(tl.int64)
     gidx = tl.program_id(1) * NG + tl.arange(0, NG)
     offs = gidx[:, None] * G + tl.arange(0, G)[None, :]
@@ -130,9 +138,13 @@ def _rows_quant_kernel(
 
 
 @triton.jit
-def _silu_mul_amax_kernel(x_ptr, h_ptr, amax_ptr, stride_x, n_cols, n_chunks, CHUNK: tl.constexpr):
+def _silu_mul_amax_kernel(
+    x_ptr, h_ptr, amax_ptr, stride_x, n_cols, n_chunks, CHUNK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
     """Split per-token path, step 1: silu(x[:, :n_cols]) * x[:, n_cols:] of one chunk, rounded to
     the dtype as the one-program kernel rounds it, into h, and the chunk's amax."""
+    wait_producer(PDL)  # pdl.py
+    release_dependents(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -147,10 +159,12 @@ def _silu_mul_amax_kernel(x_ptr, h_ptr, amax_ptr, stride_x, n_cols, n_chunks, CH
 @triton.jit
 def _quant_by_chunk_amax_kernel(
     h_ptr, amax_ptr, q_ptr, s_ptr, n_cols, n_chunks,
-    CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+    CHUNK: tl.constexpr, CHUNKS: tl.constexpr, ROUND_IN_FP32: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Step 2: the row's scale from its chunks' amax (the row's amax: the same scale the one-program
     kernel computes), then this chunk quantised with it."""
+    wait_producer(PDL)  # pdl.py
+    release_dependents(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     c = tl.arange(0, CHUNKS)
@@ -178,10 +192,13 @@ def _silu_quant_split(x2, k):
     amax = torch.empty(rows, chunks, dtype=torch.float32, device=x2.device)
     q, s, _ = _outputs(x2, k, k)
     warps = _num_warps(SPLIT_CHUNK)
-    _silu_mul_amax_kernel[(rows, chunks)](x2, h, amax, x2.stride(0), k, chunks, CHUNK=SPLIT_CHUNK, num_warps=warps)
+    _silu_mul_amax_kernel[(rows, chunks)](
+        x2, h, amax, x2.stride(0), k, chunks, CHUNK=SPLIT_CHUNK, num_warps=warps, **pdl.launch(x2)
+    )
     _quant_by_chunk_amax_kernel[(rows, chunks)](
         h, amax, q, s, k, chunks,
         CHUNK=SPLIT_CHUNK, CHUNKS=triton.next_power_of_2(chunks), ROUND_IN_FP32=ROUND_IN_FP32, num_warps=warps,
+        **pdl.launch(x2),
     )  # fmt: skip
     return q, s
 
@@ -234,7 +251,7 @@ def _norm_quant(x, residual, weight, eps, scale, group_size, num_warps=None):
             x2, r2, weight, summed, q, s, scale if scale is not None else s,
             x2.stride(0), r2.stride(0), summed.stride(0), k, n_groups, eps,
             ADD=residual is not None, STATIC=scale is not None, NG=ng, G=g, ROUND_IN_FP32=ROUND_IN_FP32,
-            num_warps=num_warps or _num_warps(ng * g),
+            num_warps=num_warps or _num_warps(ng * g), **pdl.launch(x2),
         )  # fmt: skip
     lead = x.shape[:-1]
     return (
@@ -262,7 +279,7 @@ def _rows_quant(x, scale, group_size, silu: bool, num_warps=None):
         _rows_quant_kernel[grid](
             x2, q, s, scale if scale is not None else s, x2.stride(0), k, n_groups,
             SILU=silu, STATIC=scale is not None, NG=ng, G=g, ROUND_IN_FP32=ROUND_IN_FP32,
-            num_warps=num_warps or _num_warps(ng * g),
+            num_warps=num_warps or _num_warps(ng * g), **pdl.launch(x2),
         )  # fmt: skip
     return q.view(*lead, k), s.view(*lead, n_groups)
 

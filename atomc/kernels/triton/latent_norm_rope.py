@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
+
 
 @triton.jit
 def _rotate(x_ptr, out_ptr, stride_h, out_stride_h, cos, sin, h, d, mask,
@@ -46,7 +49,10 @@ def _latent_norm_rope_kernel(
     NUM_HEADS: tl.constexpr, HALF: tl.constexpr, LORA: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_L: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_producer(PDL)  # pdl.py
+    release_dependents(PDL)
     t = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -109,6 +115,6 @@ def mla_latent_norm_rope(
         positions, q_pe, k_pe, c_kv, weight, cos_sin_cache, q_out, k_out, c_out,
         q_pe.stride(0), q_pe.stride(1), k_pe.stride(0), c_kv.stride(0), cos_sin_cache.stride(0), eps,
         NUM_HEADS=heads, HALF=half, LORA=lora, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(half),
-        BLOCK_L=triton.next_power_of_2(lora), INTERLEAVED=interleaved, num_warps=4,
+        BLOCK_L=triton.next_power_of_2(lora), INTERLEAVED=interleaved, num_warps=4, **pdl.launch(q_pe),
     )  # fmt: skip
     return q_out, k_out, c_out

@@ -52,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton import pdl
 from atomc.kernels.triton.paged_attention import (
     CAPTURE_SEG_TILES,
     MAX_SEGMENTS,
@@ -61,6 +62,7 @@ from atomc.kernels.triton.paged_attention import (
     _num_sms,
     _seg_len,
 )
+from atomc.kernels.triton.pdl import release_dependents, wait_producer
 
 
 @triton.jit
@@ -88,7 +90,10 @@ def _mla_kernel(
     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, DV_SPLIT: tl.constexpr, DECODE: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_producer(PDL)  # pdl.py
+    release_dependents(PDL)
     # head blocks fastest: a token's run side by side (see the module docstring); one axis for
     # both, as a y axis would cap the q blocks at 65535
     head_block = tl.program_id(0) % HEAD_BLOCKS
@@ -201,7 +206,10 @@ def _mla_reduce_kernel(
     KV_LORA: tl.constexpr, BLOCK_C: tl.constexpr, NUM_HEADS: tl.constexpr, RED_H: tl.constexpr,
     RED_HEAD_BLOCKS: tl.constexpr, RED_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr, MIN_SEG_TILES: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_producer(PDL)  # pdl.py
+    release_dependents(PDL)
     # the attention kernel's q-block mapping (same BLOCK_Q), its own head blocks (RED_H heads: the
     # merge holds [RED_M, BLOCK_C] fp32, small enough for 4 warps), so only owned rows are written
     head_block = tl.program_id(0) % RED_HEAD_BLOCKS
@@ -377,7 +385,7 @@ def mla_attention(
         HEAD_BLOCKS=head_blocks, BLOCK_M=t["block_m"], BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page,
         NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=min_seg_tiles, DV_SPLIT=t["dv_split"],
         DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32",
-        num_warps=t["num_warps"], num_stages=t["num_stages"],
+        num_warps=t["num_warps"], num_stages=t["num_stages"], **pdl.launch(q_absorbed),
     )  # fmt: skip
     if split:
         red_h = max(1, min(block_h, 16 // block_q))  # about 16 rows a merge program
@@ -388,7 +396,7 @@ def mla_attention(
             out.stride(0), out.stride(1),
             KV_LORA=kv_lora, BLOCK_C=block_c, NUM_HEADS=num_heads, RED_H=red_h, RED_HEAD_BLOCKS=red_head_blocks,
             RED_M=red_m, BLOCK_Q=block_q, TILE_N=tile_n, NUM_SEGMENTS=num_segments, MIN_SEG_TILES=min_seg_tiles,
-            num_warps=4 if red_m * block_c <= 16 * 512 else 8,
+            num_warps=4 if red_m * block_c <= 16 * 512 else 8, **pdl.launch(q_absorbed),
         )  # fmt: skip
     return out
 
@@ -399,7 +407,10 @@ def _write_latent_kernel(
     stride_ct, stride_rt, stride_cb, stride_cs,
     KV_LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
     PAGE: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_producer(PDL)  # pdl.py
+    release_dependents(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding
@@ -429,5 +440,5 @@ def write_latent_cache(
         c_kv, k_pe, latent_cache, slot_mapping,
         c_kv.stride(0), k_pe.stride(0), latent_cache.stride(0), latent_cache.stride(1),
         KV_LORA=kv_lora, ROPE=rope, BLOCK_C=triton.next_power_of_2(kv_lora),
-        BLOCK_R=triton.next_power_of_2(rope), PAGE=page, num_warps=4,
+        BLOCK_R=triton.next_power_of_2(rope), PAGE=page, num_warps=4, **pdl.launch(c_kv),
     )  # fmt: skip
