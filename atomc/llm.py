@@ -39,6 +39,7 @@ class LLM:
         generation_config: str = ModelConfig.generation_config,
         cudagraph_mixed_max_tokens: int = CompileConfig.cudagraph_mixed_max_tokens,
         enable_pdl: bool = CompileConfig.enable_pdl,
+        require_artifacts: bool = CompileConfig.require_artifacts,
         async_scheduling: bool = SchedulerConfig.async_scheduling,
         tensor_parallel_size: int = ParallelConfig.tensor_parallel_size,
         pipeline_parallel_size: int = ParallelConfig.pipeline_parallel_size,

@@ -46,6 +46,9 @@ def compile_command(config: EngineConfig, as_json: bool) -> int:
     from atomc.graphs.build import compile_model
     from atomc.graphs.report import format_report, to_json
 
+    if config.parallel.tensor_parallel_size > 1:
+        return _compile_ranks_command(config, as_json)
+
     res = compile_model(config, progress=sys.stderr.isatty() and not as_json)
     manifest = {**res.manifest, "hit": res.hit, "run_timings": res.timings, "entry": str(res.entry_dir)}
     if as_json:
@@ -53,6 +56,22 @@ def compile_command(config: EngineConfig, as_json: bool) -> int:
     else:
         typer.echo(("cache hit: " if res.hit else "compiled: ") + str(res.entry_dir))
         typer.echo(format_report(manifest))
+    return 0
+
+
+def _compile_ranks_command(config: EngineConfig, as_json: bool) -> int:
+    from atomc.graphs.report import format_report, to_json
+    from atomc.runtime.compile_ranks import compile_ranks
+
+    results = compile_ranks(config)
+    manifests = [{**r.manifest, "rank": r.rank, "hit": r.hit, "run_timings": r.timings, "entry": r.entry_dir}
+                 for r in results]  # fmt: skip
+    if as_json:
+        typer.echo(to_json({"ranks": manifests}))
+        return 0
+    for r, m in zip(results, manifests, strict=True):
+        typer.echo(f"rank {r.rank}: " + ("cache hit: " if r.hit else "compiled: ") + r.entry_dir)
+        typer.echo(format_report(m))
     return 0
 
 

@@ -133,3 +133,36 @@ def test_the_step_record_round_trips_through_its_tensor():
         assert getattr(back, name) == getattr(step, name), name
     empty = StepInput(0, [1], [1], [0], [[0]], [5], [0], [0], [], [], [])
     assert step_codec.decode(step_codec.encode(empty)).feed_step is None
+
+
+def test_compile_builds_each_ranks_artifact_that_serve_then_loads(checkpoints, tmp_path):
+    """`atomc compile -tp 2`: two processes build rank 0's and rank 1's entries (keyed by rank); an
+    engine that may not compile (require_artifacts) then starts on them and decodes."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from atomc.cli.main import app
+
+    args = ["compile", "--model", str(checkpoints["llama"]), "--device", "cpu", "--dtype", "float32",
+            "--cache-dir", str(tmp_path), "--tensor-parallel-size", "2", "--max-num-seqs", "8", "--json"]  # fmt: skip
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    ranks = json.loads(out.output[out.output.index("{") :])["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and not any(r["hit"] for r in ranks)
+    assert [r["factors"]["tp_rank"] for r in ranks] == [0, 1] and ranks[0]["entry"] != ranks[1]["entry"]
+    got = _tokens(checkpoints["llama"], tensor_parallel_size=2, cache_dir=str(tmp_path), require_artifacts=True)
+    assert all(len(t) == 32 for t in got)
+
+
+def test_compile_for_more_ranks_than_gpus_is_a_clear_error(checkpoints):
+    import torch
+    from typer.testing import CliRunner
+
+    from atomc.cli.main import app
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine holds two ranks")
+    out = CliRunner().invoke(app, ["compile", "--model", str(checkpoints["llama"]), "--device", "cuda", "-tp", "2"])
+    assert out.exit_code == 1
+    assert "needs 2 GPUs" in out.output or "sees no CUDA device" in out.output, out.output
