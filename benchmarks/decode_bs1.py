@@ -122,9 +122,10 @@ def _sync(device: str) -> None:
 def run_atomc(
     model_dir: str, enforce_eager: bool, device: str = "cuda", prompt_len: int = PROMPT_LEN,
     output_len: int = OUTPUT_LEN, vocab: int = 1 << 30, quantization: str | None = None, enable_pdl: bool = True,
+    tensor_parallel_size: int = 1,
 ) -> dict:  # fmt: skip
     """`quantization` is EngineConfig.quantization (the CLI's --quantization): None or "fp8";
-    `enable_pdl` is CompileConfig.enable_pdl (--enable-pdl)."""
+    `enable_pdl` is CompileConfig.enable_pdl (--enable-pdl); `tensor_parallel_size` is -tp."""
     from atomc import LLM, SamplingParams
 
     t0 = time.perf_counter()
@@ -138,6 +139,7 @@ def run_atomc(
         enforce_eager=enforce_eager,
         quantization=quantization,
         enable_pdl=enable_pdl,
+        tensor_parallel_size=tensor_parallel_size,
     )
     startup = time.perf_counter() - t0
     prompt = {"prompt_token_ids": prompt_ids(prompt_len, vocab)}
@@ -153,7 +155,7 @@ def run_atomc(
         runs.append({"total_s": total, "decode_tok_s": (output_len - 1) / decode, "e2e_tok_s": output_len / total})
     best = max(runs, key=lambda r: r["decode_tok_s"])
     name = "atomc" + (f" {quantization}" if quantization else "") + (" (eager)" if enforce_eager else "")
-    name += "" if enable_pdl else " (no PDL)"
+    name += ("" if enable_pdl else " (no PDL)") + (f" TP={tensor_parallel_size}" if tensor_parallel_size > 1 else "")
     return {"engine": name, "quantization": quantization, "enable_pdl": enable_pdl, "startup_s": startup, **best,
             "runs": runs}  # fmt: skip
 
@@ -231,13 +233,17 @@ def run_hf_loop(model_dir: str) -> dict:
 def child_command(args, engine: str) -> list[str]:
     if engine not in ENGINES:
         raise SystemExit(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    tp = getattr(args, "tensor_parallel_size", 1)
+    if ENGINES[engine][0] != "atomc" and tp > 1:
+        raise SystemExit(f"{engine} runs on one GPU: --tensor-parallel-size applies to the atomc engines only")
     if ENGINES[engine][0] == "gpt-fast":
         if args.model != "llama-3.1-8b":
             raise SystemExit("the gpt-fast int8 peer is its Llama-3.1-8B entry: --model llama-3.1-8b only")
         cmd = [sys.executable, str(HERE / "peers" / "gpt_fast_llama.py"), "--quantize", "int8",
                "--prompt-len", str(args.prompt_len), "--max-new-tokens", str(args.output_len)]  # fmt: skip
         return cmd + (["--tiny"] if args.tiny else [])
-    cmd = [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine]
+    cmd = [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine,
+           "--tensor-parallel-size", str(tp)]  # fmt: skip
     return cmd + (["--tiny"] if args.tiny else [])
 
 
@@ -249,7 +255,8 @@ def run_engine_here(args, engine: str) -> dict:
                 vocab=model_config(args.model, args.tiny)["vocab_size"])  # fmt: skip
     if kind == "atomc":
         return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None,
-                         enable_pdl=engine != "atomc-no-pdl", **lens)  # fmt: skip
+                         enable_pdl=engine != "atomc-no-pdl", tensor_parallel_size=args.tensor_parallel_size,
+                         **lens)  # fmt: skip
     if kind == "hf":
         return run_hf(model_dir, device=device, **lens)
     if kind == "hf-loop":
@@ -268,6 +275,8 @@ def main() -> None:
     ap.add_argument("--reserve", type=float, default=100, help="seconds kept back for each engine still to run")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: measured (nominal with --tiny)")
     ap.add_argument("--tiny", action="store_true", help="the same code on the CPU, 2 small layers, short prompts")
+    ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                    help="the atomc engines over N GPUs; the roofline is then N GPUs' bandwidth")  # fmt: skip
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -282,9 +291,12 @@ def main() -> None:
     make_checkpoint(args.model, Path(args.root), tiny=args.tiny)  # once, before the children race for it
     cfg = model_config(args.model, args.tiny)
     bw = args.bandwidth or (NOMINAL_CPU_BANDWIDTH if args.tiny else ceilings.measure()["bandwidth"])
-    rooflines = {w: bw / roofline_bytes(cfg, w) for w in ("bf16", "fp8", "int8")}
+    # TP: each GPU reads its shard of the weights, so N GPUs' bandwidth bounds the token rate
+    tp = args.tensor_parallel_size
+    rooflines = {w: tp * bw / roofline_bytes(cfg, w) for w in ("bf16", "fp8", "int8")}
     results = {
         "model": args.model + (" (tiny)" if args.tiny else ""),
+        "tensor_parallel_size": tp,
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
         "bandwidth_TBps": bw / 1e12,
@@ -312,7 +324,8 @@ def main() -> None:
         if out:  # after every engine: a later one failing or timing out keeps the numbers so far
             out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
-    print(f"\n{results['model']} batch-1 decode, roofline {rooflines['bf16']:.0f} tok/s bf16, "
+    at_tp = f" at TP={tp}" if tp > 1 else ""
+    print(f"\n{results['model']} batch-1 decode{at_tp}, roofline {rooflines['bf16']:.0f} tok/s bf16, "
           f"{rooflines['fp8']:.0f} fp8, {rooflines['int8']:.0f} int8 at {bw / 1e12:.2f} TB/s")  # fmt: skip
     for r in results["engines"]:
         if "error" in r or "skipped" in r:

@@ -45,7 +45,10 @@ def _args(**kw):
 
 def test_engines_map_to_their_commands():
     cmd = decode_bs1.child_command(_args(), "atomc-fp8")
-    assert cmd[-3:] == ["--child", "atomc-fp8", "--tiny"]
+    assert cmd[-5:] == ["--child", "atomc-fp8", "--tensor-parallel-size", "1", "--tiny"]
+    assert decode_bs1.child_command(_args(tensor_parallel_size=2), "atomc")[-2:] == ["2", "--tiny"]
+    with pytest.raises(SystemExit, match="runs on one GPU"):  # the peers have no TP
+        decode_bs1.child_command(_args(tensor_parallel_size=2), "hf")
     assert decode_bs1.ENGINES["atomc-fp8"] == ("atomc", False, "fp8")
     peer = decode_bs1.child_command(_args(tiny=False), "gpt-fast-int8")
     assert peer[1].endswith("peers/gpt_fast_llama.py") and "--tiny" not in peer
