@@ -36,8 +36,10 @@ from atomc.kernels.triton.argmax import argmax_rows  # noqa: E402
 from atomc.kernels.triton.fp8_gemv import fp8_gemv  # noqa: E402
 from atomc.kernels.triton.gemv import gemv  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
+from atomc.kernels.triton.moe_quant import fused_experts_quant  # noqa: E402
 from atomc.kernels.triton.moe_routing import softmax_topk  # noqa: E402
 from atomc.ops.moe import select_experts  # noqa: E402
+from models.quant.mxfp4 import quantize_mxfp4  # noqa: E402
 
 
 class Trace:
@@ -238,6 +240,31 @@ def test_latent_norm_rope_and_cache_write(trace):
     trace.clear()
     write_latent_cache(torch.randn(3, 40), torch.randn(3, 8), torch.zeros(4, 8, 1, 48), torch.tensor([5, -1, 20]))
     assert trace.check([]) == 1
+
+
+def _fp8_rows(w):
+    s = w.abs().amax(-1).clamp(min=1e-8) / 448
+    return (w / s[..., None]).to(torch.float8_e4m3fn), s
+
+
+QTILE = dict(block_m=16, block_n=16, block_k=64, num_warps=4, num_stages=2)
+QUANT_CONFIGS = {
+    "gemv": {"path": "gemv", "gate_up": dict(QTILE, block_n=4), "down": dict(QTILE, block_n=2, block_k=32)},
+    "small": {"path": "small", "gate_up": dict(QTILE), "down": dict(QTILE)},
+}
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "mxfp4"])
+@pytest.mark.parametrize("route", list(QUANT_CONFIGS))
+def test_quantised_experts(trace, fmt, route):
+    t = 1 if route == "gemv" else 3
+    x, logits, w13, w2, _, _ = make_moe(t, 4, 96, 64, 2, torch.float32, "cpu")
+    weights, ids = select_experts(logits, 2)
+    quant = quantize_mxfp4 if fmt == "mxfp4" else _fp8_rows
+    (q13, s13), (q2, s2) = quant(w13), quant(w2)
+    trace.clear()
+    fused_experts_quant(x, weights, ids, q13, s13, q2, s2, weight_format=fmt, config=QUANT_CONFIGS[route])
+    assert trace.check([q13, s13, q2, s2]) == (2 if route == "gemv" else 3)
 
 
 def test_launch_is_off_without_a_hopper_gpu():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from atomc.kernels.triton import moe_config
+from atomc.kernels.triton import moe_config, pdl
 from atomc.kernels.triton.moe import ACTIVATION_CODES, COMBINE_BLOCK_H, device_name
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
@@ -112,13 +112,13 @@ def fused_experts_quant(
             h, inter, w13.stride(0), w13.stride(1), *s13, sb13, act.stride(0),
             float(alpha), float(limit),
             ACT=code, HAS_BIAS=w13_bias is not None, **fmt, BLOCK_N=gu["block_n"], BLOCK_K=_block_k(gu, weight_format),
-            num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+            num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x),
         )  # fmt: skip
         down[(triton.cdiv(h, dn["block_n"]),)](
             act, w2, w2_scale, b2, weights, local, out,
             h, inter, act.stride(0), w2.stride(0), w2.stride(1), *s2, sb2,
             TOPK=k, HAS_BIAS=w2_bias is not None, **fmt, BLOCK_N=dn["block_n"], BLOCK_K=_block_k(dn, weight_format),
-            num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+            num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x),
         )  # fmt: skip
         return out
     sorted_route = config["path"] == "sorted"
@@ -148,7 +148,7 @@ def fused_experts_quant(
         float(alpha), float(limit),
         TOPK=k, ACT=code, HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=wcode,
         BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=_block_k(gu, weight_format), BLOCK_SLOTS=slots,
-        num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+        num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x),
     )  # fmt: skip
     moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2_scale, b2, y, *route,
@@ -156,11 +156,11 @@ def fused_experts_quant(
         act.stride(0), w2.stride(0), w2.stride(1), *s2, sb2, y.stride(0),
         TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=wcode,
         BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=_block_k(dn, weight_format), BLOCK_SLOTS=slots,
-        num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+        num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x),
     )  # fmt: skip
     block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
     moe_combine_kernel[(t, triton.cdiv(h, block_h))](
-        y, weights, local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h,
+        y, weights, local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h, **pdl.launch(x),
     )  # fmt: skip
     return out
 
