@@ -23,6 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from atomc.kernels.triton.gemv import _gemv_reduce_kernel
 from atomc.kernels.triton.moe_gemv import moe_gate_up_gemv_kernel
+from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel
 from atomc.kernels.triton.rmsnorm import _rms_norm_kernel
 
 KERNELS = {
@@ -36,6 +37,11 @@ KERNELS = {
                          stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32",
                          stride_be="i32", stride_am="i32", alpha="fp32", limit="fp32"),
                          dict(ACT=0, HAS_BIAS=False, WEIGHTS=0, BLOCK_N=4, BLOCK_K=512)),
+    "mxfp4_down_combine_gemv": (mxfp4_down_combine_gemv_kernel, dict(act_ptr="*bf16", w_ptr="*u8", s_ptr="*u8",
+                                b_ptr="*bf16", weights_ptr="*fp32", local_ids="*i32", out_ptr="*bf16", H="i32",
+                                INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32", stride_se="i32",
+                                stride_sn="i32", stride_be="i32"),
+                                dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024)),
 }
 out = {}
 for name, (fn, sig, cx) in KERNELS.items():
@@ -67,7 +73,7 @@ def ptx() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kernel", ["gemv", "rms_norm", "moe_gate_up_gemv"])
+@pytest.mark.parametrize("kernel", ["gemv", "rms_norm", "moe_gate_up_gemv", "mxfp4_down_combine_gemv"])
 def test_one_wait_and_one_release_with_pdl_and_none_without(ptx, kernel):
     on, off = ptx[f"{kernel} on"], ptx[f"{kernel} off"]
     assert on.count("griddepcontrol.wait") == 1 and on.count("griddepcontrol.launch_dependents") == 1, on
