@@ -21,7 +21,6 @@ import atexit
 import logging
 import multiprocessing as mp
 import signal
-import socket
 import threading
 from multiprocessing.connection import wait
 
@@ -49,7 +48,7 @@ class ParallelExecutor:
         launched = env.launched_rank(self.size)  # torchrun started every rank: nothing to spawn
         distributed.check_world(device, self.size // par.nnodes)
         ctx = mp.get_context("spawn")
-        init = "env://" if launched is not None else f"tcp://127.0.0.1:{_free_port()}"
+        init = "env://" if launched is not None else distributed.local_init_method()
         self.procs: list[mp.process.BaseProcess] = []
         self.pipes = []
         for rank in range(1, self.size) if launched is None else ():
@@ -188,9 +187,3 @@ def _with_rank(config: EngineConfig, rank: int) -> EngineConfig:
     cfg = copy.deepcopy(config)
     cfg.parallel.rank = rank
     return cfg
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import multiprocessing as mp
-import socket
 import sys
 import traceback
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ def compile_ranks(config: EngineConfig) -> list[RankResult]:
     _, device, _ = resolve_target(config)
     distributed.check_world(device, size)
     ctx = mp.get_context("spawn")
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = distributed.local_init_method()
     procs, pipes = [], []
     for rank in range(size):
         cfg = copy.deepcopy(config)
@@ -114,9 +113,3 @@ def _compile_rank(config: EngineConfig, init: str) -> RankResult:
                        quantization=config.model.quantization)  # fmt: skip
     res = compile_or_load(model, model_dir, config, device, dtype, progress=False)
     return RankResult(par.rank, res.hit, str(res.entry_dir), res.manifest, res.timings)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -9,6 +9,7 @@ every collective: a rank that stops answering fails the others instead of hangin
 from __future__ import annotations
 
 import datetime
+import socket
 
 import torch
 import torch.distributed as dist
@@ -38,6 +39,13 @@ def check_world(device: str, size: int) -> None:
         have = torch.cuda.device_count()
         if size > have:
             raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs, this machine has {have}")
+
+
+def local_init_method() -> str:
+    """A TCP rendezvous on a free local port, for ranks that one process spawns."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def join(rank: int, size: int, device: str, init_method: str, timeout_s: float) -> dist.ProcessGroup:
