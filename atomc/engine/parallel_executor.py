@@ -22,6 +22,7 @@ import logging
 import multiprocessing as mp
 import signal
 import threading
+import time
 from multiprocessing.connection import wait
 
 import torch.distributed as dist
@@ -35,6 +36,7 @@ from atomc.runtime.worker import WorkerArgs, worker_main
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 10.0  # a worker that does not stop after STOP is killed
+FAILURE_REAP_S = 2.0  # after a failed step: how long a worker's exit may take to show
 
 
 class WorkerDied(RuntimeError):
@@ -70,8 +72,10 @@ class ParallelExecutor:
             self.close()
             raise
         self._stop_watch = threading.Event()
+        self._watchdog: threading.Thread | None = None
         if self.procs:  # torchrun's ranks are torchrun's to watch: it ends the job when one fails
-            threading.Thread(target=self._watch, daemon=True, name="atomc-tp-watchdog").start()
+            self._watchdog = threading.Thread(target=self._watch, daemon=True, name="atomc-tp-watchdog")
+            self._watchdog.start()
 
     # -- start-up ------------------------------------------------------------------------------------
 
@@ -106,17 +110,28 @@ class ParallelExecutor:
         if isinstance(error, (ValueError, TypeError, FileNotFoundError)):
             self.close(graceful=False)
             return error
-        for _ in range(10 if self.procs else 0):  # a worker killed mid-collective may take a moment to be reaped
+        # one thread reaps the workers from here on: a waitpid racing the watchdog's can report a
+        # dead worker alive
+        self._stop_watchdog()
+        deadline = time.monotonic() + FAILURE_REAP_S  # a worker killed mid-collective may take a moment
+        while self.procs:
             for rank, proc in enumerate(self.procs, 1):
+                proc.join(timeout=0)
                 if not proc.is_alive():
                     died = self._died(rank)
                     self.close(graceful=False)
                     return died
-            if isinstance(error, WorkerDied):
+            if isinstance(error, WorkerDied) or time.monotonic() > deadline:
                 break
-            wait([p.sentinel for p in self.procs], timeout=0.1)
+            time.sleep(0.05)
         self.close(graceful=False)
         return error
+
+    def _stop_watchdog(self) -> None:
+        if hasattr(self, "_stop_watch"):
+            self._stop_watch.set()
+        if getattr(self, "_watchdog", None) is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=JOIN_TIMEOUT_S + 1)
 
     def check_alive(self) -> None:
         for rank, proc in enumerate(self.procs, 1):
