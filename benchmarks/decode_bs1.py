@@ -49,6 +49,7 @@ ENGINES = {
     "atomc": ("atomc", False, "bf16"),
     "atomc-eager": ("atomc", True, "bf16"),
     "atomc-no-pdl": ("atomc", False, "bf16"),  # --no-enable-pdl: the PDL A/B in one call
+    "atomc-fp8-no-pdl": ("atomc", False, "fp8"),
     "atomc-fp8": ("atomc", False, "fp8"),
     "atomc-fp8-eager": ("atomc", True, "fp8"),
     "hf": ("hf", None, "bf16"),
@@ -255,7 +256,7 @@ def run_engine_here(args, engine: str) -> dict:
                 vocab=model_config(args.model, args.tiny)["vocab_size"])  # fmt: skip
     if kind == "atomc":
         return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None,
-                         enable_pdl=engine != "atomc-no-pdl", tensor_parallel_size=args.tensor_parallel_size,
+                         enable_pdl=not engine.endswith("-no-pdl"), tensor_parallel_size=args.tensor_parallel_size,
                          **lens)  # fmt: skip
     if kind == "hf":
         return run_hf(model_dir, device=device, **lens)
@@ -357,7 +358,7 @@ def speedups(engines: list[dict]) -> dict:
     atomc's over itself without PDL."""
     rate = {r["key"]: r.get("decode_tok_s", r["e2e_tok_s"]) for r in engines if "key" in r}
     pairs = (("atomc-fp8", "atomc"), ("atomc-fp8-eager", "atomc-eager"), ("gpt-fast-int8", "atomc"),
-             ("atomc", "atomc-no-pdl"))  # fmt: skip
+             ("atomc", "atomc-no-pdl"), ("atomc-fp8", "atomc-fp8-no-pdl"))  # fmt: skip
     return {f"{a} / {b}": rate[a] / rate[b] for a, b in pairs if a in rate and b in rate}
 
 

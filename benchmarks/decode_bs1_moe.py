@@ -52,7 +52,8 @@ TINY_LENS = (16, 24)  # prompt, output tokens under --tiny
 NOMINAL_CPU_BANDWIDTH = decode_bs1.NOMINAL_CPU_BANDWIDTH
 # engine -> (what runs, enforce_eager, weight format for the roofline): decode_bs1's, plus gpt-fast's Mixtral
 ENGINES = {name: decode_bs1.ENGINES[name]
-           for name in ("atomc", "atomc-eager", "atomc-no-pdl", "atomc-fp8", "atomc-fp8-eager", "hf")}  # fmt: skip
+           for name in ("atomc", "atomc-eager", "atomc-no-pdl", "atomc-fp8", "atomc-fp8-eager",
+                        "atomc-fp8-no-pdl", "hf")}  # fmt: skip
 ENGINES["gpt-fast"] = ("gpt-fast", None, "bf16")
 
 
@@ -77,7 +78,7 @@ def run_engine_here(args, engine: str) -> dict:
     if kind == "atomc":
         quantization = "fp8" if weights == "fp8" else None
         return decode_bs1.run_atomc(model_dir, eager, device=device, quantization=quantization,
-                                    enable_pdl=engine != "atomc-no-pdl", **lens)  # fmt: skip
+                                    enable_pdl=not engine.endswith("-no-pdl"), **lens)  # fmt: skip
     if kind == "hf":
         return decode_bs1.run_hf(model_dir, device=device, **lens)
     raise SystemExit(f"engine {engine!r} does not run in this script's process")

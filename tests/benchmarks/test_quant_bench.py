@@ -65,10 +65,12 @@ def test_speedups_pair_each_quantised_engine_with_its_bf16_one():
         {"key": "atomc-fp8", "decode_tok_s": 350.0, "e2e_tok_s": 330.0},
         {"key": "gpt-fast-int8", "e2e_tok_s": 170.0},
         {"key": "atomc-no-pdl", "decode_tok_s": 160.0, "e2e_tok_s": 150.0},
+        {"key": "atomc-fp8-no-pdl", "decode_tok_s": 280.0, "e2e_tok_s": 270.0},
         {"engine": "atomc-fp8-eager", "error": "boom"},  # no key: not paired
     ]
     assert decode_bs1.speedups(engines) == {
         "atomc-fp8 / atomc": 1.75, "gpt-fast-int8 / atomc": 0.85, "atomc / atomc-no-pdl": 1.25,
+        "atomc-fp8 / atomc-fp8-no-pdl": 1.25,
     }  # fmt: skip
 
 
