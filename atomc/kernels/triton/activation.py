@@ -7,13 +7,12 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton import pdl
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter

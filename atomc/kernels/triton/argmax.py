@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton import pdl
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 CHUNK = 1024  # elements per stage-1 program: 126 programs for one row of Llama-3's 128,256 logits
 # From this many rows on, argmax_rows hands over to torch.argmax: torch's one block per row then
@@ -43,8 +43,7 @@ def _max_first_index(vals, idx, valid):
 def _chunk_argmax_kernel(
     x_ptr, part_val_ptr, part_idx_ptr, stride_x, n_cols, n_chunks, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -57,8 +56,7 @@ def _chunk_argmax_kernel(
 
 @triton.jit
 def _merge_partials_kernel(part_val_ptr, part_idx_ptr, out_ptr, n_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     row = tl.program_id(0).to(tl.int64)
     chunks = tl.arange(0, BLOCK)
     valid = chunks < n_chunks

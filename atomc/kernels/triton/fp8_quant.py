@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton import pdl
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 from atomc.ops import fp8 as ref
 
 FP8_MAX = ref.FP8_MAX
@@ -99,8 +99,7 @@ def _norm_quant_kernel(
     offs = gidx[:, None] * G + tl.arange(0, G)[None, :]
     ok = offs < n_cols
     w = tl.load(w_ptr + offs, mask=ok, other=0.0).to(tl.float32)  # a weight: before the wait (pdl.py)
-    wait_producer(PDL)
-    release_dependents(PDL)
+    after_producer(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=ok, other=0.0)
     if ADD:
         r = tl.load(res_ptr + row * stride_r + offs, mask=ok, other=0.0)
@@ -122,8 +121,7 @@ def _rows_quant_kernel(
     PDL: tl.constexpr,
 ):  # fmt: skip
     """Plain quant of x [rows, n_cols], or (SILU) of silu(x[:, :n_cols]) * x[:, n_cols:]."""
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     row = tl.program_id(0).to(tl.int64)
     gidx = tl.program_id(1) * NG + tl.arange(0, NG)
     offs = gidx[:, None] * G + tl.arange(0, G)[None, :]
@@ -143,8 +141,7 @@ def _silu_mul_amax_kernel(
 ):  # fmt: skip
     """Split per-token path, step 1: silu(x[:, :n_cols]) * x[:, n_cols:] of one chunk, rounded to
     the dtype as the one-program kernel rounds it, into h, and the chunk's amax."""
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -163,8 +160,7 @@ def _quant_by_chunk_amax_kernel(
 ):  # fmt: skip
     """Step 2: the row's scale from its chunks' amax (the row's amax: the same scale the one-program
     kernel computes), then this chunk quantised with it."""
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     c = tl.arange(0, CHUNKS)

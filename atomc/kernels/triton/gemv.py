@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton import pdl
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 MAX_M = 16
 
@@ -71,14 +71,13 @@ def row_dot(
 ):  # fmt: skip
     """[BLOCK_N] fp32: the one row x [K] times the weight rows offs_n, on the CUDA cores into a
     [BLOCK_N, BLOCK_K] register tile summed once at the end (the reduce GEMV's loop; the FP8 GEMV
-    runs it on e4m3 weights). The first weight tile is loaded before `wait_producer` (pdl.py): it
+    runs it on e4m3 weights). The first weight tile is loaded before `after_producer` (pdl.py): it
     streams in while the kernel before this one finishes."""
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     offs_k = tl.arange(0, BLOCK_K)
     k_ok = offs_k < K
     w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    wait_producer(PDL)
-    release_dependents(PDL)
+    after_producer(PDL)
     x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     acc = w.to(tl.float32) * x[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton import pdl
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
@@ -51,8 +51,7 @@ def _latent_norm_rope_kernel(
     INTERLEAVED: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     t = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1)
     pos = tl.load(pos_ptr + t).to(tl.int64)

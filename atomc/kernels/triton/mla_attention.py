@@ -62,7 +62,7 @@ from atomc.kernels.triton.paged_attention import (
     _num_sms,
     _seg_len,
 )
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
@@ -92,8 +92,7 @@ def _mla_kernel(
     MIN_SEG_TILES: tl.constexpr, DV_SPLIT: tl.constexpr, DECODE: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     # head blocks fastest: a token's run side by side (see the module docstring); one axis for
     # both, as a y axis would cap the q blocks at 65535
     head_block = tl.program_id(0) % HEAD_BLOCKS
@@ -208,8 +207,7 @@ def _mla_reduce_kernel(
     NUM_SEGMENTS: tl.constexpr, MIN_SEG_TILES: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     # the attention kernel's q-block mapping (same BLOCK_Q), its own head blocks (RED_H heads: the
     # merge holds [RED_M, BLOCK_C] fp32, small enough for 4 warps), so only owned rows are written
     head_block = tl.program_id(0) % RED_HEAD_BLOCKS
@@ -409,8 +407,7 @@ def _write_latent_kernel(
     PAGE: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    wait_producer(PDL)  # pdl.py
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton.moe_tiles import bias_row, round_activate, weight_tile
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
@@ -77,12 +77,11 @@ def moe_gate_up_kernel(
     TOPK: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
     WEIGHTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """act[p, n] = act(x[p // TOPK] @ w13[e, n] (gate), x @ w13[e, INTER + n] (up)) for this block's
     pairs; w13 in the WEIGHTS format (moe_tiles.py; s_ptr its scales, unused for DENSE)."""
-    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: the ids and activations come from the step
     e, rows, ok, go = _rows(
         local_ids, sorted_ids, block_expert, num_padded, P, TOPK, ROUTE_SORTED, BLOCK_M, BLOCK_SLOTS
     )
@@ -125,11 +124,10 @@ def moe_down_kernel(
     TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
     WEIGHTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """y[p, n] = act[p] @ w2[e, n] (+ b2[e, n]) for this block's pairs, in y's dtype; w2 in the WEIGHTS format."""
-    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: the ids and activations come from the step
     e, rows, ok, go = _rows(
         local_ids, sorted_ids, block_expert, num_padded, P, TOPK, ROUTE_SORTED, BLOCK_M, BLOCK_SLOTS
     )
@@ -156,12 +154,11 @@ def moe_down_kernel(
 @triton.jit
 def moe_combine_kernel(
     y_ptr, weights_ptr, local_ids, out_ptr, H, stride_ym, stride_om,
-    TOPK: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
+    TOPK: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """out[t] = sum over slots s of weight[t, s] * y[t * TOPK + s], in fp32, in slot order; pairs whose
     expert is on another rank add nothing (their y rows were never written)."""
-    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: the ids and activations come from the step
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs < H

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.moe_tiles import DENSE, bias_row, round_activate, weight_tile
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
@@ -35,12 +35,11 @@ def moe_gate_up_gemv_kernel(
     H, INTER, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_am,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """act[j, n] = act(x @ w13[e_j, n], x @ w13[e_j, INTER + n]); w13 DENSE or FP8 (moe_tiles.py;
     MXFP4 has its own GEMVs, moe_mxfp4_gemv.py)."""
-    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: the ids and activations come from the step
     j = tl.program_id(0)
     e = tl.load(local_ids + j)
     if e < 0:  # on another rank
@@ -77,10 +76,9 @@ def moe_down_gemv_kernel(
     act_ptr, w_ptr, b_ptr, y_ptr, local_ids,
     H, INTER, stride_am, stride_we, stride_wn, stride_be, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):  # fmt: skip
-    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: the ids and activations come from the step
     j = tl.program_id(0)
     e = tl.load(local_ids + j)
     if e < 0:
@@ -105,12 +103,11 @@ def moe_down_combine_gemv_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, weights_ptr, local_ids, out_ptr,
     H, INTER, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be,
     TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """out[n] = sum over slots s (in order) of weight[s] * round(act[s] @ w2[e_s][n] (+ b)); slots whose
     expert is on another rank add nothing. w2 DENSE or FP8."""
-    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: the ids and activations come from the step
     dtype = out_ptr.dtype.element_ty
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H

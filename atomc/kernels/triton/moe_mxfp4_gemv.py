@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton.moe_tiles import bias_row, e2m1_pair, mxfp4_bytes, round_activate
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
@@ -55,11 +55,10 @@ def mxfp4_gate_up_gemv_kernel(
     H, INTER, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """One token: act[j, n] = act(x @ w13[e_j, n], x @ w13[e_j, INTER + n]); BLOCK_K values a step."""
-    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: the ids and activations come from the step
     j = tl.program_id(0)
     e = tl.load(local_ids + j)
     if e < 0:  # on another rank
@@ -93,11 +92,10 @@ def mxfp4_down_combine_gemv_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, weights_ptr, local_ids, out_ptr,
     H, INTER, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be,
     TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """One token: out[n] = sum over slots s (in order) of weight[s] * round(act[s] @ w2[e_s, n] (+ b))."""
-    wait_producer(PDL)  # pdl.py: the ids and activations come from the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: the ids and activations come from the step
     dtype = out_ptr.dtype.element_ty
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H

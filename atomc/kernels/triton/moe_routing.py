@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton import pdl
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 from atomc.ops.moe import select_experts
 
 MAX_EXPERTS = 1024  # one program holds a token's whole logit row
@@ -29,10 +29,9 @@ MAX_EXPERTS = 1024  # one program holds a token's whole logit row
 def _softmax_topk_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, stride_lt, scale,
     TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr,
 ):  # fmt: skip
-    wait_producer(PDL)  # pdl.py: the logits come from the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: the logits come from the step
     t = tl.program_id(0)
     offs = tl.arange(0, BLOCK_E)
     ok = offs < E

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.kv_cache_write import kv_scale_args
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
@@ -84,8 +84,7 @@ def _attn_kernel(
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     seg = tl.program_id(2)
-    wait_producer(PDL)  # pdl.py: q, the cache and the step's metadata are all written in the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: q, the cache and the step's metadata are all written in the step
 
     seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
@@ -229,8 +228,7 @@ def _reduce_kernel(
     # same q-block mapping as the attention kernel, so only rows owned by a sequence are written
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
-    wait_producer(PDL)
-    release_dependents(PDL)
+    after_producer(PDL)
     seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start

@@ -4,15 +4,15 @@ finishes, so the gap between two kernels of a decode step is not a drained memor
 At batch 1 a decode step is hundreds of short kernels (Qwen3-30B-A3B: ~700 a step, 4-5 µs each),
 and each boundary costs the launch, the ramp-up of the next kernel's loads and the tail of the
 last. With PDL the next kernel is launched when every program of the current one has started
-(`release_dependents`), loads what does not depend on it (its weights: nothing in a step writes
-them), and blocks in `wait_producer` until the previous kernel has finished and its writes are
-visible. CUDA graph capture keeps these programmatic edges.
+(each passed `after_producer`), loads what does not depend on it (its weights: nothing in a step
+writes them), and blocks in `after_producer` until the previous kernel has finished and its writes
+are visible. CUDA graph capture keeps these programmatic edges.
 
 The rules every kernel that takes `PDL` keeps (tests/kernels/test_pdl.py checks the first
 and the last under the interpreter; test_pdl_gpu.py runs them with PDL on):
-- every program calls `wait_producer(PDL)` before its first read of an activation, the KV cache or
-  anything else a kernel of the step writes, and before its first store or atomic; a program that
-  exits early waits first too (the kernel after it trusts that this one finishing means everything
+- every program calls `after_producer(PDL)` once, before its first read of an activation, the KV
+  cache or anything else a kernel of the step writes, and before its first store or atomic; a
+  program that exits early calls it first too (the kernel after it trusts that this one finishing means everything
   before it finished);
 - it is launched with `**launch(x)`, which sets the constexpr and the launch flag together: a
   kernel launched early that never waits would read stale data;
@@ -68,14 +68,9 @@ def launch(t: torch.Tensor) -> dict:
 
 
 @triton.jit
-def wait_producer(PDL: tl.constexpr):
-    """Block until the kernel before this one has finished and its writes are visible."""
+def after_producer(PDL: tl.constexpr):
+    """Block until the kernel before this one has finished and its writes are visible, then let
+    the next kernel launch (it does once every program of this one has passed here or exited)."""
     if PDL:
         gdc_wait()
-
-
-@triton.jit
-def release_dependents(PDL: tl.constexpr):
-    """Let the next kernel launch once every program of this one has called this (or exited)."""
-    if PDL:
         gdc_launch_dependents()

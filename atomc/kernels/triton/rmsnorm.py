@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton import pdl
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
@@ -24,8 +24,7 @@ def _rms_norm_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait (pdl.py)
-    wait_producer(PDL)
-    release_dependents(PDL)
+    after_producer(PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if ADD:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)

@@ -19,7 +19,7 @@ import triton.language as tl
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.fp8_quant import ROUND_IN_FP32
 from atomc.kernels.triton.kv_cache_write import kv_scale_args, quantize_kv_value
-from atomc.kernels.triton.pdl import release_dependents, wait_producer
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
@@ -61,8 +61,7 @@ def _rope_kernel(
     ROUND_IN_FP32: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
-    wait_producer(PDL)  # pdl.py: everything here but the cos/sin table is written in the step
-    release_dependents(PDL)
+    after_producer(PDL)  # pdl.py: everything here but the cos/sin table is written in the step
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, BLOCK_HALF)[None, :]
     cs = cs_ptr + pos * stride_cs + d
