@@ -44,35 +44,38 @@ AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 def compile_command(config: EngineConfig, as_json: bool) -> int:
     from atomc.graphs.build import compile_model
-    from atomc.graphs.report import format_report, to_json
+    from atomc.graphs.report import to_json
 
     if config.parallel.tensor_parallel_size > 1:
-        return _compile_ranks_command(config, as_json)
+        from atomc.runtime.compile_ranks import compile_ranks
 
+        manifests = [_compile_manifest(r.manifest, r.hit, r.timings, r.entry_dir, rank=r.rank)
+                     for r in compile_ranks(config)]  # fmt: skip
+        if as_json:
+            typer.echo(to_json({"ranks": manifests}))
+        else:
+            for m in manifests:
+                _echo_compiled(m, f"rank {m['rank']}: ")
+        return 0
     res = compile_model(config, progress=sys.stderr.isatty() and not as_json)
-    manifest = {**res.manifest, "hit": res.hit, "run_timings": res.timings, "entry": str(res.entry_dir)}
+    manifest = _compile_manifest(res.manifest, res.hit, res.timings, res.entry_dir)
     if as_json:
         typer.echo(to_json(manifest))
     else:
-        typer.echo(("cache hit: " if res.hit else "compiled: ") + str(res.entry_dir))
-        typer.echo(format_report(manifest))
+        _echo_compiled(manifest)
     return 0
 
 
-def _compile_ranks_command(config: EngineConfig, as_json: bool) -> int:
-    from atomc.graphs.report import format_report, to_json
-    from atomc.runtime.compile_ranks import compile_ranks
+def _compile_manifest(manifest: dict, hit: bool, timings: dict, entry_dir, **extra) -> dict:
+    """What `atomc compile` reports of one entry."""
+    return {**manifest, **extra, "hit": hit, "run_timings": timings, "entry": str(entry_dir)}
 
-    results = compile_ranks(config)
-    manifests = [{**r.manifest, "rank": r.rank, "hit": r.hit, "run_timings": r.timings, "entry": r.entry_dir}
-                 for r in results]  # fmt: skip
-    if as_json:
-        typer.echo(to_json({"ranks": manifests}))
-        return 0
-    for r, m in zip(results, manifests, strict=True):
-        typer.echo(f"rank {r.rank}: " + ("cache hit: " if r.hit else "compiled: ") + r.entry_dir)
-        typer.echo(format_report(m))
-    return 0
+
+def _echo_compiled(manifest: dict, prefix: str = "") -> None:
+    from atomc.graphs.report import format_report
+
+    typer.echo(prefix + ("cache hit: " if manifest["hit"] else "compiled: ") + manifest["entry"])
+    typer.echo(format_report(manifest))
 
 
 def _store(cache_dir: str | None) -> CacheStore:
