@@ -248,16 +248,22 @@ def child_command(args, engine: str) -> list[str]:
     return cmd + (["--tiny"] if args.tiny else [])
 
 
+def run_atomc_engine(engine: str, model_dir: str, device: str, **kwargs) -> dict:
+    """`run_atomc` as an atomc row of ENGINES names it: eager or not, its weights' format, and
+    PDL off for the `-no-pdl` twins."""
+    _, eager, weights = ENGINES[engine]
+    return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None,
+                     enable_pdl=not engine.endswith("-no-pdl"), **kwargs)  # fmt: skip
+
+
 def run_engine_here(args, engine: str) -> dict:
-    kind, eager, weights = ENGINES[engine]
+    kind = ENGINES[engine][0]
     model_dir = str(make_checkpoint(args.model, Path(args.root), tiny=args.tiny))
     device = "cpu" if args.tiny else "cuda"
     lens = dict(prompt_len=args.prompt_len, output_len=args.output_len,
                 vocab=model_config(args.model, args.tiny)["vocab_size"])  # fmt: skip
     if kind == "atomc":
-        return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None,
-                         enable_pdl=not engine.endswith("-no-pdl"), tensor_parallel_size=args.tensor_parallel_size,
-                         **lens)  # fmt: skip
+        return run_atomc_engine(engine, model_dir, device, tensor_parallel_size=args.tensor_parallel_size, **lens)
     if kind == "hf":
         return run_hf(model_dir, device=device, **lens)
     if kind == "hf-loop":

@@ -74,11 +74,9 @@ def run_engine_here(args, engine: str) -> dict:
     device = "cpu" if args.tiny else "cuda"
     vocab = model_config(args.model, args.tiny)["vocab_size"]
     lens = dict(prompt_len=args.prompt_len, output_len=args.output_len, vocab=vocab)
-    kind, eager, weights = ENGINES[engine]
+    kind = ENGINES[engine][0]
     if kind == "atomc":
-        quantization = "fp8" if weights == "fp8" else None
-        return decode_bs1.run_atomc(model_dir, eager, device=device, quantization=quantization,
-                                    enable_pdl=not engine.endswith("-no-pdl"), **lens)  # fmt: skip
+        return decode_bs1.run_atomc_engine(engine, model_dir, device, **lens)
     if kind == "hf":
         return decode_bs1.run_hf(model_dir, device=device, **lens)
     raise SystemExit(f"engine {engine!r} does not run in this script's process")
