@@ -128,9 +128,8 @@ class ParallelExecutor:
         return error
 
     def _stop_watchdog(self) -> None:
-        if hasattr(self, "_stop_watch"):
-            self._stop_watch.set()
-        if getattr(self, "_watchdog", None) is not None and self._watchdog is not threading.current_thread():
+        self._stop_watch.set()
+        if self._watchdog is not None:  # it may be in _kill_all, joining the workers
             self._watchdog.join(timeout=JOIN_TIMEOUT_S + 1)
 
     def check_alive(self) -> None:
