@@ -35,6 +35,7 @@ OPS = (
     "silu_and_mul",
     "linear",
     "moe",
+    "moe_routed",
     "moe_quant",
     "mla_attention",
     "mla_latent_norm_rope",

@@ -26,6 +26,7 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
 def _sm89():
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("e4m3 kernels need sm_89+")
+    torch.manual_seed(0)  # the quant tests' flip counts depend on the data: the same data each run
 
 
 def _fp8(shape, seed=0):
@@ -44,7 +45,8 @@ def few_flips(q, q_ref, frac=1e-3, same_scale=None):
     one-step bound applies (the H200 run had a 4096-row case at 0.11% counted over all values)."""
     diff = (q.float() - q_ref.float()).abs()
     counted = diff if same_scale is None else diff[same_scale]
-    assert (counted > 0).float().mean().item() <= frac
+    if counted.numel():  # empty where every group's amax rounded the other way (one group: t = 1)
+        assert (counted > 0).float().mean().item() <= frac
     assert (diff <= 0.125 * torch.maximum(q.float().abs(), q_ref.float().abs()) + 2**-9).all()
 
 
