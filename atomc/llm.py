@@ -39,7 +39,6 @@ class LLM:
         generation_config: str = ModelConfig.generation_config,
         cudagraph_mixed_max_tokens: int = CompileConfig.cudagraph_mixed_max_tokens,
         enable_pdl: bool = CompileConfig.enable_pdl,
-        disabled_passes: list[str] | None = None,
         require_artifacts: bool = CompileConfig.require_artifacts,
         async_scheduling: bool = SchedulerConfig.async_scheduling,
         tensor_parallel_size: int = ParallelConfig.tensor_parallel_size,
@@ -53,7 +52,6 @@ class LLM:
             values = {k: v for k, v in locals().items() if k not in ("self", "config", "__class__")}
             if cache_dir is None:
                 del values["cache_dir"]  # None: the config's default location
-            values["disabled_passes"] = list(disabled_passes or [])
             config = EngineConfig().update(**values)
         self.config = config
         self.engine = LLMEngine(config)

@@ -49,7 +49,6 @@ ENGINES = {
     "atomc": ("atomc", False, "bf16"),
     "atomc-eager": ("atomc", True, "bf16"),
     "atomc-no-pdl": ("atomc", False, "bf16"),  # --no-enable-pdl: the PDL A/B in one call
-    "atomc-unfused-router": ("atomc", False, "bf16"),  # --disable-pass fuse_moe_router: that pass's A/B
     "atomc-fp8-no-pdl": ("atomc", False, "fp8"),
     "atomc-fp8": ("atomc", False, "fp8"),
     "atomc-fp8-eager": ("atomc", True, "fp8"),
@@ -124,11 +123,10 @@ def _sync(device: str) -> None:
 def run_atomc(
     model_dir: str, enforce_eager: bool, device: str = "cuda", prompt_len: int = PROMPT_LEN,
     output_len: int = OUTPUT_LEN, vocab: int = 1 << 30, quantization: str | None = None, enable_pdl: bool = True,
-    tensor_parallel_size: int = 1, disabled_passes: list[str] | None = None,
+    tensor_parallel_size: int = 1,
 ) -> dict:  # fmt: skip
     """`quantization` is EngineConfig.quantization (the CLI's --quantization): None or "fp8";
-    `enable_pdl` is CompileConfig.enable_pdl (--enable-pdl); `tensor_parallel_size` is -tp;
-    `disabled_passes` is CompileConfig.disabled_passes (--disable-pass)."""
+    `enable_pdl` is CompileConfig.enable_pdl (--enable-pdl); `tensor_parallel_size` is -tp."""
     from atomc import LLM, SamplingParams
 
     t0 = time.perf_counter()
@@ -143,7 +141,6 @@ def run_atomc(
         quantization=quantization,
         enable_pdl=enable_pdl,
         tensor_parallel_size=tensor_parallel_size,
-        disabled_passes=disabled_passes,
     )
     startup = time.perf_counter() - t0
     prompt = {"prompt_token_ids": prompt_ids(prompt_len, vocab)}
@@ -160,7 +157,6 @@ def run_atomc(
     best = max(runs, key=lambda r: r["decode_tok_s"])
     name = "atomc" + (f" {quantization}" if quantization else "") + (" (eager)" if enforce_eager else "")
     name += ("" if enable_pdl else " (no PDL)") + (f" TP={tensor_parallel_size}" if tensor_parallel_size > 1 else "")
-    name += "".join(f" (without {p})" for p in disabled_passes or [])
     return {"engine": name, "quantization": quantization, "enable_pdl": enable_pdl, "startup_s": startup, **best,
             "runs": runs}  # fmt: skip
 
@@ -252,17 +248,12 @@ def child_command(args, engine: str) -> list[str]:
     return cmd + (["--tiny"] if args.tiny else [])
 
 
-# an A/B twin's name suffix -> what it turns off (run in the same call as the engine without it)
-TWINS = {"-no-pdl": dict(enable_pdl=False), "-unfused-router": dict(disabled_passes=["fuse_moe_router"])}
-
-
 def run_atomc_engine(engine: str, model_dir: str, device: str, **kwargs) -> dict:
     """`run_atomc` as an atomc row of ENGINES names it: eager or not, its weights' format, and
-    for an A/B twin (TWINS) what its suffix turns off."""
+    PDL off for the `-no-pdl` twins."""
     _, eager, weights = ENGINES[engine]
-    twin = next((v for suffix, v in TWINS.items() if engine.endswith(suffix)), {})
     return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None,
-                     **twin, **kwargs)  # fmt: skip
+                     enable_pdl=not engine.endswith("-no-pdl"), **kwargs)  # fmt: skip
 
 
 def run_engine_here(args, engine: str) -> dict:
@@ -373,8 +364,7 @@ def speedups(engines: list[dict]) -> dict:
     atomc's over itself without PDL."""
     rate = {r["key"]: r.get("decode_tok_s", r["e2e_tok_s"]) for r in engines if "key" in r}
     pairs = (("atomc-fp8", "atomc"), ("atomc-fp8-eager", "atomc-eager"), ("gpt-fast-int8", "atomc"),
-             ("atomc", "atomc-no-pdl"), ("atomc-fp8", "atomc-fp8-no-pdl"),
-             ("atomc", "atomc-unfused-router"))  # fmt: skip
+             ("atomc", "atomc-no-pdl"), ("atomc-fp8", "atomc-fp8-no-pdl"))  # fmt: skip
     return {f"{a} / {b}": rate[a] / rate[b] for a, b in pairs if a in rate and b in rate}
 
 

@@ -53,7 +53,7 @@ NOMINAL_CPU_BANDWIDTH = decode_bs1.NOMINAL_CPU_BANDWIDTH
 # engine -> (what runs, enforce_eager, weight format for the roofline): decode_bs1's, plus gpt-fast's Mixtral
 ENGINES = {name: decode_bs1.ENGINES[name]
            for name in ("atomc", "atomc-eager", "atomc-no-pdl", "atomc-fp8", "atomc-fp8-eager",
-                        "atomc-fp8-no-pdl", "atomc-unfused-router", "hf")}  # fmt: skip
+                        "atomc-fp8-no-pdl", "hf")}  # fmt: skip
 ENGINES["gpt-fast"] = ("gpt-fast", None, "bf16")
 
 

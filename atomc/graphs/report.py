@@ -11,7 +11,6 @@ in the graph as traced: the model's own attention and MoE calls count as atomc, 
 from __future__ import annotations
 
 import json
-import math
 
 import torch
 
@@ -58,24 +57,15 @@ def _arg(node: torch.fx.Node, index: int, name: str):
     return node.args[index] if len(node.args) > index else node.kwargs.get(name)
 
 
-MOE_OPS = ("moe", "moe_routed", "moe_quant")
-
-
 def moe_node(node: torch.fx.Node) -> dict | None:
     """A MoE block's sizes from its node (atomc::moe's schema: x, router_logits, w13, w2, ..., top_k;
-    atomc::moe_routed's: x, router_weight, router_bias, w13, w2, ..., top_k, its router GEMM counted
-    in the block; atomc::moe_quant's: x, router_logits, w13, w13_scale, w2, w2_scale, ..., top_k,
-    weight_format)."""
+    atomc::moe_quant's: x, router_logits, w13, w13_scale, w2, w2_scale, ..., top_k, weight_format)."""
     op = _target_name(node).split("::")[-1]
-    if op not in MOE_OPS:
+    if op not in ("moe", "moe_quant"):
         return None
-    router = None
     if op == "moe":
         w13, w2, top_k = _shape(_arg(node, 2, "w13")), _shape(_arg(node, 3, "w2")), _arg(node, 8, "top_k")
         fmt = None
-    elif op == "moe_routed":
-        w13, w2, top_k = _shape(_arg(node, 3, "w13")), _shape(_arg(node, 4, "w2")), _arg(node, 9, "top_k")
-        router, fmt = _shape(_arg(node, 1, "router_weight")), None
     else:
         w13, w2, top_k = _shape(_arg(node, 2, "w13")), _shape(_arg(node, 4, "w2")), _arg(node, 10, "top_k")
         fmt = _arg(node, 11, "weight_format")
@@ -91,7 +81,7 @@ def moe_node(node: torch.fx.Node) -> dict | None:
         "top_k": top_k,
         "hidden": w13[2],
         "intermediate": w13[1] // 2,
-        "flops_per_token": 2 * tokens * (top_k * (w13[1] * w13[2] + w2[1] * w2[2]) + math.prod(router or [0])),
+        "flops_per_token": 2 * tokens * top_k * (w13[1] * w13[2] + w2[1] * w2[2]),
         **({"weight_format": fmt} if fmt else {}),
     }
 
@@ -103,7 +93,7 @@ def _is_atomc(name: str) -> bool:
 def _node_flops(node: torch.fx.Node) -> int:
     full = _target_name(node)
     name = full.split("::")[-1]
-    if name in MOE_OPS and _is_atomc(full):
+    if name in ("moe", "moe_quant") and _is_atomc(full):
         moe = moe_node(node)
         return moe["flops_per_token"] if moe else 0
     if name in _FP8_GEMMS and _is_atomc(full):

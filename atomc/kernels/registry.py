@@ -35,7 +35,6 @@ OPS = (
     "silu_and_mul",
     "linear",
     "moe",
-    "moe_routed",
     "moe_quant",
     "mla_attention",
     "mla_latent_norm_rope",

@@ -56,39 +56,6 @@ def _(x, router_logits, w13, w2, w13_bias, w2_bias, expert_map, correction_bias,
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("atomc::moe_routed", mutates_args=())
-def moe_routed(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    router_bias: torch.Tensor | None,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    w13_bias: torch.Tensor | None,
-    w2_bias: torch.Tensor | None,
-    expert_map: torch.Tensor | None,
-    correction_bias: torch.Tensor | None,
-    top_k: int,
-    scoring: str = "softmax",
-    renormalize: bool = True,
-    num_expert_group: int = 0,
-    topk_group: int = 0,
-    routed_scaling_factor: float = 1.0,
-    activation: str = "silu",
-    swiglu_alpha: float = 1.702,
-    swiglu_limit: float = 7.0,
-) -> torch.Tensor:
-    """`moe(x, F.linear(x, router_weight, router_bias), ...)`: the block with its router linear, so a
-    backend may compute the logits and route in one kernel (passes/fuse_moe_router.py)."""
-    return moe(x, F.linear(x, router_weight, router_bias), w13, w2, w13_bias, w2_bias, expert_map, correction_bias,
-               top_k, scoring, renormalize, num_expert_group, topk_group, routed_scaling_factor, activation,
-               swiglu_alpha, swiglu_limit)  # fmt: skip
-
-
-@moe_routed.register_fake
-def _(x, router_weight, router_bias, *args, **kwargs):
-    return torch.empty_like(x)
-
-
 def check_moe_args(scoring: str, activation: str, top_k: int, num_experts: int) -> None:
     """The config errors a family can make, raised when the model is built (not at the first step)."""
     if scoring not in SCORINGS:

@@ -29,7 +29,6 @@ def default_passes(platform: str) -> list[AtomcPass]:
     from atomc.passes.decode_gemv import DecodeGemv
     from atomc.passes.fuse_add_rmsnorm import FuseAddRMSNorm
     from atomc.passes.fuse_mla_latent_norm_rope import FuseMLALatentNormRope
-    from atomc.passes.fuse_moe_router import FuseMoERouter
     from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
     from atomc.passes.fuse_rmsnorm_fp8_quant import FuseRMSNormFP8Quant
     from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
@@ -50,7 +49,6 @@ def default_passes(platform: str) -> list[AtomcPass]:
         FuseRopeKVWrite(),
         FuseQKNormRope(),
         FuseMLALatentNormRope(),
-        FuseMoERouter(platform),
         DecodeGemv(platform),
         Lowering(platform),
     ]

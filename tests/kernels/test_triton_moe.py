@@ -229,44 +229,6 @@ def test_softmax_topk_ties_go_to_the_lower_expert():
     assert weights[0, 0] == weights[0, 1] == weights[0, 2] > weights[0, 3]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("e,h,k,renormalize,scale,bias", [
-    (6, 48, 2, True, 1.0, False), (128, 96, 8, False, 1.0, True), (60, 40, 3, True, 2.5, False),
-])  # fmt: skip
-def test_router_and_topk_in_one_kernel_match_the_gemv_then_topk(dtype, e, h, k, renormalize, scale, bias):
-    from atomc.kernels.triton import gemv
-    from atomc.kernels.triton.moe_routing import _TICKETS, router_fuses, router_softmax_topk, softmax_topk
-
-    g = torch.Generator().manual_seed(e)
-    x, w = torch.randn(1, h, generator=g).to(dtype), torch.randn(e, h, generator=g).to(dtype)
-    b = torch.randn(e, generator=g).to(dtype) if bias else None
-    assert router_fuses(x, w) and not router_fuses(torch.randn(2, h).to(dtype), w)
-    logits = gemv.gemv(x, w, b, kernel="reduce", **gemv.reduce_config(e, h))  # what the unfused step runs
-    ref_w, ref_ids = softmax_topk(logits, k, renormalize, scale)
-    for _ in range(3):  # the ticket is back at zero after each launch, so a replay routes again
-        weights, ids = router_softmax_topk(x, w, b, k, renormalize, scale)
-        assert torch.equal(ids, ref_ids)
-        torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-5)
-        assert int(_TICKETS[x.device]) == 0
-    sel_w, sel_ids = select_experts(torch.nn.functional.linear(x, w, b), k, "softmax", renormalize, None, 0, 0, scale)
-    assert torch.equal(ids, sel_ids)
-    torch.testing.assert_close(weights, sel_w, atol=1e-3 if dtype == torch.float16 else 1e-5, rtol=1e-3)
-
-
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("t", [1, 3])
-def test_moe_routed_matches_its_reference(t, bias):
-    from atomc.kernels.triton.moe import fused_moe_routed
-    from atomc.ops.moe import moe_routed
-
-    x, _, w13, w2, b13, b2 = make_moe(t, E, H, INTER, K, torch.float32, "cpu", bias=bias, seed=t)
-    g = torch.Generator().manual_seed(7)
-    wr, br = torch.randn(E, H, generator=g), torch.randn(E, generator=g) if bias else None
-    args = (x, wr, br, w13, w2, b13, b2, None, None, K)
-    out, ref = fused_moe_routed(*args), moe_routed(*args)
-    assert rel_err(out, ref) < TOL[torch.float32], rel_err(out, ref)
-
-
 def test_routing_choice():
     from atomc.kernels.triton.moe_routing import handles
 

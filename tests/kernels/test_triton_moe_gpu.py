@@ -123,28 +123,3 @@ def test_softmax_topk_routing(e, k):
     ref_w, ref_ids = select_experts(logits, k)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("e,h,k,bias", [(128, 2048, 8, False), (32, 2880, 4, True), (8, 4096, 2, False)])
-def test_router_and_topk_in_one_kernel_replayed_in_a_graph(e, h, k, bias):
-    """The fused router kernel (tickets drawn by its programs, the last one routes) against the reduce
-    GEMV + softmax_topk it replaces, over 200 graph replays with new tokens: every replay routes."""
-    from atomc.kernels.triton import gemv
-    from atomc.kernels.triton.moe_routing import router_softmax_topk, softmax_topk
-
-    g = torch.Generator(DEV).manual_seed(e)
-    w = (torch.randn(e, h, generator=g, device=DEV) / h**0.5).to(BF16)
-    b = torch.randn(e, generator=g, device=DEV).to(BF16) if bias else None
-    x = torch.randn(1, h, generator=g, device=DEV).to(BF16)
-    router_softmax_topk(x, w, b, k)  # compile (and make the ticket) outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        weights, ids = router_softmax_topk(x, w, b, k)
-    for seed in range(200):
-        g.manual_seed(1000 + seed)
-        x.copy_(torch.randn(1, h, generator=g, device=DEV))
-        graph.replay()
-        ref_w, ref_ids = softmax_topk(gemv.linear(x, w, b), k)
-        assert torch.equal(ids, ref_ids), seed
-        torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-5)

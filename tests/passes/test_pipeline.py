@@ -19,7 +19,6 @@ EXPECTED = {
         "fuse_rope_kv_write": (2, 2),
         "fuse_qk_norm_rope": (2, 0),  # no q/k norms
         "fuse_mla_latent_norm_rope": (0, 0),  # no latent attention (DeepSeek's: test_fuse_mla_latent_norm_rope.py)
-        "fuse_moe_router": (0, 0),  # no MoE blocks (and cpu keeps the router linear: test_fuse_moe_router.py)
         "decode_gemv": (8, 0),  # cpu keeps F.linear
         "lowering": (11, 0),  # cpu: 1 rms_norm, 4 fused_add, 2 silu_and_mul, 2 rope_kv, 2 paged stay
     },
@@ -34,7 +33,6 @@ EXPECTED = {
         "fuse_rope_kv_write": (2, 2),
         "fuse_qk_norm_rope": (2, 2),  # 4 q/k norms folded into the 2 rope + KV writes
         "fuse_mla_latent_norm_rope": (0, 0),
-        "fuse_moe_router": (0, 0),
         "decode_gemv": (8, 0),
         "lowering": (11, 0),
     },

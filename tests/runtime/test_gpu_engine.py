@@ -44,8 +44,8 @@ def test_gpu_greedy_matches_transformers(family, checkpoints, enforce_eager):
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "gpt_oss"])
 def test_gpu_moe_batch_one_decode_matches_transformers(family, checkpoints):
-    """One sequence at a time, so every decode step is the one-token route: the router GEMV and its
-    top-k in one kernel (passes/fuse_moe_router.py), in the captured graphs."""
+    """One sequence at a time, so every decode step takes the one-token MoE route (the reduce GEMV
+    router, softmax_topk, the tuned M = 1 experts), in the captured graphs."""
     d = checkpoints[family]
     llm = LLM(model=str(d), dtype="float32", device="cuda", max_num_seqs=1)
     assert llm.engine.runner.decode_graphs is not None
@@ -56,9 +56,6 @@ def test_gpu_moe_batch_one_decode_matches_transformers(family, checkpoints):
         ids = tok(prompt, return_tensors="pt").input_ids
         ref = hf.generate(ids, do_sample=False, max_new_tokens=24, min_new_tokens=24)[0, ids.shape[1] :].tolist()
         assert out.outputs[0].token_ids == ref
-    from atomc.kernels.triton.moe_routing import _TICKETS
-
-    assert any(d.type == "cuda" for d in _TICKETS)  # the fused router kernel ran (it draws tickets)
     del llm
     gc.collect()
     torch.cuda.empty_cache()

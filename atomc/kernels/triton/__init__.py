@@ -12,7 +12,7 @@ else:
     from atomc.kernels.triton.kv_cache_write import write_kv_cache
     from atomc.kernels.triton.latent_norm_rope import mla_latent_norm_rope
     from atomc.kernels.triton.mla_attention import mla_attention, write_latent_cache
-    from atomc.kernels.triton.moe import fused_experts, fused_moe, fused_moe_routed
+    from atomc.kernels.triton.moe import fused_experts, fused_moe
     from atomc.kernels.triton.paged_attention import paged_attention
     from atomc.kernels.triton.rmsnorm import fused_add_rms_norm, rms_norm
     from atomc.kernels.triton.rope import rope, rope_and_write_kv
@@ -21,7 +21,6 @@ else:
         "fused_add_rms_norm",
         "fused_experts",
         "fused_moe",
-        "fused_moe_routed",
         "linear",
         "mla_attention",
         "mla_latent_norm_rope",

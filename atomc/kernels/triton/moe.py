@@ -23,10 +23,10 @@ import functools
 import torch
 import triton
 
-from atomc.kernels.triton import gemv, moe_config, moe_gemv, pdl
+from atomc.kernels.triton import moe_config, moe_gemv, pdl
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
-from atomc.kernels.triton.moe_routing import handles, route, router_fuses, router_softmax_topk
+from atomc.kernels.triton.moe_routing import route
 from atomc.kernels.triton.moe_tiles import ACT_SILU, ACT_SWIGLU_OAI, DENSE
 
 ACTIVATION_CODES = {"silu": ACT_SILU, "swiglu_oai": ACT_SWIGLU_OAI}
@@ -164,36 +164,3 @@ def fused_moe(
     )  # fmt: skip
     return fused_experts(x, weights, ids, w13, w2, w13_bias, w2_bias, expert_map, activation, swiglu_alpha,
                          swiglu_limit)  # fmt: skip
-
-
-def fused_moe_routed(
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    router_bias: torch.Tensor | None,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    w13_bias: torch.Tensor | None,
-    w2_bias: torch.Tensor | None,
-    expert_map: torch.Tensor | None,
-    correction_bias: torch.Tensor | None,
-    top_k: int,
-    scoring: str = "softmax",
-    renormalize: bool = True,
-    num_expert_group: int = 0,
-    topk_group: int = 0,
-    routed_scaling_factor: float = 1.0,
-    activation: str = "silu",
-    swiglu_alpha: float = 1.702,
-    swiglu_limit: float = 7.0,
-) -> torch.Tensor:
-    """`atomc::moe_routed`: for one token with softmax routing, the router GEMV and the top-k in one
-    kernel (`router_softmax_topk`); otherwise the router linear (the reduce GEMV at one row) and
-    `fused_moe`. The experts run the same either way."""
-    if handles(scoring, correction_bias, num_expert_group, router_weight.shape[0]) and router_fuses(x, router_weight):
-        weights, ids = router_softmax_topk(x, router_weight, router_bias, top_k, renormalize, routed_scaling_factor)
-        return fused_experts(x, weights, ids, w13, w2, w13_bias, w2_bias, expert_map, activation, swiglu_alpha,
-                             swiglu_limit)  # fmt: skip
-    logits = gemv.linear(x, router_weight, router_bias)
-    return fused_moe(x, logits, w13, w2, w13_bias, w2_bias, expert_map, correction_bias, top_k, scoring, renormalize,
-                     num_expert_group, topk_group, routed_scaling_factor, activation, swiglu_alpha,
-                     swiglu_limit)  # fmt: skip

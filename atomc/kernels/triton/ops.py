@@ -162,11 +162,6 @@ def moe(*args) -> torch.Tensor:
     return tk.fused_moe(*args)  # atomc::moe's arguments as the dispatcher passes them (defaults left out)
 
 
-@custom("moe_routed")
-def moe_routed(*args) -> torch.Tensor:
-    return tk.fused_moe_routed(*args)  # atomc::moe_routed's arguments as the dispatcher passes them
-
-
 @custom("moe_quant")
 def moe_quant(*args) -> torch.Tensor:
     return fused_moe_quant(*args)  # atomc::moe_quant's arguments as the dispatcher passes them
