@@ -4,6 +4,7 @@ against FP8 (and gpt-fast int8 where it ran), the MXFP4 MoE kernel against bf16.
 broken file is a line saying so, never an exception: the report must come out of a cut-short run.
 
     python benchmarks/quant_summary.py OUT
+    python benchmarks/quant_summary.py OUT --serving     # benchmarks/fp8_serving.sh's variants only
 """
 
 from __future__ import annotations
@@ -111,9 +112,47 @@ def moe_section(out: Path) -> list[str]:
     return lines or ["- moe_kernel: no quantised rows"]
 
 
+SERVING_TARGETS = (  # (variant, against, CONC, target ratio of output throughput): issue 16
+    ("fp8", "bf16", 64, 1.4),
+    ("fp8kv", "fp8", 128, 1.15),
+)
+
+
+def serving_section(out: Path) -> list[str]:
+    """The variants of fp8_serving.sh (OUT/<variant>/serving.json): each cell, then the target ratios."""
+    cells: dict[tuple[str, int], dict] = {}
+    lines = []
+    for variant in ("bf16", "fp8", "fp8kv"):
+        data = _load(out / variant / "serving.json")
+        if isinstance(data, str):
+            lines.append(f"- serving {variant}: {data}")
+            continue
+        if "atomc_error" in data:
+            lines.append(f"- serving {variant}: server failed: {data['atomc_error'][-200:]}")
+        for r in data.get("atomc", []):
+            cells[variant, r["conc"]] = r
+            lines.append(
+                f"- serving {variant} CONC {r['conc']}: {r['output_throughput']:.0f} tok/s, TPOT p50 "
+                f"{r['median_tpot_ms']:.2f} ms, TTFT p50 {r['median_ttft_ms']:.0f} ms, "
+                f"completed {r['completed']}/{r['num_prompts']}"
+            )
+    for variant, base, conc, target in SERVING_TARGETS:
+        a, b = cells.get((variant, conc)), cells.get((base, conc))
+        if a is None or b is None:
+            lines.append(f"- {variant} / {base} at CONC {conc}: not measured")
+            continue
+        ratio = a["output_throughput"] / b["output_throughput"]
+        verdict = "meets" if ratio >= target else "below"
+        lines.append(f"- {variant} / {base} at CONC {conc}: {ratio:.2f}x ({verdict} the {target}x target)")
+    return lines
+
+
 def summary(out: Path) -> str:
     return "\n".join([*tests_section(out), *linear_section(out), *decode_section(out), *moe_section(out)])
 
 
 if __name__ == "__main__":
-    print(summary(Path(sys.argv[1])))
+    if "--serving" in sys.argv[2:]:
+        print("\n".join(serving_section(Path(sys.argv[1]))))
+    else:
+        print(summary(Path(sys.argv[1])))
