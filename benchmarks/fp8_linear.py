@@ -70,7 +70,7 @@ import triton  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
 from atomc.kernels.triton import fp8 as backend  # noqa: E402
-from atomc.kernels.triton import fp8_config, fp8_quant  # noqa: E402
+from atomc.kernels.triton import fp8_config, fp8_quant, tuned_files  # noqa: E402
 from atomc.kernels.triton import fp8_gemm as gemm_mod  # noqa: E402
 from atomc.kernels.triton import fp8_gemv as gemv_mod  # noqa: E402
 from atomc.kernels.triton.fp8_gemm import fp8_gemm  # noqa: E402
@@ -452,8 +452,10 @@ def main() -> None:
         # after every (shape, M): a crash or a timeout later keeps what finished
         args.out.write_text(json.dumps({"meta": meta, "targets": targets(ROWS), "rows": ROWS}, indent=1))
         if args.sweep and FOUND:
-            device = fp8_config.device_name(torch.device(DEV))
-            path = fp8_config.merge_into_file(FOUND, device, {**meta, "device": device}, args.configs_out)
+            dev = tuned_files.tile_device(torch.device(DEV))
+            path = fp8_config.merge_into_file(
+                FOUND, dev.name, {**meta, "device": dev.name, "family": dev.family}, args.configs_out
+            )
             print(f"  tile table: {path}", flush=True)
     print(json.dumps(targets(ROWS), indent=1))
     errors = [r for r in ROWS if "error" in r or r.get("ok") is False]

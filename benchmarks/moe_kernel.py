@@ -43,7 +43,8 @@ import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from atomc.kernels.triton import moe_config  # noqa: E402
-from atomc.kernels.triton.moe import device_name, fused_experts  # noqa: E402
+from atomc.kernels.triton.moe import fused_experts  # noqa: E402
+from atomc.kernels.triton.tuned_files import tile_device  # noqa: E402
 from atomc.ops.moe import apply_activation, experts_reference, select_experts  # noqa: E402
 from atomc.ops.moe_quant import WEIGHT_FORMATS  # noqa: E402
 
@@ -165,8 +166,9 @@ def bench_shape(
         flops = 6 * t * k * h * inter
         x, weights, ids = calls[0]
         ref = experts_reference(x, weights, ids, w13, w2, b13, b2, None, act, 1.702, 7.0)
-        cfg = moe_config.pick_config(t, e, h, inter, k, BF16, device_name(x.device))
-        qcfg = moe_config.pick_config(t, e, h, inter, k, BF16, device_name(x.device), weight_format=weights_fmt)
+        dev = tile_device(x.device)
+        cfg = moe_config.pick_config(t, e, h, inter, k, BF16, dev.name, family=dev.family)
+        qcfg = moe_config.pick_config(t, e, h, inter, k, BF16, dev.name, weight_format=weights_fmt, family=dev.family)
         impls = {
             "atomc_triton": (lambda x, w, i: fused_experts(x, w, i, w13, w2, b13, b2, None, act), True),
             "torch_loop": (lambda x, w, i: experts_reference(x, w, i, w13, w2, b13, b2, None, act, 1.702, 7.0), False),

@@ -31,7 +31,8 @@ import torch
 from moe_kernel import BF16, DEV, SHAPES, graph_time_us, quantize_experts
 
 from atomc.kernels.triton import moe_config
-from atomc.kernels.triton.moe import device_name, fused_experts
+from atomc.kernels.triton.moe import fused_experts
+from atomc.kernels.triton.tuned_files import tile_device
 from atomc.ops.moe import select_experts
 from atomc.ops.moe_quant import WEIGHT_FORMATS
 
@@ -99,7 +100,8 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
     if fmt:
         w13, w2 = quantize_experts(w13, fmt), quantize_experts(w2, fmt)
     buckets = {}
-    meta = {"shape": name, "device": device_name(torch.device(DEV)), "torch": torch.__version__,
+    dev = tile_device(torch.device(DEV))
+    meta = {"shape": name, "device": dev.name, "family": dev.family, "torch": torch.__version__,
             "weights": weights_fmt}  # fmt: skip
     for t in tokens:
         t0 = time.time()
@@ -151,7 +153,7 @@ def main() -> None:
     for name in args.shapes.split(","):
         e, h, inter, k, _, _ = SHAPES[name]
         fmt = "" if args.weights == "bf16" else args.weights
-        path = args.out_dir / moe_config.config_name(e, h, inter, k, BF16, device_name(torch.device(DEV)), fmt)
+        path = args.out_dir / moe_config.config_name(e, h, inter, k, BF16, tile_device(torch.device(DEV)).name, fmt)
         tune_shape(
             name, tokens, args.quick, args.weights, save=lambda r, p=path: p.write_text(json.dumps(r, indent=1) + "\n")
         )

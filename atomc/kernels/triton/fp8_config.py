@@ -6,8 +6,9 @@ kernel, weight shape (N, K) and row count, and the rule that looks them up.
                  "row_gemm": {...}, "gemv": {"4096,4096": {"1": {...}}}, "block_gemv": {...}},
      "meta": {...}}
 
-A call takes its (N, K)'s entry for the largest row bucket <= M (else the smallest); a shape with no
-entry, or a device with no file (the CPU interpreter), runs the kernel's default
+A call takes its (N, K)'s entry for the largest row bucket <= M (else the smallest); a device with
+no file of its own reads its family's (tuned_files.py); a shape with no entry, or a device with no
+file (the CPU interpreter), runs the kernel's default
 (`fp8_gemm.gemm_config`, `fp8_gemv.gemv_config`). An entry need not name every knob: the default
 fills the rest. `benchmarks/fp8_linear.py --sweep --write-configs` writes the file (merging into
 what is there), as benchmarks/tune_moe.py does for the MoE tiles (moe_config.py).
@@ -22,7 +23,7 @@ import functools
 import json
 from pathlib import Path
 
-import torch
+from atomc.kernels.triton import tuned_files
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "fp8"  # beside the MoE files, apart
 # the knobs each kernel takes (fp8_gemm.fp8_gemm's config, fp8_gemv.fp8_gemv's keywords)
@@ -31,20 +32,11 @@ GEMV_KNOBS = frozenset({"kernel", "block_n", "block_k", "split_k", "groups_per_s
 KERNELS = {"block_gemm": GEMM_KNOBS, "row_gemm": GEMM_KNOBS, "gemv": GEMV_KNOBS, "block_gemv": GEMV_KNOBS}
 
 
-def device_name(device: torch.device) -> str:
-    if device.type != "cuda":
-        return "cpu"
-    return _cuda_name(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _cuda_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
+PREFIX = "fp8_linear,"
 
 
 def config_name(device_name: str) -> str:
-    dev = "".join(c if c.isalnum() or c in "-." else "_" for c in device_name)
-    return f"fp8_linear,device={dev}.json"
+    return f"{PREFIX}device={tuned_files.file_tag(device_name)}.json"
 
 
 def shape_key(n: int, k: int) -> str:
@@ -52,10 +44,11 @@ def shape_key(n: int, k: int) -> str:
 
 
 @functools.cache
-def load_table(device_name: str, directory: Path) -> dict:
-    """{kernel: {(n, k): {m: config}}} from the device's file in `directory` ({} without one)."""
-    path = directory / config_name(device_name)
-    if not path.is_file():
+def load_table(device_name: str, directory: Path, family: str = "") -> dict:
+    """{kernel: {(n, k): {m: config}}} from the device's (or its family's) file in `directory` ({}
+    without one)."""
+    path = tuned_files.find(directory, PREFIX, device_name, family)
+    if path is None:
         return {}
     raw = json.loads(path.read_text())
     table: dict = {}
@@ -73,10 +66,13 @@ def load_table(device_name: str, directory: Path) -> dict:
 
 
 @functools.cache  # per (kernel, shape, M): a dict lookup per call after the first
-def tuned(kernel: str, n: int, k: int, m: int, device_name: str, directory: Path | None = None) -> dict | None:
+def tuned(
+    kernel: str, n: int, k: int, m: int, device_name: str, directory: Path | None = None, family: str = ""
+) -> dict | None:
     """The tuned config for this call, or None (run the default); `directory` defaults to
-    CONFIG_DIR. Callers must not modify the result (it is cached)."""
-    buckets = load_table(device_name, directory or CONFIG_DIR).get(kernel, {}).get((n, k))
+    CONFIG_DIR; `family` (tuned_files.py) lets a device without a file read its family's. Callers
+    must not modify the result (it is cached)."""
+    buckets = load_table(device_name, directory or CONFIG_DIR, family).get(kernel, {}).get((n, k))
     if not buckets:
         return None
     below = [b for b in buckets if b <= m]

@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from atomc.kernels.triton import fp8_config
+from atomc.kernels.triton import fp8_config, tuned_files
 
 
 @triton.jit
@@ -149,7 +149,8 @@ def _tma_ok(a: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def pick_config(m: int, n: int, k: int, block: bool, device: torch.device) -> dict:
     """gemm_config(m) with the tuned entry for (N, K) on this device laid over it."""
-    found = fp8_config.tuned("block_gemm" if block else "row_gemm", n, k, m, fp8_config.device_name(device))
+    dev = tuned_files.tile_device(device)
+    found = fp8_config.tuned("block_gemm" if block else "row_gemm", n, k, m, dev.name, family=dev.family)
     return {**gemm_config(m), **found} if found else gemm_config(m)
 
 

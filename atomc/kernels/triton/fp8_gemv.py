@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomc.kernels.triton import fp8_config, pdl
+from atomc.kernels.triton import fp8_config, pdl, tuned_files
 from atomc.kernels.triton.gemv import row_dot
 
 
@@ -174,7 +174,8 @@ REDUCE_DEFAULTS = dict(block_n=2, block_k=2048, groups_per_step=8, num_warps=4)
 
 def pick_config(n: int, k: int, block: bool, device: torch.device) -> dict:
     """gemv_config with the tuned entry for (N, K) on this device laid over it."""
-    found = fp8_config.tuned("block_gemv" if block else "gemv", n, k, 1, fp8_config.device_name(device))
+    dev = tuned_files.tile_device(device)
+    found = fp8_config.tuned("block_gemv" if block else "gemv", n, k, 1, dev.name, family=dev.family)
     return {**gemv_config(n, k, block), **found} if found else gemv_config(n, k, block)
 
 

@@ -18,12 +18,10 @@ one-token route the down GEMV does that combine itself (moe_gemv.py), in the sam
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 
-from atomc.kernels.triton import moe_config, moe_gemv, pdl
+from atomc.kernels.triton import moe_config, moe_gemv, pdl, tuned_files
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
 from atomc.kernels.triton.moe_routing import route
@@ -31,15 +29,6 @@ from atomc.kernels.triton.moe_tiles import ACT_SILU, ACT_SWIGLU_OAI, DENSE
 
 ACTIVATION_CODES = {"silu": ACT_SILU, "swiglu_oai": ACT_SWIGLU_OAI}
 COMBINE_BLOCK_H = 1024
-
-
-def device_name(device: torch.device) -> str:
-    return _cuda_name(device.index or 0) if device.type == "cuda" else "cpu"
-
-
-@functools.cache
-def _cuda_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
 
 
 def fused_experts(
@@ -73,7 +62,8 @@ def fused_experts(
     if expert_map is not None:
         local = expert_map.to(torch.int32)[local.long()]
     if config is None:
-        config = moe_config.pick_config(t, e_local, h, inter, k, x.dtype, device_name(x.device))
+        dev = tuned_files.tile_device(x.device)
+        config = moe_config.pick_config(t, e_local, h, inter, k, x.dtype, dev.name, family=dev.family)
     out = torch.empty_like(x)
     if t == 0:
         return out

@@ -11,7 +11,8 @@ largest bucket <= M, else the smallest). A configuration:
                                                            # (default true)
 
 The gemv and small routes ignore block_m (gemv has one row, small sizes it from the pair count).
-`benchmarks/tune_moe.py` writes the files.
+`benchmarks/tune_moe.py` writes the files. A device with no file of its own reads one tuned on a
+device of its family (tuned_files.py), else the default.
 
 The files change only how the kernels are launched, never the traced graph, so they are read when
 the op runs (cached per process) and are not part of the compile cache key: no module imports
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from atomc.kernels.triton import tuned_files
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # the few-token path (no sort) for up to this many (token, expert) pairs; above it, the sorted
 # grouped GEMM. Its tile is [next_pow2(pairs), block_n] so it must stay a small GEMV-like tile.
@@ -33,20 +36,29 @@ SMALL_PATH_MAX_PAIRS = 64
 PATHS = ("gemv", "small", "sorted")
 
 
+def config_prefix(
+    experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, weight_format: str = ""
+) -> str:
+    """A shape's file names up to the device; `weight_format` ("mxfp4"; "" for weights in the
+    activation dtype) names quantised experts' own files."""
+    weights = f",weights={weight_format}" if weight_format else ""
+    return f"E={experts},H={hidden},I={inter},topk={top_k},dtype={str(dtype).removeprefix('torch.')}{weights},"
+
+
 def config_name(
     experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str, weight_format: str = ""
 ) -> str:
-    """`weight_format` ("mxfp4"; "" for weights in the activation dtype) names quantised experts' own files."""
-    dev = "".join(c if c.isalnum() or c in "-." else "_" for c in device_name)
-    weights = f",weights={weight_format}" if weight_format else ""
-    return (f"E={experts},H={hidden},I={inter},topk={top_k},dtype={str(dtype).removeprefix('torch.')}{weights},"
-            f"device={dev}.json")  # fmt: skip
+    prefix = config_prefix(experts, hidden, inter, top_k, dtype, weight_format)
+    return f"{prefix}device={tuned_files.file_tag(device_name)}.json"
 
 
 @functools.cache
-def load_configs(name: str, directory: Path = CONFIG_DIR) -> dict[int, dict] | None:
-    path = directory / name
-    if not path.is_file():
+def load_configs(
+    prefix: str, device_name: str, family: str = "", directory: Path = CONFIG_DIR
+) -> dict[int, dict] | None:
+    """The buckets of the device's file for this shape, or of its family's (tuned_files.find)."""
+    path = tuned_files.find(directory, prefix, device_name, family)
+    if path is None:
         return None
     raw = json.loads(path.read_text())
     return {int(m): cfg for m, cfg in raw["buckets"].items()}
@@ -91,11 +103,13 @@ def fits(path: str, tokens: int, top_k: int) -> bool:
 @functools.cache  # per (shape, token count): a dict lookup per call after the first
 def pick_config(
     tokens: int, experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str,
-    directory: Path = CONFIG_DIR, weight_format: str = "",
+    directory: Path = CONFIG_DIR, weight_format: str = "", family: str = "",
 ) -> dict:  # fmt: skip
-    """The tuned configuration for this shape and token count when a file has one, else the default;
-    "path" always filled in. Callers must not modify the result (it is cached)."""
-    tuned = load_configs(config_name(experts, hidden, inter, top_k, dtype, device_name, weight_format), directory)
+    """The tuned configuration for this shape and token count when a file has one (the device's, or
+    its `family`'s), else the default; "path" always filled in. Callers must not modify the result
+    (it is cached)."""
+    prefix = config_prefix(experts, hidden, inter, top_k, dtype, weight_format)
+    tuned = load_configs(prefix, device_name, family, directory)
     default = default_config(tokens, top_k, experts, inter, weight_format)
     if not tuned:
         return default

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from atomc.kernels.triton import moe_config, pdl
-from atomc.kernels.triton.moe import ACTIVATION_CODES, COMBINE_BLOCK_H, device_name
+from atomc.kernels.triton import moe_config, pdl, tuned_files
+from atomc.kernels.triton.moe import ACTIVATION_CODES, COMBINE_BLOCK_H
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
 from atomc.kernels.triton.moe_gemv import moe_down_combine_gemv_kernel, moe_gate_up_gemv_kernel
@@ -83,8 +83,10 @@ def fused_experts_quant(
     if expert_map is not None:
         local = expert_map.to(torch.int32)[local.long()]
     if config is None:
-        dev = device_name(x.device)
-        config = moe_config.pick_config(t, e_local, h, inter, k, x.dtype, dev, weight_format=weight_format)
+        dev = tuned_files.tile_device(x.device)
+        config = moe_config.pick_config(
+            t, e_local, h, inter, k, x.dtype, dev.name, weight_format=weight_format, family=dev.family
+        )
     out = torch.empty_like(x)
     if t == 0:
         return out
