@@ -47,7 +47,11 @@ class CompileResult:
 
 
 def _pass_manager(config: EngineConfig, device: str) -> PassManager:
-    return PassManager.for_platform(platform_of(device), disabled=config.compile.disabled_passes)
+    return PassManager.for_platform(
+        platform_of(device),
+        disabled=config.compile.disabled_passes,
+        tensor_parallel_size=config.parallel.tensor_parallel_size,
+    )
 
 
 def model_modules(model: torch.nn.Module) -> list[str]:
