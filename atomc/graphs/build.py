@@ -294,6 +294,7 @@ def _build(model, device: str, pm: PassManager, plan: Plan, key: SigningKey, *, 
                 "matched": r.matched,
                 "rewritten": r.rewritten,
                 "seconds": r.seconds,
+                "notes": r.notes,
                 "graph": graph_files.get(r.name),
             }
             for r in rec.pass_reports

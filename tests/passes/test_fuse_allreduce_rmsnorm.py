@@ -143,3 +143,58 @@ def test_two_ranks_fused_matches_unfused(tmp_path):
         assert_same(got["graphs"][0], got["graphs"][1])
         assert_same(got["op"], want, atol=1e-5, rtol=1e-5)
         assert_same(got["graphs"][1][1], want[1] * 3, atol=1e-5, rtol=1e-5)
+
+
+# ---- a tensor-parallel model: two gloo ranks, each tracing its shard through the TP pipeline ----
+
+PROMPT = [5, 17, 101, 3, 250, 42, 7, 99, 311]
+
+
+def _model_rank(rank: int, size: int, init: str, path, out) -> None:
+    from models.layers.parallel import ParallelInfo
+    from models.loader import load_model
+
+    torch.set_num_threads(1)  # the ranks share the cores
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+    try:
+        collective.set_group("tp", None)
+        model = load_model(path, torch.float32, "cpu", parallel=ParallelInfo(rank, size))
+        pm = PassManager.for_platform("cpu", tensor_parallel_size=size)
+        reports = []
+
+        def backend(gm, example_inputs):
+            reports[:] = pm.run(gm)  # Dynamo may restart once: keep the last run
+            return gm
+
+        compiled = torch.compile(model.forward, backend=backend, fullgraph=True, dynamic=True)
+        ids, positions = torch.tensor(PROMPT), torch.arange(len(PROMPT))
+        with torch.no_grad():
+            eager = model.compute_logits(model(ids, positions))
+            got = model.compute_logits(compiled(ids, positions))
+        counts = {r.name: (r.matched, r.rewritten) for r in reports}
+        torch.save({"eager": eager, "got": got, "counts": counts, "code": reports[-1].graph_after}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_rank_llama_fuses_every_layer_end_and_keeps_its_logits(checkpoints, tmp_path):
+    """A 2-layer Llama at TP 2: the all-reduces of o_proj and down_proj (4) are fused with the add and
+    the next norm (the last one with the final norm); the embedding's, which the first norm and the
+    residual both read, stays. Logits: the eager TP model's, and one process's."""
+    from models.loader import load_model
+
+    whole = load_model(checkpoints["llama"], torch.float32, "cpu")
+    with torch.no_grad():
+        want = whole.compute_logits(whole(torch.tensor(PROMPT), torch.arange(len(PROMPT))))
+    out, init = tmp_path / "rank", f"file://{tmp_path / 'rendezvous'}"
+    mp.start_processes(_model_rank, args=(2, init, checkpoints["llama"], out), nprocs=2, start_method="spawn")
+    for rank in range(2):
+        got = torch.load(f"{out}.{rank}")
+        assert got["counts"]["fuse_allreduce_rmsnorm"] == (4, 4)
+        assert got["counts"]["fuse_add_rmsnorm"] == (4, 4)
+        code = got["code"]
+        assert code.count("torch.ops.atomc.all_reduce_add_rms_norm.default(") == 4
+        assert code.count("torch.ops.atomc.all_reduce.default(") == 1  # the embedding's
+        assert "torch.ops.atomc.fused_add_rms_norm" not in code
+        torch.testing.assert_close(got["got"], got["eager"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got["got"], want, atol=1e-4, rtol=1e-4)
