@@ -150,7 +150,7 @@ def test_two_ranks_fused_matches_unfused(tmp_path):
 PROMPT = [5, 17, 101, 3, 250, 42, 7, 99, 311]
 
 
-def _model_rank(rank: int, size: int, init: str, path, out) -> None:
+def _model_rank(rank: int, size: int, init: str, path, expert_parallel: bool, out) -> None:
     from models.layers.parallel import ParallelInfo
     from models.loader import load_model
 
@@ -158,7 +158,9 @@ def _model_rank(rank: int, size: int, init: str, path, out) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
     try:
         collective.set_group("tp", None)
-        model = load_model(path, torch.float32, "cpu", parallel=ParallelInfo(rank, size))
+        model = load_model(
+            path, torch.float32, "cpu", parallel=ParallelInfo(rank, size, expert_parallel=expert_parallel)
+        )
         pm = PassManager.for_platform("cpu", tensor_parallel_size=size)
         reports = []
 
@@ -177,24 +179,39 @@ def _model_rank(rank: int, size: int, init: str, path, out) -> None:
         dist.destroy_process_group()
 
 
-def test_two_rank_llama_fuses_every_layer_end_and_keeps_its_logits(checkpoints, tmp_path):
-    """A 2-layer Llama at TP 2: the all-reduces of o_proj and down_proj (4) are fused with the add and
-    the next norm (the last one with the final norm); the embedding's, which the first norm and the
-    residual both read, stays. Logits: the eager TP model's, and one process's."""
+# family: (expert parallel, fused a rank, all-reduces left a rank)
+MODELS = {
+    "llama": (False, 4, 1),  # 2 layers: o_proj and down_proj each; the embedding's is left
+    "qwen3_moe": (True, 4, 1),  # expert-parallel MoE blocks reduce their experts' sum the same way
+    # 3 layers: the dense first layer's 2 and each MoE layer's attention; a MoE layer reduces its
+    # routed and its shared experts apart and adds the two sums, which no pass fuses yet (2 x 2 left)
+    "deepseek_v3": (True, 4, 5),
+}
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["llama", pytest.param("qwen3_moe", marks=pytest.mark.slow), pytest.param("deepseek_v3", marks=pytest.mark.slow)],
+)
+def test_two_rank_model_fuses_every_layer_end_and_keeps_its_logits(checkpoints, tmp_path, family):
+    """At TP 2 the all-reduces of o_proj and of the MLP or MoE block are fused with the add and the
+    next norm (the last one with the final norm); the embedding's, which the first norm and the
+    residual both read, stays (MODELS says what else stays). Logits: the eager TP model's, and one
+    process's."""
     from models.loader import load_model
 
-    whole = load_model(checkpoints["llama"], torch.float32, "cpu")
+    expert_parallel, fused, left = MODELS[family]
+    whole = load_model(checkpoints[family], torch.float32, "cpu")
     with torch.no_grad():
         want = whole.compute_logits(whole(torch.tensor(PROMPT), torch.arange(len(PROMPT))))
     out, init = tmp_path / "rank", f"file://{tmp_path / 'rendezvous'}"
-    mp.start_processes(_model_rank, args=(2, init, checkpoints["llama"], out), nprocs=2, start_method="spawn")
+    args = (2, init, checkpoints[family], expert_parallel, out)
+    mp.start_processes(_model_rank, args=args, nprocs=2, start_method="spawn")
     for rank in range(2):
         got = torch.load(f"{out}.{rank}")
-        assert got["counts"]["fuse_allreduce_rmsnorm"] == (4, 4)
-        assert got["counts"]["fuse_add_rmsnorm"] == (4, 4)
+        assert got["counts"]["fuse_allreduce_rmsnorm"] == (fused, fused)
         code = got["code"]
-        assert code.count("torch.ops.atomc.all_reduce_add_rms_norm.default(") == 4
-        assert code.count("torch.ops.atomc.all_reduce.default(") == 1  # the embedding's
-        assert "torch.ops.atomc.fused_add_rms_norm" not in code
+        assert code.count("torch.ops.atomc.all_reduce_add_rms_norm.default(") == fused
+        assert code.count("torch.ops.atomc.all_reduce.default(") == left
         torch.testing.assert_close(got["got"], got["eager"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got["got"], want, atol=1e-4, rtol=1e-4)
