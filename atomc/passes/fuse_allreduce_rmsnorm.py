@@ -60,8 +60,7 @@ class FuseAllReduceRMSNorm(FusionPass):
         x, group = reduced.args
         getters = {u.args[1]: u for u in norm.users if match.is_op(u, "getitem")}
         if len(getters) != len(norm.users):
-            self.declined += 1
-            return False  # the pair used whole (not through [0], [1]): leave it
+            return False  # the pair read whole (not through [0], [1]): leave it
         with gm.graph.inserting_before(norm):
             vals = norm.meta.get("example_value") or (None, None)
             fused = call(gm.graph, FUSED, (x, residual, weight, eps, group), vals)
