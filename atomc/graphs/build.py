@@ -47,7 +47,11 @@ class CompileResult:
 
 
 def _pass_manager(config: EngineConfig, device: str) -> PassManager:
-    return PassManager.for_platform(platform_of(device), disabled=config.compile.disabled_passes)
+    return PassManager.for_platform(
+        platform_of(device),
+        disabled=config.compile.disabled_passes,
+        tensor_parallel_size=config.parallel.tensor_parallel_size,
+    )
 
 
 def model_modules(model: torch.nn.Module) -> list[str]:
@@ -290,6 +294,7 @@ def _build(model, device: str, pm: PassManager, plan: Plan, key: SigningKey, *, 
                 "matched": r.matched,
                 "rewritten": r.rewritten,
                 "seconds": r.seconds,
+                "notes": r.notes,
                 "graph": graph_files.get(r.name),
             }
             for r in rec.pass_reports

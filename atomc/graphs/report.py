@@ -170,7 +170,8 @@ def format_report(manifest: dict) -> str:
     lines = [f"key        {manifest['key']}", f"format     {manifest['format']}"]
     lines.append("passes     name                      matched  rewritten  seconds")
     for p in manifest.get("passes", []):
-        lines.append(f"           {p['name']:<25} {p['matched']:>7}  {p['rewritten']:>9}  {p['seconds']:>7.3f}")
+        notes = f"  {p['notes']}" if p.get("notes") else ""  # what a pass declined, where lowering sent each op
+        lines.append(f"           {p['name']:<25} {p['matched']:>7}  {p['rewritten']:>9}  {p['seconds']:>7.3f}{notes}")
     if not manifest.get("passes"):
         lines.append("           (none)")
     plan = manifest.get("partitions", [])

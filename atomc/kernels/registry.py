@@ -45,13 +45,17 @@ OPS = (
     *FUSED_QUANT_OPS,
     "all_reduce",
     "all_gather",
+    "all_reduce_add_rms_norm",
 )
 # ops with a torch body only: every other backend falls back to it (silu_mul: Inductor fuses the
 # separate gate/up itself). The FP8 ops' CUDA backends (Triton kernels and torch._scaled_mm, and the
 # rule that picks one per call) are atomc/kernels/triton/fp8.py; on ROCm they lower to AITER
 # (atomc/kernels/aiter/fp8.py), and without AITER to Triton, whose bodies run the references there.
 # mla_latent_norm_rope has a Triton kernel and no AITER one: on ROCm it lowers to Triton.
-# The collectives (atomc/ops/collective.py) are torch.distributed's own on every platform.
+# The collectives (atomc/ops/collective.py) are torch.distributed's own on every platform. The
+# all-reduce + add + RMSNorm (atomc/ops/all_reduce_norm.py) has a Triton entry (the collective, then
+# the Triton add + norm; a one-shot kernel over symmetric memory on CUDA when asked for) and no
+# AITER one: on ROCm it lowers to Triton.
 TORCH_ONLY = ("silu_mul", "all_reduce", "all_gather")
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
@@ -62,7 +66,7 @@ CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rop
 NAMESPACES = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"}
 MODULES = {
     "torch": ("atomc.ops",),
-    "triton": ("atomc.kernels.triton.ops", "atomc.kernels.triton.fp8"),
+    "triton": ("atomc.kernels.triton.ops", "atomc.kernels.triton.fp8", "atomc.kernels.triton.all_reduce_norm"),
     "aiter": (
         "atomc.kernels.aiter.ops",
         "atomc.kernels.aiter.attention",

@@ -23,5 +23,6 @@ from atomc.ops import fp8, fp8_fused  # noqa: F401
 from atomc.ops import moe_quant  # noqa: F401
 
 # isort: split
-# the tensor-parallel collectives (torch.distributed inside; the layers call them only at TP > 1)
-from atomc.ops import collective  # noqa: F401
+# the tensor-parallel collectives (torch.distributed inside; the layers call them only at TP > 1),
+# and the all-reduce + residual add + RMSNorm the passes fuse them into
+from atomc.ops import all_reduce_norm, collective  # noqa: F401

@@ -23,11 +23,14 @@ class PassReport:
     notes: str = ""
 
 
-def default_passes(platform: str) -> list[AtomcPass]:
-    """The pipeline, in order. Each step relies on the one before it having normalised the graph."""
+def default_passes(platform: str, tensor_parallel_size: int = 1) -> list[AtomcPass]:
+    """The pipeline, in order. Each step relies on the one before it having normalised the graph.
+    The all-reduce fusion joins at tensor-parallel size > 1 only: at size 1 there is no all-reduce
+    to match, and a size-1 build keeps the pass list (so the cache key) it had before the pass."""
     from atomc.passes.canonicalize import Canonicalize
     from atomc.passes.decode_gemv import DecodeGemv
     from atomc.passes.fuse_add_rmsnorm import FuseAddRMSNorm
+    from atomc.passes.fuse_allreduce_rmsnorm import FuseAllReduceRMSNorm
     from atomc.passes.fuse_mla_latent_norm_rope import FuseMLALatentNormRope
     from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
     from atomc.passes.fuse_rmsnorm_fp8_quant import FuseRMSNormFP8Quant
@@ -38,6 +41,8 @@ def default_passes(platform: str) -> list[AtomcPass]:
     from atomc.passes.noop_elimination import NoopElimination
     from atomc.passes.share_fp8_quant import ShareFP8Quant
 
+    # after the add + norm and the norm + FP8 quant fusions: it extends the fused add + norm they leave
+    tensor_parallel = [FuseAllReduceRMSNorm()] if tensor_parallel_size > 1 else []
     return [
         NoopElimination(),
         Canonicalize(),
@@ -45,6 +50,7 @@ def default_passes(platform: str) -> list[AtomcPass]:
         FuseSiluMul(),
         ShareFP8Quant(),
         FuseRMSNormFP8Quant(),
+        *tensor_parallel,
         FuseSiluMulFP8Quant(),
         FuseRopeKVWrite(),
         FuseQKNormRope(),
@@ -65,11 +71,12 @@ class PassManager:
         self.passes = list(passes)
 
     @classmethod
-    def for_platform(cls, platform: str, disabled: Iterable[str] = ()) -> PassManager:
+    def for_platform(cls, platform: str, disabled: Iterable[str] = (), tensor_parallel_size: int = 1) -> PassManager:
         if platform not in PLATFORMS:
             raise ValueError(f"unknown platform {platform!r} (valid: {', '.join(PLATFORMS)})")
-        passes = default_passes(platform)
-        valid = [p.name for p in passes]
+        passes = default_passes(platform, tensor_parallel_size)
+        # a name is valid at any size: one --disable-pass list serves -tp 1 and -tp N
+        valid = [p.name for p in default_passes(platform, tensor_parallel_size=2)]
         unknown = sorted(set(disabled) - set(valid))
         if unknown:
             raise ValueError(f"unknown pass name(s) {unknown} (valid: {', '.join(valid)})")

@@ -139,10 +139,12 @@ def test_compile_builds_each_ranks_artifact_that_serve_then_loads(checkpoints, t
     """`atomc compile -tp 2`: two processes build rank 0's and rank 1's entries (keyed by rank); an
     engine that may not compile (require_artifacts) then starts on them and decodes."""
     import json
+    from pathlib import Path
 
     from typer.testing import CliRunner
 
     from atomc.cli.main import app
+    from atomc.graphs.report import format_report
 
     args = ["compile", "--model", str(checkpoints["llama"]), "--device", "cpu", "--dtype", "float32",
             "--cache-dir", str(tmp_path), "--tensor-parallel-size", "2", "--max-num-seqs", "8", "--json"]  # fmt: skip
@@ -151,6 +153,13 @@ def test_compile_builds_each_ranks_artifact_that_serve_then_loads(checkpoints, t
     ranks = json.loads(out.output[out.output.index("{") :])["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and not any(r["hit"] for r in ranks)
     assert [r["factors"]["tp_rank"] for r in ranks] == [0, 1] and ranks[0]["entry"] != ranks[1]["entry"]
+    for r in ranks:  # each rank's artifact fuses its 4 all-reduce + add + norm (2 layers), and says so
+        (fusion,) = [p for p in r["passes"] if p["name"] == "fuse_allreduce_rmsnorm"]
+        assert (fusion["matched"], fusion["rewritten"]) == (4, 4)
+        lowered = (Path(r["entry"]) / r["passes"][-1]["graph"]).read_text()
+        assert lowered.count("atomc.all_reduce_add_rms_norm.default(") == 4
+        assert f"fuse_allreduce_rmsnorm    {4:>7}  {4:>9}" in format_report(r)  # the text report's line
+    # (that the fused artifacts decode the tokens of one process: the llama-compiled case above)
     got = _tokens(checkpoints["llama"], tensor_parallel_size=2, cache_dir=str(tmp_path), require_artifacts=True)
     assert all(len(t) == 32 for t in got)
 
