@@ -10,7 +10,9 @@ Tensor parallelism (`parallel.size > 1`, inside a process that joined the ranks,
 atomc/runtime/distributed.py): the model loads its shard, the ranks agree on the smallest KV pool,
 and every rank runs the same forwards (the layers' collectives inside). Rank 0 samples and
 broadcasts the sampled ids; a worker receives them instead of sampling (it needs them for the next
-step's pending feeds, as the driver does) and returns no result.
+step's pending feeds, as the driver does) and returns no result. A pipeline stage's runner is the
+subclass in atomc/runtime/stage_runner.py; its KV cache holds its own layers' pages (None for the
+other stages' layers), and the stages agree on the block counts as tensor-parallel ranks do.
 """
 
 from __future__ import annotations
