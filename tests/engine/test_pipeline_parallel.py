@@ -6,6 +6,7 @@ a stage that dies ends the engine with a clear error in seconds."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -63,6 +64,19 @@ def test_two_stages_generate_the_tokens_of_one(checkpoints):
         assert not set(ids) & {s for step in flying for s in step}
 
 
+@pytest.mark.slow  # three stages: a middle one receives and sends; three micro-batches in flight
+def test_three_stages_generate_the_tokens_of_one(tmp_path):
+    from tests.conftest import build_checkpoint
+
+    path = build_checkpoint("llama", tmp_path / "llama4", num_layers=4)  # layers 0-1, 2, 3
+    want = _tokens(path)
+    with LLM(model=str(path), **SMALL, pipeline_parallel_size=3) as llm:
+        seen = _watch_launches(llm)
+        got = [out.outputs[0].token_ids for out in llm.generate(PROMPTS, GREEDY)]
+    assert got == want
+    assert max(len(flying) for _, flying in seen) == 2
+
+
 @pytest.mark.slow  # sampling, seeds and prompt logprobs go through the driver's deferred sampling
 def test_two_stages_sample_and_score_prompts_as_one(checkpoints):
     path = checkpoints["qwen3"]  # its LM head is tied to the embedding: the last stage holds the table too
@@ -75,6 +89,25 @@ def test_two_stages_sample_and_score_prompts_as_one(checkpoints):
         return [o.outputs[0].token_ids for o in outs], rounded
 
     assert run(pipeline_parallel_size=2) == run()
+
+
+@pytest.mark.slow  # structured outputs: the driver masks the rows once the last stage's logits are back
+def test_two_stages_constrain_rows_as_one(checkpoints):
+    from atomc.sampling_params import StructuredOutputsParams
+
+    path = checkpoints["llama"]
+    regex = SamplingParams(
+        temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex=r"[a-c]{2}-\d{2}")
+    )
+    params = [regex, GREEDY, regex, GREEDY, GREEDY, regex]
+
+    def run(**kw):
+        with LLM(model=str(path), **SMALL, **kw) as llm:
+            return [(o.outputs[0].token_ids, o.outputs[0].text) for o in llm.generate(PROMPTS, params)]
+
+    got = run(pipeline_parallel_size=2)
+    assert got == run()
+    assert all(re.fullmatch(r"[a-c]{2}-\d{2}", got[i][1]) for i in (0, 2, 5))
 
 
 @pytest.mark.slow  # the async-scheduling twin: one step in flight at a time, stages sequential
@@ -110,6 +143,22 @@ def test_a_killed_stage_ends_the_engine_with_a_clear_error(checkpoints):
 def test_what_pipeline_stages_do_not_run_is_refused_before_starting(checkpoints, kw, match):
     with pytest.raises(ValueError, match=match):
         LLM(model=str(checkpoints["llama"]), **{**SMALL, **kw}, pipeline_parallel_size=2)
+
+
+@pytest.mark.slow  # two processes start to find it out
+def test_stages_with_different_kinds_of_attention_are_refused(checkpoints, tmp_path):
+    import json
+    import shutil
+
+    path = tmp_path / "gpt_oss"
+    shutil.copytree(checkpoints["gpt_oss"], path)
+    config = json.loads((path / "config.json").read_text())
+    n = config["num_hidden_layers"]
+    # stage 0 only sliding-window layers, stage 1 only full ones: their block pools cannot line up
+    config["layer_types"] = ["sliding_attention"] * (n // 2) + ["full_attention"] * (n - n // 2)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="pipeline stages hold different kinds of attention layers"):
+        LLM(model=str(path), **SMALL, pipeline_parallel_size=2)
 
 
 def test_micro_batches_split_the_sequences_and_skip_those_in_flight():
