@@ -64,6 +64,23 @@ def test_two_stages_generate_the_tokens_of_one(checkpoints):
         assert not set(ids) & {s for step in flying for s in step}
 
 
+def test_preemption_with_steps_in_flight_gives_the_tokens_of_one(checkpoints):
+    """A pool too small for every sequence: the newest are preempted (their token may be in flight
+    in the other micro-batch) and recomputed, and the next step reuses the blocks they freed while
+    the stages still run the steps before it."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    tight = {**SMALL, "max_model_len": 64, "num_kv_blocks": 20, "block_size": 4, "max_num_seqs": 6}
+
+    def run(**kw):
+        with LLM(model=str(checkpoints["llama"]), **tight, **kw) as llm:
+            out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+            stats = llm.engine.stats()
+        assert stats["num_preemptions"] > 0 and stats["num_free_blocks"] == stats["num_total_blocks"]
+        return out
+
+    assert run(pipeline_parallel_size=2) == run()
+
+
 @pytest.mark.slow  # three stages: a middle one receives and sends; three micro-batches in flight
 def test_three_stages_generate_the_tokens_of_one(tmp_path):
     from tests.conftest import build_checkpoint
