@@ -158,6 +158,7 @@ class LLMEngine(EngineClient):
         stages = config.parallel.pipeline_parallel_size
         micro_batches = stages if config.scheduler.async_scheduling else 1
         self.scheduler = Scheduler(config.scheduler, self.block_pools, micro_batches=micro_batches)
+        # steps left in flight when step() returns: none (synchronous), one (async), P - 1 (stages)
         self._keep_in_flight = (stages - 1 if stages > 1 else 1) if config.scheduler.async_scheduling else 0
         self.eos_token_ids = self._eos_token_ids()
         # structured outputs: xgrammar is imported at the first constraint, never before
