@@ -73,7 +73,8 @@ class CompileConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1  # ranks: the engine's process is rank 0, each other a worker process
-    pipeline_parallel_size: int = 1  # > 1 is refused (not implemented yet)
+    # pipeline stages, one process each (this one is stage 0); eager only, no TP beside (parallelism.md)
+    pipeline_parallel_size: int = 1
     # MoE layers give each rank whole experts instead of a slice of every expert (attention stays TP)
     enable_expert_parallel: bool = False
     rank: int = 0  # this process's rank (set per worker; a cache-key factor)

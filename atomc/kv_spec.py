@@ -85,11 +85,14 @@ class KVCacheGroup:
     layers: tuple[int, ...]
 
 
-def kv_cache_groups(specs: list[KVCacheSpec]) -> list[KVCacheGroup]:
+def kv_cache_groups(specs: list[KVCacheSpec | None]) -> list[KVCacheGroup]:
     """The layers' KV groups: full attention first (when any layer has it), then one group per
-    window size in order of first appearance. A model with one kind of layer has one group."""
+    window size in order of first appearance. A model with one kind of layer has one group. A None
+    spec (a layer another pipeline stage holds) is in no group."""
     by_window: dict[int | None, list[int]] = {}
     for layer, spec in enumerate(specs):
+        if spec is None:
+            continue
         by_window.setdefault(spec.sliding_window, []).append(layer)
     order = sorted(by_window, key=lambda w: w is not None)  # stable: full first, windows as they come
     return [KVCacheGroup(w, tuple(by_window[w])) for w in order]

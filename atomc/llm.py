@@ -58,7 +58,7 @@ class LLM:
         self._ids = itertools.count()
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any (an exit does it too)."""
+        """Stop the worker processes (tensor-parallel ranks, pipeline stages), if any (an exit does it too)."""
         self.engine.close()
 
     def __enter__(self) -> LLM:

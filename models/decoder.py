@@ -142,13 +142,10 @@ def llama_style_layer(config: DecoderConfig, layer_idx: int, parallel: ParallelI
     return DecoderLayer(attn, mlp, config.hidden_size, config.rms_norm_eps)
 
 
-def refuse_pipeline_kv(parallel: ParallelInfo) -> None:
-    """The runner allocates a KV cache for every layer index; a stage holds only some of them."""
-    if parallel.stages > 1:
-        raise ValueError(
-            f"pipeline stage {parallel.stage} of {parallel.stages}: the engine does not run pipeline stages "
-            "yet (a stage's model runs its layers' forward; its KV cache and scheduling are not built)"
-        )
+def stage_kv_specs(specs: list, layer_range: range) -> list:
+    """The KV specs a pipeline stage allocates: one entry per layer id (the ids stay the model's),
+    None where another stage holds the layer (it has no cache in this process)."""
+    return [spec if i in layer_range else None for i, spec in enumerate(specs)]
 
 
 class OtherStageLayer(nn.Module):
@@ -269,10 +266,12 @@ class DecoderForCausalLM(nn.Module):
             return self.model.norm is None
         return parts[0] == "lm_head" and self.lm_head is None
 
-    def kv_cache_specs(self) -> list[PagedAttentionSpec]:
-        """One spec per layer, with this rank's KV heads (what this process allocates)."""
-        refuse_pipeline_kv(self.parallel)
+    def kv_cache_specs(self) -> list[PagedAttentionSpec | None]:
+        """One spec per layer, with this rank's KV heads (what this process allocates); under
+        pipeline parallelism None for the layers of the other stages."""
+        held = self.model.layer_range
+        windows = self.arch.layer_sliding_windows()
         return [
-            PagedAttentionSpec(layer.self_attn.num_kv_heads, layer.self_attn.head_dim, window)
-            for layer, window in zip(self.model.layers, self.arch.layer_sliding_windows(), strict=True)
+            PagedAttentionSpec(layer.self_attn.num_kv_heads, layer.self_attn.head_dim, window) if i in held else None
+            for i, (layer, window) in enumerate(zip(self.model.layers, windows, strict=True))
         ]

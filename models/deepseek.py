@@ -62,7 +62,7 @@ from torch import nn
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.mla_attention, moe)
 from atomc.kv_spec import MLAAttentionSpec
 from models.arch import ModelArch
-from models.decoder import DecoderForCausalLM, refuse_pipeline_kv, required
+from models.decoder import DecoderForCausalLM, required, stage_kv_specs
 from models.deepseek_mtp import MTPLayer, checkpoint_prefixes, keep_dense_eh_proj, share_absent_tables
 from models.layers.linear import (
     ColumnParallelLinear,
@@ -376,12 +376,13 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
     def mtp_compute_logits(self, hidden: torch.Tensor, depth: int = 0) -> torch.Tensor:
         return self.mtp[depth].compute_logits(hidden)
 
-    def kv_cache_specs(self) -> list[MLAAttentionSpec]:
+    def kv_cache_specs(self) -> list[MLAAttentionSpec | None]:
         """Every layer caches the latent and the rope key: kv_lora_rank + qk_rope_head_dim a token;
-        MTP layers (when built) after the main ones, at their attention's layer index."""
+        MTP layers (when built) after the main ones, at their attention's layer index. A pipeline
+        stage: None for the other stages' layers."""
         c = self.config
-        refuse_pipeline_kv(self.parallel)
-        return [MLAAttentionSpec(c.kv_lora_rank, c.qk_rope_head_dim)] * (self.arch.num_layers + len(self.mtp))
+        specs = [MLAAttentionSpec(c.kv_lora_rank, c.qk_rope_head_dim)] * (self.arch.num_layers + len(self.mtp))
+        return specs if self.parallel.stages == 1 else stage_kv_specs(specs, self.model.layer_range)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

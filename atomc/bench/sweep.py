@@ -62,10 +62,11 @@ def check_can_launch(cfg: SweepConfig) -> None:
             f"params.nnodes={p['nnodes']}: atomc cannot launch a multi-node server yet (its ranks are "
             "processes of one machine); start the servers yourself and pass --base-url to gate them"
         )
-    if p["pipeline_parallel_size"] > 1:
+    if p["pipeline_parallel_size"] > 1 and p.get("tensor_parallelism", 1) > 1:
         raise SweepConfigError(
-            f"params.pipeline_parallel_size={p['pipeline_parallel_size']}: atomc serve has no pipeline "
-            "parallelism yet; set it to 1, or start a pipelined server yourself and pass --base-url"
+            f"params.pipeline_parallel_size={p['pipeline_parallel_size']} with params.tensor_parallelism="
+            f"{p['tensor_parallelism']}: atomc serve runs no tensor parallelism inside pipeline stages yet; "
+            "set one of them to 1, or start the server yourself and pass --base-url"
         )
 
 
@@ -82,8 +83,10 @@ def server_command(model_id: str | None, port: int, extra_args: list[str]) -> li
 
 
 def native_server_args(cfg: SweepConfig) -> list[str]:
-    """roles.server.atom_args, plus --max-model-len from params.max_model_length and
-    --tensor-parallel-size from params.tensor_parallelism, each unless given there."""
+    """roles.server.atom_args, plus --max-model-len from params.max_model_length,
+    --tensor-parallel-size from params.tensor_parallelism and --pipeline-parallel-size from
+    params.pipeline_parallel_size, each unless given there (pipeline stages run the eager model,
+    so a pipelined cell also gets --enforce-eager)."""
     args = list(cfg.server_args)
 
     def given(*flags: str) -> bool:
@@ -95,6 +98,11 @@ def native_server_args(cfg: SweepConfig) -> list[str]:
     tp = cfg.params.get("tensor_parallelism", 1)
     if tp > 1 and not given("--tensor-parallel-size", "-tp"):
         args += ["--tensor-parallel-size", str(tp)]
+    pp = cfg.params.get("pipeline_parallel_size", 1)
+    if pp > 1 and not given("--pipeline-parallel-size", "-pp"):
+        args += ["--pipeline-parallel-size", str(pp)]
+    if pp > 1 and not given("--enforce-eager"):
+        args += ["--enforce-eager"]
     return args
 
 

@@ -82,7 +82,10 @@ TensorParallelSize = Annotated[
     int, typer.Option("--tensor-parallel-size", "-tp", help="ranks the model is split over (one process each)")
 ]
 PipelineParallelSize = Annotated[
-    int, typer.Option("--pipeline-parallel-size", "-pp", help="pipeline stages (only 1: not yet supported)")
+    int,
+    typer.Option(
+        "--pipeline-parallel-size", "-pp", help="pipeline stages, one process each, one machine (needs --enforce-eager)"
+    ),
 ]
 EnableExpertParallel = Annotated[
     bool,

@@ -20,6 +20,11 @@ from atomc.config import EngineConfig
 def torchrun_argv(cfg: EngineConfig, command: list[str]) -> list[str]:
     """The torchrun command that runs `command` (atomc's own argv, without the program) on this node."""
     par = cfg.parallel
+    if par.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"--pipeline-parallel-size {par.pipeline_parallel_size} runs on one machine: --nnodes {par.nnodes} "
+            "is not supported with it yet"
+        )
     if par.tensor_parallel_size % par.nnodes:
         raise ValueError(
             f"--tensor-parallel-size {par.tensor_parallel_size} does not divide across --nnodes {par.nnodes}"

@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from atomc.engine.generation_defaults import generation_defaults
 from atomc.engine.inputs import InputProcessor
 from atomc.engine.model_files import resolve_model
 from atomc.engine.parallel_executor import ParallelExecutor
+from atomc.engine.pipeline_config import check_pipeline_config
 from atomc.engine.scheduler import ScheduledSeq, Scheduler
 from atomc.engine.sequence import SeqStatus, Sequence
 from atomc.engine.step_input import build_step_input
@@ -35,7 +37,8 @@ from atomc.engine.structured_step import StructuredSteps
 from atomc.engine.tokenizer import load_decoding_tokenizer, load_tokenizer
 from atomc.outputs import CompletionOutput, RequestOutput
 from atomc.runtime import distributed
-from atomc.runtime.model_runner import ModelRunner, PendingStep
+from atomc.runtime.model_runner import PendingStep
+from atomc.runtime.stage_runner import runner_class
 from atomc.sampling_params import SamplingParams
 from models.loader.default_model import DEFAULT_MODEL_NAME
 
@@ -131,7 +134,7 @@ class LLMEngine(EngineClient):
         self.executor = self._start_workers()
         try:
             shard = distributed.parallel_info(config.parallel)
-            self.runner = ModelRunner(
+            self.runner = runner_class(shard)(
                 config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len, shard
             )
             self.block_pools = self._block_pools()
@@ -149,7 +152,14 @@ class LLMEngine(EngineClient):
         phases = runner_phases(self.runner)
         log.info("start-up: %s, KV cache (%d blocks): %.1fs in all", phases, self.runner.num_blocks, t2 - t1)
         self.blocks = self.block_pools[0]
-        self.scheduler = Scheduler(config.scheduler, self.block_pools)
+        # pipeline stages: a sequence is in one step in flight at most (its next input is sampled
+        # only when that step's logits come back from the last stage), and up to P steps of
+        # disjoint sequences are in flight so that the stages work at once
+        stages = config.parallel.pipeline_parallel_size
+        micro_batches = stages if config.scheduler.async_scheduling else 1
+        self.scheduler = Scheduler(config.scheduler, self.block_pools, micro_batches=micro_batches)
+        # steps left in flight when step() returns: none (synchronous), one (async), P - 1 (stages)
+        self._keep_in_flight = (stages - 1 if stages > 1 else 1) if config.scheduler.async_scheduling else 0
         self.eos_token_ids = self._eos_token_ids()
         # structured outputs: xgrammar is imported at the first constraint, never before
         tokenizer_dir = Path(config.model.tokenizer or self.model_dir)
@@ -165,7 +175,7 @@ class LLMEngine(EngineClient):
         self.sampling_defaults = generation_defaults(self.model_dir, config.model.generation_config)
         self.requests: dict[str, _Request] = {}
         self.last_step: dict = {}
-        self._in_flight: _Launched | None = None
+        self._launched: deque[_Launched] = deque()  # oldest first; read back in launch order
         self._seq_ids = itertools.count()
         self._step_ids = itertools.count()
         log.info("start-up: engine ready in %.1fs", time.perf_counter() - t0)
@@ -174,21 +184,24 @@ class LLMEngine(EngineClient):
         self.num_sampler_fallbacks = 0
 
     def _start_workers(self) -> ParallelExecutor | None:
-        """Tensor parallelism: the worker processes (ranks 1..N-1); this process is rank 0."""
+        """Tensor or pipeline parallelism: the worker processes (ranks 1..N-1); this process is rank 0."""
         par = self.config.parallel
-        if par.pipeline_parallel_size != 1:
-            raise ValueError(
-                f"--pipeline-parallel-size {par.pipeline_parallel_size}: pipeline parallelism is not yet supported"
-            )
-        if par.tensor_parallel_size == 1:
+        if par.pipeline_parallel_size > 1:
+            check_pipeline_config(self.config)
+        if distributed.world_size(par) == 1:
             return None
         executor = ParallelExecutor(self.config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)
         if self.device.startswith("cuda"):
             self.device = "cuda:0"
         return executor
 
+    @property
+    def _in_flight(self) -> _Launched | None:
+        """The newest launched step not read back yet."""
+        return self._launched[-1] if self._launched else None
+
     def close(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do for one rank)."""
+        """Stop the worker processes (nothing to do for one rank)."""
         if self.executor is not None:
             self.executor.close()
 
@@ -266,8 +279,8 @@ class LLMEngine(EngineClient):
         self.num_failed_steps += 1
         if self._failed_steps >= MAX_FAILED_STEPS:
             raise error
-        in_flight = {seq.request_id for seq in self._in_flight.samplers} if self._in_flight else set()
-        self._in_flight = None  # its tokens are lost with the step
+        in_flight = {seq.request_id for launched in self._launched for seq in launched.samplers}
+        self._launched.clear()  # their tokens are lost with the steps
         outputs = [self._output(req, True) for rid, req in before.items() if rid not in self.requests]
         failed = []
         for rid, req in list(self.requests.items()):
@@ -289,33 +302,40 @@ class LLMEngine(EngineClient):
         return outputs
 
     def _step(self) -> list[RequestOutput]:
-        """Schedule and launch one step; return the outputs of the step whose tokens were read back.
+        """Schedule and launch one step; return the outputs of the steps whose tokens were read back.
 
         With async scheduling that is the step launched by the previous call: step N+1 is scheduled
         and queued on the device before step N's tokens are read, so this host work runs while the
         device computes. Inputs still on the device reach step N+1 there (see ModelRunner.launch);
-        a sequence that step N finishes has one extra token computed in N+1, then dropped."""
+        a sequence that step N finishes has one extra token computed in N+1, then dropped.
+
+        Pipeline stages keep up to P - 1 steps in flight after a call (P with the one launched),
+        each of sequences no other in-flight step holds: the oldest is read back once that many
+        are queued, or when nothing new can be scheduled."""
         t0 = time.perf_counter()
         outputs: list[RequestOutput] = []
         if self.structured.compiling:
             outputs = self._admit_compiled()
-        if self._in_flight is not None and self._in_flight.reads_history:
-            outputs += self._complete(self._in_flight)  # its rows' samplers need the tokens first
-            self._in_flight = None
+        newest = self._in_flight
+        if newest is not None and newest.reads_history and self.scheduler.schedule_in_flight:
+            outputs += self._complete_oldest()  # its rows' samplers need the tokens first
         scheduled = self.scheduler.schedule()
         t1 = time.perf_counter()
         launched = self._launch(scheduled) if scheduled else None
         t2 = time.perf_counter()
-        if self._in_flight is not None:
-            outputs += self._complete(self._in_flight)
+        # the earlier steps that stay in flight beside this one; with nothing scheduled the oldest
+        # is read back (so its sequences can run again)
+        limit = self._keep_in_flight - 1 if scheduled else len(self._launched) - 1
+        while len(self._launched) > max(limit, 0):
+            outputs += self._complete_oldest()
         if launched is not None and launched.masked_rows:
             # every constrained row's matcher has its previous token now: mask and sample this step
             self.structured.finish_sampling(launched.pending, launched.samplers, launched.masked_rows)
-        self._in_flight = launched
+        if launched is not None:
+            self._launched.append(launched)
         if launched is not None and not self.config.scheduler.async_scheduling:
-            outputs += self._complete(launched)
-            self._in_flight = None
-        if not scheduled and self._in_flight is None and self.structured.compiling:
+            outputs += self._complete_oldest()
+        if not scheduled and not self._launched and self.structured.compiling:
             self.structured.wait_compiled(0.005)  # only grammars are being built: do not spin
         # wall-clock split of the last step, for host-overhead measurements (benchmarks/host_overhead.py)
         self.last_step = {
@@ -326,6 +346,9 @@ class LLMEngine(EngineClient):
             "complete_s": time.perf_counter() - t2,  # waiting for the tokens + stop checks and outputs
         }
         return outputs
+
+    def _complete_oldest(self) -> list[RequestOutput]:
+        return self._complete(self._launched.popleft())
 
     def _launch(self, scheduled: list[ScheduledSeq]) -> _Launched | None:
         in_flight = self._in_flight.step_id if self._in_flight is not None else None

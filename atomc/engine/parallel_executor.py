@@ -1,11 +1,13 @@
-"""The driver's side of tensor parallelism: start the workers, send them each step, watch them.
+"""The driver's side of tensor and pipeline parallelism: start the workers, send them each step, watch them.
 
 With `--tensor-parallel-size N` the engine's own process is rank 0 (it schedules and is the only
 rank that samples) and N - 1 worker processes (atomc/runtime/worker.py, started with `spawn`) are
 ranks 1..N-1. `start` spawns them and joins the ranks with them; the engine then builds its own
 runner (rank 0) while the workers build theirs, and `wait_ready` collects their start-up errors.
 Each step `send(step)` broadcasts the record as int64 tensors (atomc/runtime/step_codec.py) before
-the driver's own forward.
+the driver's own forward. With `--pipeline-parallel-size P` rank s is pipeline stage s (the driver
+stage 0), and `send` sends the record to each stage point-to-point and asynchronously, since the
+stages work on different steps at once (atomc/runtime/stage_runner.py).
 
 Failure: a worker that dies ends the engine with `WorkerDied` (which worker, its exit code, its
 error if it sent one), not a hang: `send` checks every worker's process first, and a watchdog
@@ -31,6 +33,7 @@ from atomc import env
 from atomc.config import EngineConfig
 from atomc.runtime import distributed, step_codec
 from atomc.runtime.batch import StepInput
+from atomc.runtime.stage_io import Sends
 from atomc.runtime.worker import WorkerArgs, worker_main
 
 log = logging.getLogger(__name__)
@@ -40,15 +43,20 @@ FAILURE_REAP_S = 2.0  # after a failed step: how long a worker's exit may take t
 
 
 class WorkerDied(RuntimeError):
-    """A tensor-parallel worker exited: the engine cannot run another step."""
+    """A worker (a tensor-parallel rank or a pipeline stage) exited: the engine cannot run another step."""
 
 
 class ParallelExecutor:
     def __init__(self, config: EngineConfig, model_dir, arch, device: str, dtype, max_model_len: int):
         par = config.parallel
-        self.size = par.tensor_parallel_size
+        self.size = distributed.world_size(par)
+        # pipeline stages each get their step record alone (they work on different steps at once)
+        self.pipeline = par.pipeline_parallel_size > 1
+        self.kind = "pipeline-stage" if self.pipeline else "tensor-parallel"
+        self._record_sends = Sends()
         launched = env.launched_rank(self.size)  # torchrun started every rank: nothing to spawn
-        distributed.check_world(device, self.size // par.nnodes)
+        flag = "--pipeline-parallel-size" if self.pipeline else "--tensor-parallel-size"
+        distributed.check_world(device, self.size // par.nnodes, flag)
         ctx = mp.get_context("spawn")
         init = "env://" if launched is not None else distributed.local_init_method()
         self.procs: list[mp.process.BaseProcess] = []
@@ -57,7 +65,8 @@ class ParallelExecutor:
             cfg = _with_rank(config, rank)
             args = WorkerArgs(cfg, model_dir, arch, device, dtype, max_model_len, init)
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=worker_main, args=(args, send), name=f"atomc-tp-worker-{rank}")
+            name = f"atomc-{'pp-stage' if self.pipeline else 'tp-worker'}-{rank}"
+            proc = ctx.Process(target=worker_main, args=(args, send), name=name)
             proc.start()
             send.close()
             self.procs.append(proc)
@@ -74,7 +83,7 @@ class ParallelExecutor:
         self._stop_watch = threading.Event()
         self._watchdog: threading.Thread | None = None
         if self.procs:  # torchrun's ranks are torchrun's to watch: it ends the job when one fails
-            self._watchdog = threading.Thread(target=self._watch, daemon=True, name="atomc-tp-watchdog")
+            self._watchdog = threading.Thread(target=self._watch, daemon=True, name="atomc-worker-watchdog")
             self._watchdog.start()
 
     # -- start-up ------------------------------------------------------------------------------------
@@ -99,8 +108,23 @@ class ParallelExecutor:
     def send(self, step: StepInput) -> None:
         self.check_alive()
         payload = step_codec.encode(step)
-        dist.broadcast(step_codec.header(step_codec.STEP, payload), src=0, group=self.channel)
+        head = step_codec.header(step_codec.STEP, payload)
+        if self.pipeline:  # asynchronous: a stage may still be running earlier steps
+            for rank in range(1, self.size):
+                self._record_sends.send(head, rank, self.channel)
+                self._record_sends.send(payload, rank, self.channel)
+            return
+        dist.broadcast(head, src=0, group=self.channel)
         dist.broadcast(payload, src=0, group=self.channel)
+
+    def _send_stop(self) -> None:
+        head = step_codec.header(step_codec.STOP)
+        if not self.pipeline:
+            dist.broadcast(head, src=0, group=self.channel)
+            return
+        for rank in range(1, self.size):
+            self._record_sends.send(head, rank, self.channel)
+        self._record_sends.flush()
 
     def failure(self, error: BaseException) -> BaseException:
         """What ends the engine after `error` in a step or at start-up (the ranks may be out of
@@ -151,7 +175,7 @@ class ParallelExecutor:
         how = "is still running but stopped answering" if code is None else f"exited with code {code}"
         if code is not None and code < 0:
             how = f"was killed by signal {signal.Signals(-code).name}"
-        msg = f"tensor-parallel worker rank {rank} {how}; the engine cannot continue"
+        msg = f"{self.kind} worker rank {rank} {how}; the engine cannot continue"
         return WorkerDied(msg + (f"\nits error: {error}" if error else ""))
 
     def _watch(self) -> None:
@@ -162,7 +186,7 @@ class ParallelExecutor:
             ready = wait(list(sentinels), timeout=0.5)
             if ready and not self._stop_watch.is_set():
                 ranks = sorted(sentinels[s] for s in ready)
-                log.error("tensor-parallel worker rank(s) %s exited; stopping the others", ranks)
+                log.error("%s worker rank(s) %s exited; stopping the others", self.kind, ranks)
                 self._kill_all()
                 return
 
@@ -179,7 +203,7 @@ class ParallelExecutor:
             self._stop_watch.set()
         if graceful and hasattr(self, "channel") and all(p.is_alive() for p in self.procs):
             try:
-                dist.broadcast(step_codec.header(step_codec.STOP), src=0, group=self.channel)
+                self._send_stop()
             except Exception as e:  # noqa: BLE001  (a worker gone mid-send: the kill below ends the rest)
                 log.warning("could not send STOP to the workers: %s", e)
             for proc in self.procs:

@@ -37,9 +37,17 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager | list[BlockManager]):
-        """`blocks`: the block pool, or one per KV-cache group (full attention first)."""
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager | list[BlockManager], micro_batches: int = 1):
+        """`blocks`: the block pool, or one per KV-cache group (full attention first).
+
+        `micro_batches` > 1 (pipeline stages): that many steps may be in flight at once, each of
+        different sequences. A sequence whose sampled token is in flight is not scheduled again (that
+        token exists only once its step has passed every stage; with one micro-batch it is fed on
+        the device instead), and a step takes about 1 / micro_batches of the sequences, so the
+        next steps have sequences of their own and the stages work at once."""
         self.config = config
+        self.micro_batches = micro_batches
+        self.schedule_in_flight = micro_batches == 1
         self.groups = list(blocks) if isinstance(blocks, list | tuple) else [blocks]
         self.blocks = self.groups[0]
         if len({g.block_size for g in self.groups}) != 1:
@@ -64,11 +72,12 @@ class Scheduler:
     def schedule(self) -> list[ScheduledSeq]:
         budget = self.config.max_num_batched_tokens
         out: list[ScheduledSeq] = []
+        max_seqs = self._step_seq_limit()
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(out) < max_seqs:
             seq = self.running[i]
-            if seq.finishes_on_pending:
-                i += 1  # its last token is on the GPU: it finishes when that is read back
+            if seq.finishes_on_pending or (seq.num_pending and not self.schedule_in_flight):
+                i += 1  # its last token is on the GPU: it finishes (or goes on) when that is read back
                 continue
             n = min(seq.num_tokens + seq.num_pending - seq.num_computed_tokens, budget)
             if not self._grow(seq, seq.num_computed_tokens + n):
@@ -76,7 +85,7 @@ class Scheduler:
             out.append(ScheduledSeq(seq, n))
             budget -= n
             i += 1
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and len(out) < max_seqs:
             seq = self.waiting[0]
             if seq.num_pending:
                 break  # preempted with a token still on the GPU: its prompt is recomputed once it lands
@@ -89,6 +98,14 @@ class Scheduler:
             out.append(ScheduledSeq(seq, n))
             budget -= n
         return out
+
+    def _step_seq_limit(self) -> int:
+        """The most sequences one step takes: all of them, or with micro-batches an equal share of
+        the sequences that run or could be admitted."""
+        if self.micro_batches == 1:
+            return self.config.max_num_seqs
+        active = min(len(self.running) + len(self.waiting), self.config.max_num_seqs)
+        return max(1, -(-active // self.micro_batches))
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Take prefix-cache hits and blocks for a waiting sequence's first chunk; 0 if it does not fit."""

@@ -1,4 +1,4 @@
-"""Joining the tensor-parallel ranks: torch.distributed, the "tp" group, the step channel.
+"""Joining the engine's ranks: torch.distributed, the "tp" group, the step channel.
 
 Every rank (the driver, rank 0, and each worker) calls `join`: the world group is the "tp" group
 the layers' collectives use (NCCL on CUDA, gloo on CPU), and a second, gloo group carries the step
@@ -19,8 +19,16 @@ from atomc.ops import collective
 from models.layers.parallel import ParallelInfo
 
 
+def world_size(par: ParallelConfig) -> int:
+    """Every rank of the engine: tensor-parallel ranks times pipeline stages."""
+    return par.tensor_parallel_size * par.pipeline_parallel_size
+
+
 def parallel_info(par: ParallelConfig) -> ParallelInfo:
-    """The layers' shard of this process's rank (`par.rank`: 0 on the driver, set on each worker)."""
+    """The layers' shard of this process's rank (`par.rank`: 0 on the driver, set on each worker).
+    Under pipeline parallelism (no tensor parallelism beside it) rank s is stage s."""
+    if par.pipeline_parallel_size > 1:
+        return ParallelInfo(stage=par.rank, stages=par.pipeline_parallel_size)
     return ParallelInfo(par.rank, par.tensor_parallel_size, expert_parallel=par.enable_expert_parallel)
 
 
@@ -29,16 +37,16 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{rank}" if device.startswith("cuda") else "cpu"
 
 
-def check_world(device: str, size: int) -> None:
-    """Clear errors for a world the machine cannot hold."""
+def check_world(device: str, size: int, what: str = "--tensor-parallel-size") -> None:
+    """Clear errors for a world the machine cannot hold (`what`: the flag that asked for it)."""
     if size < 1:
-        raise ValueError(f"--tensor-parallel-size must be at least 1, got {size}")
+        raise ValueError(f"{what} must be at least 1, got {size}")
     if device.startswith("cuda"):
         if device not in ("cuda", "cuda:0"):
-            raise ValueError(f"--tensor-parallel-size {size} places rank r on cuda:r; give --device cuda, not {device}")
+            raise ValueError(f"{what} {size} places rank r on cuda:r; give --device cuda, not {device}")
         have = torch.cuda.device_count()
         if size > have:
-            raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs, this machine has {have}")
+            raise ValueError(f"{what} {size} needs {size} GPUs, this machine has {have}")
 
 
 def local_init_method() -> str:
@@ -68,10 +76,19 @@ def leave() -> None:
 
 
 def min_across_ranks(values: list[int], device: str) -> list[int]:
-    """Each value's minimum over the ranks (the KV block counts every rank must share)."""
+    """Each value's minimum over every rank of the world, tensor-parallel ranks and pipeline
+    stages alike (the KV block counts: the one scheduler's block ids address every rank's pools)."""
     t = torch.tensor(values, dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=collective.group("tp"))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return t.tolist()
+
+
+def same_across_ranks(value: int, device: str) -> bool:
+    """Whether every rank of the world holds the same `value` (one all-reduce of value and -value)."""
+    t = torch.tensor([value, -value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    low, neg_high = t.tolist()
+    return low == -neg_high
 
 
 def broadcast_tokens(tokens: torch.Tensor | None, count: int, device: str) -> torch.Tensor:

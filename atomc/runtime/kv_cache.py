@@ -34,9 +34,10 @@ def page_shape(layout: str, num_blocks: int, block_size: int, spec: KVCacheSpec)
     raise ValueError(f"unknown KV-cache page layout {layout!r}")
 
 
-def bytes_per_block(specs: Sequence[KVCacheSpec], block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block id costs across all layers (K and V)."""
-    return sum(spec.bytes_per_token(dtype) for spec in specs) * block_size
+def bytes_per_block(specs: Sequence[KVCacheSpec | None], block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block id costs across all layers (K and V); None (another pipeline stage's layer)
+    costs nothing here."""
+    return sum(spec.bytes_per_token(dtype) for spec in specs if spec is not None) * block_size
 
 
 def split_kv_blocks(budget: int, per_block: Sequence[int], needs: Sequence[int], nulls: Sequence[int]) -> list[int]:
@@ -60,7 +61,7 @@ def scale_kv_blocks(first: int, needs: Sequence[int], nulls: Sequence[int]) -> l
 
 
 def allocate_kv_cache(
-    specs: Sequence[KVCacheSpec],
+    specs: Sequence[KVCacheSpec | None],
     num_blocks: int | Sequence[int],
     block_size: int,
     dtype: torch.dtype,
@@ -70,10 +71,13 @@ def allocate_kv_cache(
     """Per layer (k_cache, v_cache), `num_blocks` pages each (one count, or one per layer), in the
     layout `layout_of(spec)`. An MLA layer has one latent tensor: its k_cache is the latent pages
     [.., kv_lora_rank + rope] and its v_cache a view of their first kv_lora_rank values (no memory
-    of its own: the latent is both the key's and the value's source)."""
+    of its own: the latent is both the key's and the value's source). A None spec (a layer another
+    pipeline stage holds) gets None: no pages in this process."""
     counts = [num_blocks] * len(specs) if isinstance(num_blocks, int) else list(num_blocks)
     groups: dict[tuple[KVCacheSpec, str, int], list[int]] = {}
     for layer, spec in enumerate(specs):
+        if spec is None:
+            continue
         groups.setdefault((spec, layout_of(spec), counts[layer]), []).append(layer)
     caches: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(specs)
     for (spec, layout, count), layers in groups.items():
@@ -86,4 +90,4 @@ def allocate_kv_cache(
         pool = torch.zeros(len(layers), 2, *shape, dtype=dtype, device=device)
         for i, layer in enumerate(layers):
             caches[layer] = (pool[i, 0], pool[i, 1])
-    return caches  # type: ignore[return-value]  (every layer is in one group)
+    return caches  # type: ignore[return-value]  (every held layer is in one group)

@@ -10,7 +10,9 @@ Tensor parallelism (`parallel.size > 1`, inside a process that joined the ranks,
 atomc/runtime/distributed.py): the model loads its shard, the ranks agree on the smallest KV pool,
 and every rank runs the same forwards (the layers' collectives inside). Rank 0 samples and
 broadcasts the sampled ids; a worker receives them instead of sampling (it needs them for the next
-step's pending feeds, as the driver does) and returns no result.
+step's pending feeds, as the driver does) and returns no result. A pipeline stage's runner is the
+subclass in atomc/runtime/stage_runner.py; its KV cache holds its own layers' pages (None for the
+other stages' layers), and the stages agree on the block counts as tensor-parallel ranks do.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 import functools
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,7 +35,14 @@ from atomc.kernels.registry import choose_backend, ensure_registered, kv_cache_l
 from atomc.kv_spec import blocks_per_sequence, kv_cache_groups, kv_cache_torch_dtype
 from atomc.platforms import platform_of
 from atomc.runtime import distributed
-from atomc.runtime.batch import StepInput, StepResult, group_array_name, prefill_step_input, write_batch_arrays
+from atomc.runtime.batch import (
+    PromptLogprobRequest,
+    StepInput,
+    StepResult,
+    group_array_name,
+    prefill_step_input,
+    write_batch_arrays,
+)
 from atomc.runtime.capture_sizes import resolve_capture_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.device_init import DeviceInit
@@ -109,7 +119,11 @@ class ModelRunner:
                 self.layer_group[layer] = g
         t0 = time.perf_counter()
         self.group_num_blocks = self._num_kv_blocks()  # on a GPU: the first forward, where kernels compile
-        if parallel.size > 1:  # one scheduler's block ids address every rank's pool: the smallest wins
+        if parallel.size > 1 or parallel.stages > 1:
+            # one scheduler's block ids address every rank's pools (each stage's its own layers'):
+            # the smallest wins, once every stage has the same KV groups
+            if parallel.stages > 1:
+                check_stage_kv_groups(self.kv_groups, device)
             self.group_num_blocks = distributed.min_across_ranks(self.group_num_blocks, device)
         self.timings["kv_sizing_s"] = time.perf_counter() - t0
         self.num_blocks = self.group_num_blocks[0]
@@ -170,10 +184,14 @@ class ModelRunner:
         num_blocks = sum(len(t) for t in step.block_tables)
         scratch = self._allocate_kv_cache(num_blocks)  # every layer (group) reads the one table
         with set_forward_context(ForwardContext(meta, scratch, kv_scales=self.kv_scales)):
-            hidden = self.forward(ids, positions)
-        logits = self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
-        warm_greedy(logits)  # the sampler's argmax kernels compile here, not in the first served step
+            hidden = self._profile_forward(ids, positions)
+        if self.parallel.last_stage:  # the LM head's rows (a pipeline stage before the last has none)
+            logits = self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
+            warm_greedy(logits)  # the sampler's argmax kernels compile here, not in the first served step
         return bytes_per_block(self.kv_specs, bs, self.kv_dtype) * num_blocks
+
+    def _profile_forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.forward(ids, positions)
 
     def _profile_cuda_budget(self, per_block: int) -> int:
         """Bytes for the KV cache in `gpu_memory_utilization` of the card after a forward at the
@@ -311,17 +329,7 @@ class ModelRunner:
         out = {}
         for req in step.prompt_logprobs:
             rows = hidden[req.first_row : req.first_row + len(req.target_ids)]
-            logprobs = torch.log_softmax(self.model.compute_logits(rows), -1)
-            targets = torch.tensor(req.target_ids, device=logprobs.device)
-            chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
-            top = logprobs.topk(req.top_n, dim=-1) if req.top_n > 0 else None
-            entries = []
-            for j, tok in enumerate(req.target_ids):
-                entry = {tok: chosen[j]}
-                if top is not None:
-                    entry.update(zip(top.indices[j].tolist(), top.values[j].tolist(), strict=True))
-                entries.append(entry)
-            out[req.seq_id] = entries
+            out[req.seq_id] = prompt_logprob_entries(req, self.model.compute_logits(rows))
         return out
 
     def capture_graphs(self, max_model_len: int) -> None:
@@ -351,6 +359,32 @@ class ModelRunner:
         if use_graphs:
             self.decode_graphs.capture(pool)
             self.timings["cudagraph_capture_s"] = self.decode_graphs.capture_seconds
+
+
+def check_stage_kv_groups(groups: list, device: str) -> None:
+    """Pipeline stages size one pool per KV group for the one scheduler: every stage must hold the
+    same kinds of layers (full attention, each window), else the pools do not line up."""
+    windows = [g.sliding_window for g in groups]
+    if not distributed.same_across_ranks(zlib.crc32(repr(windows).encode()), device):
+        raise ValueError(
+            f"pipeline stages hold different kinds of attention layers (this stage's KV groups: windows "
+            f"{windows}); atomc needs every stage to hold each kind: try another --pipeline-parallel-size"
+        )
+
+
+def prompt_logprob_entries(req: PromptLogprobRequest, logits: torch.Tensor) -> list[dict[int, float]]:
+    """Per row of `req` (its `logits`, one row a target): the target's logprob and the top N."""
+    logprobs = torch.log_softmax(logits, -1)
+    targets = torch.tensor(req.target_ids, device=logprobs.device)
+    chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
+    top = logprobs.topk(req.top_n, dim=-1) if req.top_n > 0 else None
+    entries = []
+    for j, tok in enumerate(req.target_ids):
+        entry = {tok: chosen[j]}
+        if top is not None:
+            entry.update(zip(top.indices[j].tolist(), top.values[j].tolist(), strict=True))
+        entries.append(entry)
+    return entries
 
 
 def captures_cuda_graphs(device: str, model) -> bool:

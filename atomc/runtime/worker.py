@@ -1,12 +1,13 @@
-"""One tensor-parallel worker process (rank > 0): a ModelRunner on its rank, fed step records.
+"""One worker process (rank > 0): a ModelRunner on its rank (a TP shard or a pipeline stage).
 
 The driver (the engine's process, rank 0) starts one per extra rank with the `spawn` start method
 (atomc/engine/parallel_executor.py). The worker joins the ranks, builds its runner (its shard, its
 compiled artifact keyed by rank and size, the KV pool the ranks agree on), reports ready on its
 pipe, then loops: receive a step record (two broadcasts of int64 tensors over the gloo step
-channel, atomc/runtime/step_codec.py), run its forward, receive the driver's sampled ids. It
-stops on the driver's STOP record, and exits on its own when the driver's process is gone (a
-thread watches the parent pid), so no worker outlives its engine.
+channel, atomc/runtime/step_codec.py), run its forward, receive the driver's sampled ids. A
+pipeline stage (atomc/runtime/stage_runner.py) receives each record point-to-point instead, and
+passes its hidden states on. It stops on the driver's STOP record, and exits on its own when the
+driver's process is gone (a thread watches the parent pid), so no worker outlives its engine.
 """
 
 from __future__ import annotations
@@ -70,21 +71,25 @@ def run_launched(args: WorkerArgs) -> None:
 
 
 def run_worker(args: WorkerArgs, ready) -> None:
-    from atomc.runtime.model_runner import ModelRunner  # in the child: torch and the kernels load here
+    from atomc.runtime.stage_runner import runner_class  # in the child: torch and the kernels load here
 
     par = args.config.parallel
-    rank, size = par.rank, par.tensor_parallel_size
+    rank, size = par.rank, distributed.world_size(par)
     device = distributed.rank_device(args.device, rank if args.local_rank is None else args.local_rank)
     if device == "cpu":  # the ranks share the cores: N ranks of all-core thread pools would thrash
         torch.set_num_threads(max(1, torch.get_num_threads() // size))
     channel = distributed.join(rank, size, device, args.init_method, par.distributed_timeout_s)
     info = distributed.parallel_info(par)
-    runner = ModelRunner(args.config, args.model_dir, args.arch, device, args.dtype, args.max_model_len, info)
+    cls = runner_class(info)
+    runner = cls(args.config, args.model_dir, args.arch, device, args.dtype, args.max_model_len, info)
     if device.startswith("cuda") and not args.config.compile.enforce_eager:
         runner.capture_graphs(args.max_model_len)  # the driver captures the same sizes, in the same order
     if ready is not None:
         ready.send(("ready", runner.group_num_blocks))
-    serve_steps(runner, channel)
+    if info.stages > 1:
+        serve_stage_steps(runner, channel)
+    else:
+        serve_steps(runner, channel)
 
 
 def serve_steps(runner, channel: dist.ProcessGroup) -> None:
@@ -98,6 +103,21 @@ def serve_steps(runner, channel: dist.ProcessGroup) -> None:
         payload = torch.empty(length, dtype=torch.int64)
         dist.broadcast(payload, src=0, group=channel)
         runner.launch(step_codec.decode(payload))  # no result: rank 0 samples
+
+
+def serve_stage_steps(runner, channel: dist.ProcessGroup) -> None:
+    """A pipeline stage: run the driver's step records, sent to this rank alone (the stages work
+    on different steps at once, so no collective over all ranks), until it sends STOP."""
+    head = torch.empty(step_codec.HEADER_LEN, dtype=torch.int64)
+    while True:
+        dist.recv(head, src=0, group=channel)
+        kind, length = head.tolist()
+        if kind == step_codec.STOP:
+            runner.sends.flush()
+            return
+        payload = torch.empty(length, dtype=torch.int64)
+        dist.recv(payload, src=0, group=channel)
+        runner.launch(step_codec.decode(payload))  # no result: the driver samples
 
 
 def _exit_with_parent(parent: int) -> None:

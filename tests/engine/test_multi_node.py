@@ -65,3 +65,5 @@ def test_torchrun_command_and_its_errors():
         torchrun_argv(EngineConfig().update(tensor_parallel_size=8, nnodes=3), [])
     with pytest.raises(ValueError, match="--node-rank 2 is not a node of --nnodes 2"):
         torchrun_argv(EngineConfig().update(tensor_parallel_size=2, nnodes=2, node_rank=2), [])
+    with pytest.raises(ValueError, match="--pipeline-parallel-size 2 runs on one machine"):
+        torchrun_argv(EngineConfig().update(pipeline_parallel_size=2, nnodes=2), [])

@@ -104,11 +104,6 @@ def test_heads_that_do_not_divide_fail_at_load(checkpoints):
         LLM(model=str(checkpoints["llama"]), **SMALL, enforce_eager=True, tensor_parallel_size=3)
 
 
-def test_pipeline_parallelism_is_refused(checkpoints):
-    with pytest.raises(ValueError, match="pipeline parallelism is not yet supported"):
-        LLM(model=str(checkpoints["llama"]), **SMALL, enforce_eager=True, pipeline_parallel_size=2)
-
-
 def test_more_ranks_than_gpus_is_a_clear_error():
     import torch
 

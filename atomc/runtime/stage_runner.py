@@ -1,0 +1,128 @@
+"""StageRunner: the model runner of one pipeline stage (`--pipeline-parallel-size` > 1).
+
+Each stage's process holds a contiguous run of decoder layers (models/layers/parallel.py:
+`stage_layers`) and a KV cache for those layers only; every stage runs every step, in the order the
+driver sent them (atomc/runtime/stage_io.py says what travels between them):
+
+- stage 0 is the driver's runner: it embeds the step's ids (feeding pending inputs on its device,
+  as a single runner does), runs its layers, sends the hidden states on, and returns at once; the
+  step's logits come back from the last stage in the background, and the driver samples them when
+  the engine reads the step's result (`PendingStep.result()`), so it can launch further steps
+  meanwhile, and it is still the only rank that samples (sampling parameters, token histories,
+  seeds and grammars stay on the driver);
+- a later stage receives the previous stage's hidden states, runs its layers, and sends them on;
+  the last one applies the final norm and sends the logits of the rows the driver needs.
+
+The stages run the eager model (the compiled artifact is traced from token ids, not a stage's
+hidden states), so no CUDA graphs either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from atomc.forward_context import group_context, set_forward_context
+from atomc.runtime.batch import StepInput
+from atomc.runtime.model_runner import ModelRunner, PendingStep, device_batch, prompt_logprob_entries
+from atomc.runtime.sampler import PendingSample, SamplerOutput
+from atomc.runtime.stage_io import PendingLogits, Sends, logits_rows, recv_hidden
+from atomc.runtime.transfer import to_device
+from models.layers.parallel import ParallelInfo
+
+
+class StageRunner(ModelRunner):
+    """A ModelRunner over one pipeline stage's layers (rank = stage: no tensor parallelism beside)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sends = Sends()
+        self.hidden_size = self.model.config.hidden_size
+        self.vocab_size = self.arch.vocab_size
+
+    @torch.inference_mode()
+    def launch(self, step: StepInput) -> PendingStep | None:
+        info = self.parallel
+        input_ids, positions, metas = device_batch(step, self.device)
+        hidden = None
+        if info.first_stage:
+            if step.finished_seq_ids and self._generators:
+                for seq_id in step.finished_seq_ids:
+                    self._generators.pop(seq_id, None)
+            feed = self._pending_feed(step)
+            if feed is not None:
+                feed(input_ids)
+        else:
+            hidden = recv_hidden(step.num_tokens, self.hidden_size, self.dtype, self.device, info.stage - 1)
+        if len(metas) != len(self.kv_groups):
+            raise RuntimeError(f"step {step.step_id}: {len(metas)} KV groups, the model {len(self.kv_groups)}")
+        with set_forward_context(group_context(metas, self.kv_caches, self.layer_group, self.kv_scales)):
+            hidden = self.forward(input_ids, positions, hidden)
+        rows = logits_rows(step)
+        if not info.last_stage:
+            self.sends.send(hidden, info.stage + 1)
+        elif rows:
+            self.sends.send(self.model.compute_logits(hidden[to_device(rows, torch.long, self.device)]), 0)
+        if not info.first_stage:
+            return None
+        return self._driver_result(step, len(rows), info)
+
+    def _driver_result(self, step: StepInput, num_rows: int, info: ParallelInfo) -> PendingStep | None:
+        """Stage 0: the step's result, sampled from the last stage's logits once they arrive."""
+        # no feed may read this step's tokens: they are sampled only when its result is read
+        self._last_sampled = None
+        if not num_rows:
+            return None
+        logits = PendingLogits(num_rows, self.vocab_size, self.device, info.stages - 1)
+        n = len(step.sample_rows)
+        prompt_logprobs = {}
+        if step.prompt_logprobs:  # the engine keeps them at launch: this step waits for its logits
+            prompt_logprobs = self._prompt_logprobs_of(step, logits.wait()[n:])
+        if not n:
+            return PendingStep(None, prompt_logprobs)
+        batch = self._sampling_batch(step)
+
+        def sample(bitmask: torch.Tensor | None = None) -> PendingSample:
+            return self._sample(step.step_id, logits.wait()[:n], batch, step.masked_rows, bitmask)
+
+        if step.masked_rows:  # structured outputs: the engine's bitmask first, then the sampling
+            return PendingStep(None, prompt_logprobs, lambda bitmask: DeferredSample(lambda: sample(bitmask)))
+        return PendingStep(DeferredSample(sample), prompt_logprobs)
+
+    @staticmethod
+    def _prompt_logprobs_of(step: StepInput, logits: torch.Tensor) -> dict[int, list[dict[int, float]]]:
+        out, at = {}, 0
+        for req in step.prompt_logprobs:
+            out[req.seq_id] = prompt_logprob_entries(req, logits[at : at + len(req.target_ids)])
+            at += len(req.target_ids)
+        return out
+
+    def _profile_forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # a stage after the first starts from hidden states: zeros of the profiled batch's shape
+        hidden = None
+        if not self.parallel.first_stage:
+            hidden = torch.zeros(ids.numel(), self.hidden_size, dtype=self.dtype, device=self.device)
+        return self.forward(ids, positions, hidden)
+
+    def capture_graphs(self, max_model_len: int) -> None:
+        raise ValueError("pipeline stages run the eager model: no CUDA graphs (use --enforce-eager)")
+
+
+class DeferredSample:
+    """A step's sampling, run when its result is first asked for (the logits arrive from the last
+    stage in the background until then)."""
+
+    def __init__(self, sample: Callable[[], PendingSample]):
+        self._sample = sample
+        self._pending: PendingSample | None = None
+
+    def result(self) -> SamplerOutput:
+        if self._pending is None:
+            self._pending = self._sample()
+        return self._pending.result()
+
+
+def runner_class(info: ParallelInfo) -> type[ModelRunner]:
+    """The runner of a process holding `info`: a stage's or the whole model's (or its TP shard)."""
+    return StageRunner if info.stages > 1 else ModelRunner
