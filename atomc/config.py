@@ -77,6 +77,9 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     # MoE layers give each rank whole experts instead of a slice of every expert (attention stays TP)
     enable_expert_parallel: bool = False
+    # CUDA: the fused all-reduce + add + RMSNorm as one kernel over symmetric memory instead of NCCL
+    # then the add + norm (parallelism.md; opt-in: never run on GPUs). Runtime only: not a key factor
+    one_shot_all_reduce: bool = False
     rank: int = 0  # this process's rank (set per worker; a cache-key factor)
     # several machines (vLLM's names): torchrun starts tensor_parallel_size / nnodes ranks on each
     # node, joined at master_addr:master_port; node 0's rank 0 is the engine (docs/parallelism.md)

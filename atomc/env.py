@@ -17,7 +17,6 @@ READ_VARS = (
     "RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",
-    "ATOMC_SYMM_MEM_ALL_REDUCE",
 )
 # Read by `atomc bench` only: nothing the compiler builds depends on them. The last two are the
 # run deck's comparison inputs (CVS's names): what a report is drawn against.
@@ -29,8 +28,6 @@ LOCATION_VARS = ("ATOMC_CACHE_DIR", "ATOMC_CACHE_SIGNING_KEY_FILE", "XDG_CONFIG_
 # Set by torchrun for each rank it starts (a multi-node run): which rank a process is. Not a key
 # factor as such: the rank enters the key as config.parallel.rank
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
-# Read by an op's body when it runs, not by the compiler: the artifact is the same either way
-RUNTIME_VARS = ("ATOMC_SYMM_MEM_ALL_REDUCE",)
 
 SIGNING_KEY_NAME = "cache-signing.key"
 
@@ -83,15 +80,8 @@ def snapshot() -> dict[str, str | None]:
 
 def graph_snapshot() -> dict[str, str | None]:
     """Values of the variables that change what atomc builds (graphs/cache_key.py hashes these)."""
-    skip = LOCATION_VARS + BENCH_VARS + LAUNCHER_VARS + RUNTIME_VARS
+    skip = LOCATION_VARS + BENCH_VARS + LAUNCHER_VARS
     return {k: v for k, v in snapshot().items() if k not in skip}
-
-
-def symm_mem_all_reduce() -> bool:
-    """$ATOMC_SYMM_MEM_ALL_REDUCE=1: on CUDA, the fused all-reduce + add + RMSNorm runs as one kernel
-    reading every rank's partial sum from symmetric memory instead of NCCL then the add + norm
-    (atomc/kernels/triton/all_reduce_norm.py; opt-in: it has not run on GPUs yet)."""
-    return os.environ.get("ATOMC_SYMM_MEM_ALL_REDUCE", "") == "1"
 
 
 def launched_rank(world_size: int) -> tuple[int, int, int] | None:

@@ -44,6 +44,7 @@ class LLM:
         tensor_parallel_size: int = ParallelConfig.tensor_parallel_size,
         pipeline_parallel_size: int = ParallelConfig.pipeline_parallel_size,
         enable_expert_parallel: bool = ParallelConfig.enable_expert_parallel,
+        one_shot_all_reduce: bool = ParallelConfig.one_shot_all_reduce,
         config: EngineConfig | None = None,
     ):
         """Each keyword sets the EngineConfig field of its name (defaults are the config's); or pass

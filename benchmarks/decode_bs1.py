@@ -50,6 +50,7 @@ ENGINES = {
     "atomc-eager": ("atomc", True, "bf16"),
     "atomc-no-pdl": ("atomc", False, "bf16"),  # --no-enable-pdl: the PDL A/B in one call
     "atomc-fp8-no-pdl": ("atomc", False, "fp8"),
+    "atomc-one-shot-ar": ("atomc", False, "bf16"),  # --one-shot-all-reduce (with -tp N): its A/B in one call
     "atomc-fp8": ("atomc", False, "fp8"),
     "atomc-fp8-eager": ("atomc", True, "fp8"),
     "hf": ("hf", None, "bf16"),
@@ -123,10 +124,11 @@ def _sync(device: str) -> None:
 def run_atomc(
     model_dir: str, enforce_eager: bool, device: str = "cuda", prompt_len: int = PROMPT_LEN,
     output_len: int = OUTPUT_LEN, vocab: int = 1 << 30, quantization: str | None = None, enable_pdl: bool = True,
-    tensor_parallel_size: int = 1,
+    tensor_parallel_size: int = 1, one_shot_all_reduce: bool = False,
 ) -> dict:  # fmt: skip
     """`quantization` is EngineConfig.quantization (the CLI's --quantization): None or "fp8";
-    `enable_pdl` is CompileConfig.enable_pdl (--enable-pdl); `tensor_parallel_size` is -tp."""
+    `enable_pdl` is CompileConfig.enable_pdl (--enable-pdl); `tensor_parallel_size` is -tp;
+    `one_shot_all_reduce` is --one-shot-all-reduce."""
     from atomc import LLM, SamplingParams
 
     t0 = time.perf_counter()
@@ -141,6 +143,7 @@ def run_atomc(
         quantization=quantization,
         enable_pdl=enable_pdl,
         tensor_parallel_size=tensor_parallel_size,
+        one_shot_all_reduce=one_shot_all_reduce,
     )
     startup = time.perf_counter() - t0
     prompt = {"prompt_token_ids": prompt_ids(prompt_len, vocab)}
@@ -250,10 +253,11 @@ def child_command(args, engine: str) -> list[str]:
 
 def run_atomc_engine(engine: str, model_dir: str, device: str, **kwargs) -> dict:
     """`run_atomc` as an atomc row of ENGINES names it: eager or not, its weights' format, and
-    PDL off for the `-no-pdl` twins."""
+    PDL off for the `-no-pdl` twins, the one-shot all-reduce for `-one-shot-ar`."""
     _, eager, weights = ENGINES[engine]
     return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None,
-                     enable_pdl=not engine.endswith("-no-pdl"), **kwargs)  # fmt: skip
+                     enable_pdl=not engine.endswith("-no-pdl"), one_shot_all_reduce=engine.endswith("-one-shot-ar"),
+                     **kwargs)  # fmt: skip
 
 
 def run_engine_here(args, engine: str) -> dict:
@@ -364,7 +368,7 @@ def speedups(engines: list[dict]) -> dict:
     atomc's over itself without PDL."""
     rate = {r["key"]: r.get("decode_tok_s", r["e2e_tok_s"]) for r in engines if "key" in r}
     pairs = (("atomc-fp8", "atomc"), ("atomc-fp8-eager", "atomc-eager"), ("gpt-fast-int8", "atomc"),
-             ("atomc", "atomc-no-pdl"), ("atomc-fp8", "atomc-fp8-no-pdl"))  # fmt: skip
+             ("atomc", "atomc-no-pdl"), ("atomc-fp8", "atomc-fp8-no-pdl"), ("atomc-one-shot-ar", "atomc"))  # fmt: skip
     return {f"{a} / {b}": rate[a] / rate[b] for a, b in pairs if a in rate and b in rate}
 
 

@@ -91,6 +91,13 @@ EnableExpertParallel = Annotated[
     bool,
     typer.Option("--enable-expert-parallel", help="MoE layers: whole experts per rank instead of a slice of each"),
 ]
+OneShotAllReduce = Annotated[
+    bool,
+    typer.Option(
+        "--one-shot-all-reduce",
+        help="CUDA, -tp > 1: all-reduce + add + RMSNorm in one kernel over symmetric memory (experimental)",
+    ),
+]
 NNodes = Annotated[int, typer.Option("--nnodes", help="machines the ranks span (torchrun starts them on each)")]
 NodeRank = Annotated[int, typer.Option("--node-rank", help="this machine's index among --nnodes")]
 MasterAddr = Annotated[str, typer.Option("--master-addr", help="node 0's address, where the ranks meet")]
@@ -107,7 +114,7 @@ _CONFIG_FLAGS = frozenset(
         "block_size", "enable_prefix_caching", "gpu_memory_utilization", "num_kv_blocks", "kv_cache_dtype",
         "enforce_eager", "cache_dir", "cache_signing_key_file", "require_artifacts", "cudagraph_capture_sizes",
         "cudagraph_mixed_max_tokens", "enable_pdl", "disable_pass",
-        "tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel",
+        "tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel", "one_shot_all_reduce",
         "nnodes", "node_rank", "master_addr", "master_port",
     }
 )  # fmt: skip

@@ -84,6 +84,10 @@ class ModelRunner:
             from atomc.kernels.triton import pdl
 
             pdl.configure(config.compile.enable_pdl)
+            if config.parallel.tensor_parallel_size > 1:
+                from atomc.kernels.triton import all_reduce_norm
+
+                all_reduce_norm.configure(config.parallel.one_shot_all_reduce)
         if not config.compile.enforce_eager:
             compat.import_compiler(gpu=device_init.started)
         self.timings = {"imports_s": time.perf_counter() - t0}

@@ -5,7 +5,8 @@
   all-reduce (NCCL on CUDA, RCCL on ROCm), then the Triton add + RMSNorm kernel (rmsnorm.py). These
   are the two kernels the unfused graph runs: this path saves nothing, it keeps the fused op as fast
   as the pair it replaced.
-- **One shot over symmetric memory** (CUDA only, opt-in: `ATOMC_SYMM_MEM_ALL_REDUCE=1`). Every rank
+- **One shot over symmetric memory** (CUDA only, opt-in: `parallel.one_shot_all_reduce`,
+  `--one-shot-all-reduce`, set once per process by the model runner through `configure`). Every rank
   maps every other rank's buffer of a workspace (`torch.distributed._symmetric_memory`). A rank
   copies its partial sum into its own buffer; a barrier; then one program per row reads the row
   from every rank's buffer, sums in fp32 in rank order (every rank gets the same bits, which tensor
@@ -16,7 +17,7 @@
   Calls it cannot take fall back to the first path: another device, more than MAX_WORLD ranks, a
   partial sum larger than the workspace, or the first call during CUDA-graph capture (the
   workspace's allocation is a collective and cannot be captured). Every rank makes the same choice,
-  since it depends only on what every rank has alike (shapes, the call sequence, the variable).
+  since it depends only on what every rank has alike (shapes, the call sequence, the config).
 
 **The one-shot path has never run on GPUs**: it was written without a multi-GPU machine. Tested:
 its kernel under TRITON_INTERPRET=1 on CPU tensors standing in for the ranks' buffers, against the
@@ -32,12 +33,18 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from atomc import env
 from atomc.kernels.binding import bind_as_atomc
 from atomc.kernels.triton import rmsnorm  # a module: the registry's test finds each op's body by its name
 from atomc.ops import collective
 
 MAX_WORLD = 8  # the kernel takes one pointer per rank
+_one_shot_enabled = False
+
+
+def configure(one_shot: bool) -> None:
+    """The engine's `parallel.one_shot_all_reduce` (set once per process by the model runner)."""
+    global _one_shot_enabled
+    _one_shot_enabled = bool(one_shot)
 # a rank's partial sum, at most: a decode batch of 256 tokens at hidden 8192 in bf16. One shot reads
 # every peer's whole buffer, so past some size NCCL's ring wins; where is unmeasured
 ONE_SHOT_MAX_BYTES = 4 << 20
@@ -133,7 +140,7 @@ _WORKSPACES: dict[tuple[str, torch.device], _Workspace] = {}
 
 def _workspace(x: torch.Tensor, group_name: str) -> _Workspace | None:
     """The workspace for this call, or None when the one-shot path cannot take it."""
-    if not (env.symm_mem_all_reduce() and x.is_cuda and torch.version.hip is None):
+    if not (_one_shot_enabled and x.is_cuda and torch.version.hip is None):
         return None
     if x.numel() * x.element_size() > ONE_SHOT_MAX_BYTES:
         return None
