@@ -66,8 +66,8 @@ def test_two_stages_generate_the_tokens_of_one(checkpoints):
 
 
 def test_two_compiled_stages_generate_the_tokens_of_one(checkpoints, tmp_path):
-    """Each stage loads or compiles its own artifact (stage 1's traced from hidden states, not ids),
-    one cache entry per stage, keyed by it; a second start that may not compile loads both."""
+    """Each stage compiles its own artifact at start-up (stage 1's traced from hidden states, not
+    ids), one cache entry per stage, keyed by it. (A start that loads them: the compile test below.)"""
     from atomc.graphs.cache_store import CacheStore
 
     path = checkpoints["llama"]
@@ -83,10 +83,32 @@ def test_two_compiled_stages_generate_the_tokens_of_one(checkpoints, tmp_path):
     stages = sorted((e.manifest()["factors"]["pp_stage"], e.manifest()["input_kind"]) for e in entries)
     assert stages == [(0, "ids"), (1, "hidden")]
     assert {e.manifest()["factors"]["pp_size"] for e in entries} == {2}
-    with LLM(model=str(path), **compiled, require_artifacts=True) as llm:  # a stage that missed would fail
+
+
+def test_compile_builds_each_stages_artifact_that_serve_then_loads(checkpoints, tmp_path):
+    """`atomc compile -pp 2`: two processes build stage 0's and stage 1's entries (keyed by stage);
+    a second start, an engine that may not compile (require_artifacts: a stage that missed would
+    fail), loads them and decodes the tokens of one process."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from atomc.cli.main import app
+
+    args = ["compile", "--model", str(checkpoints["llama"]), "--device", "cpu", "--dtype", "float32",
+            "--cache-dir", str(tmp_path), "--pipeline-parallel-size", "2", "--max-num-seqs", "8", "--json"]  # fmt: skip
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    stages = json.loads(out.output[out.output.index("{") :])["ranks"]
+    got = [(r["factors"]["pp_stage"], r["input_kind"], r["hit"]) for r in stages]
+    assert got == [(0, "ids", False), (1, "hidden", False)]
+    assert stages[0]["entry"] != stages[1]["entry"]
+    compiled = {**SMALL, "enforce_eager": False, "cache_dir": str(tmp_path), "require_artifacts": True}
+    with LLM(model=str(checkpoints["llama"]), **compiled, pipeline_parallel_size=2) as llm:
         assert llm.engine.runner.compile_info["hit"] is True
-        assert [out.outputs[0].token_ids for out in llm.generate(PROMPTS, GREEDY)] == want
-    assert sorted(e.key for e in store.entries(ready_only=True)) == sorted(e.key for e in entries)
+        assert llm.engine.runner.compile_info["entry"] == stages[0]["entry"]
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert got == _tokens(checkpoints["llama"])
 
 
 def test_preemption_with_steps_in_flight_gives_the_tokens_of_one(checkpoints):
