@@ -132,8 +132,9 @@ def _summary(e: Entry) -> dict:
     f = m.get("factors", {})
     cfg = f.get("model_config", {})
     arch = (cfg.get("architectures") or [cfg.get("model_type", "?")])[0]
+    stage = f" stage {f['pp_stage']}/{f['pp_size']}" if f.get("pp_size", 1) > 1 else ""  # one entry a stage
     row.update(
-        model=f"{arch} L{cfg.get('num_hidden_layers', '?')} H{cfg.get('hidden_size', '?')}",
+        model=f"{arch} L{cfg.get('num_hidden_layers', '?')} H{cfg.get('hidden_size', '?')}{stage}",
         format=m.get("format"),
         device=f.get("system", {}).get("platform"),
         dtype=f.get("dtype"),
