@@ -94,9 +94,33 @@ def register_inductor_fallbacks(gm: torch.fx.GraphModule) -> list[str]:
 
 def aot_compile(fn: Callable, args: tuple, backend: Callable) -> Any:
     """One Dynamo trace of `fn(*args)`; returns torch's AOTCompiledFunction (serializable)."""
-    with aot_compile_enabled(), static_but_marked():
+    with aot_compile_enabled(), static_but_marked(), dtypes_pickled_in_guards():
         compiled = torch.compile(fn, fullgraph=True, backend=backend)
         return compiled.aot_compile((args, {}))
+
+
+@contextlib.contextmanager
+def dtypes_pickled_in_guards() -> Iterator[None]:
+    """torch 2.13's guard-state pickler marks, by id, the plain attributes of the modules it skips as
+    "missing" (a parallel linear's `params_dtype`, say) and then writes every later occurrence of
+    that object as a placeholder: once a float input is in the guard state (a pipeline stage's
+    hidden states, of the weights' dtype), its dtype comes back as the placeholder and the artifact
+    cannot be loaded. A dtype names itself, so it is always pickled as the dtype."""
+    try:
+        from torch._dynamo.guards import GuardsStatePickler
+    except ImportError:  # torch 2.11: no such pickler
+        yield
+        return
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self, obj):
+        return NotImplemented if isinstance(obj, torch.dtype) else original(self, obj)
+
+    GuardsStatePickler.reducer_override = reducer_override
+    try:
+        yield
+    finally:
+        GuardsStatePickler.reducer_override = original
 
 
 def _backend_guards_only(entries) -> list[bool]:
@@ -115,7 +139,8 @@ def compile_unguarded(fn: Callable, backend: Callable, *args) -> Callable:
 
 
 def save_compiled_function(compiled: Any, path: str) -> None:
-    compiled.save_compiled_function(path)
+    with dtypes_pickled_in_guards():
+        compiled.save_compiled_function(path)
 
 
 def load_compiled_function(data: bytes) -> Callable:

@@ -73,7 +73,7 @@ class CompileConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1  # ranks: the engine's process is rank 0, each other a worker process
-    # pipeline stages, one process each (this one is stage 0); eager only, no TP beside (parallelism.md)
+    # pipeline stages, one process each (this one is stage 0), each its own artifact; no TP beside (parallelism.md)
     pipeline_parallel_size: int = 1
     # MoE layers give each rank whole experts instead of a slice of every expert (attention stays TP)
     enable_expert_parallel: bool = False

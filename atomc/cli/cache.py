@@ -46,16 +46,21 @@ def compile_command(config: EngineConfig, as_json: bool) -> int:
     from atomc.graphs.build import compile_model
     from atomc.graphs.report import to_json
 
-    if config.parallel.tensor_parallel_size > 1:
+    par = config.parallel
+    if par.tensor_parallel_size > 1 or par.pipeline_parallel_size > 1:
+        from atomc.engine.pipeline_config import check_pipeline_config
         from atomc.runtime.compile_ranks import compile_ranks
 
+        if par.pipeline_parallel_size > 1:
+            check_pipeline_config(config)  # what `serve -pp` refuses, refused before building
         manifests = [_compile_manifest(r.manifest, r.hit, r.timings, r.entry_dir, rank=r.rank)
                      for r in compile_ranks(config)]  # fmt: skip
         if as_json:
             typer.echo(to_json({"ranks": manifests}))
         else:
+            what = "stage" if par.pipeline_parallel_size > 1 else "rank"
             for m in manifests:
-                _echo_compiled(m, f"rank {m['rank']}: ")
+                _echo_compiled(m, f"{what} {m['rank']}: ")
         return 0
     res = compile_model(config, progress=sys.stderr.isatty() and not as_json)
     manifest = _compile_manifest(res.manifest, res.hit, res.timings, res.entry_dir)
@@ -127,8 +132,9 @@ def _summary(e: Entry) -> dict:
     f = m.get("factors", {})
     cfg = f.get("model_config", {})
     arch = (cfg.get("architectures") or [cfg.get("model_type", "?")])[0]
+    stage = f" stage {f['pp_stage']}/{f['pp_size']}" if f.get("pp_size", 1) > 1 else ""  # one entry a stage
     row.update(
-        model=f"{arch} L{cfg.get('num_hidden_layers', '?')} H{cfg.get('hidden_size', '?')}",
+        model=f"{arch} L{cfg.get('num_hidden_layers', '?')} H{cfg.get('hidden_size', '?')}{stage}",
         format=m.get("format"),
         device=f.get("system", {}).get("platform"),
         dtype=f.get("dtype"),

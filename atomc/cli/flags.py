@@ -84,7 +84,9 @@ TensorParallelSize = Annotated[
 PipelineParallelSize = Annotated[
     int,
     typer.Option(
-        "--pipeline-parallel-size", "-pp", help="pipeline stages, one process each, one machine (needs --enforce-eager)"
+        "--pipeline-parallel-size",
+        "-pp",
+        help="pipeline stages, one process each, one machine (each loads or compiles its own artifact)",
     ),
 ]
 EnableExpertParallel = Annotated[

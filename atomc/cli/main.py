@@ -288,11 +288,13 @@ def compile_(
     cache_signing_key_file: SigningKeyFile = None,
     disable_pass: DisablePass = None,
     tensor_parallel_size: TensorParallelSize = ParallelConfig.tensor_parallel_size,
+    pipeline_parallel_size: PipelineParallelSize = ParallelConfig.pipeline_parallel_size,
     enable_expert_parallel: EnableExpertParallel = ParallelConfig.enable_expert_parallel,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Trace the model once, run atomc's passes, and write build artifacts into the cache (with
-    --tensor-parallel-size N: each rank's, in N processes, as `serve -tp N` will look them up)."""
+    --tensor-parallel-size N: each rank's, in N processes, as `serve -tp N` will look them up; with
+    --pipeline-parallel-size P each stage's, in P processes, for `serve -pp P`)."""
     from atomc.cli.cache import compile_command
 
     cfg = config_from(locals())

@@ -1,7 +1,8 @@
 """What `--pipeline-parallel-size` > 1 runs with, said before any process starts.
 
-The stages (atomc/runtime/stage_runner.py) run the eager model on one machine, one stage a process,
-without tensor parallelism beside them; everything else is refused here with the flag to change.
+The stages (atomc/runtime/stage_runner.py) run on one machine, one stage a process, each its own
+compiled artifact (or the eager model with --enforce-eager), without tensor parallelism beside them;
+everything else is refused here with the flag to change.
 """
 
 from __future__ import annotations
@@ -21,8 +22,3 @@ def check_pipeline_config(config: EngineConfig) -> None:
         raise ValueError(f"--pipeline-parallel-size {pp} with --enable-expert-parallel is not supported yet")
     if par.nnodes > 1:
         raise ValueError(f"--pipeline-parallel-size {pp} runs on one machine: --nnodes {par.nnodes} is not supported")
-    if not config.compile.enforce_eager:
-        raise ValueError(
-            f"--pipeline-parallel-size {pp}: pipeline stages run the eager model (the compiled artifact is "
-            "traced from token ids, not from a stage's hidden states); add --enforce-eager"
-        )

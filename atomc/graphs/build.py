@@ -21,7 +21,7 @@ from atomc.graphs.cache_key import cache_key, collect_factors, format_diff, near
 from atomc.graphs.cache_store import CacheStore, Entry, make_private_dir
 from atomc.graphs.partition import splitting_ops
 from atomc.graphs.signing import SigningKey
-from atomc.graphs.trace import AtomcBackend, aot_trace, bind, example_inputs
+from atomc.graphs.trace import IDS, AtomcBackend, aot_trace, bind, example_inputs, input_kind
 from atomc.kernels.registry import ensure_registered
 from atomc.passes.manager import PassManager
 from atomc.platforms import platform_of
@@ -191,6 +191,11 @@ def _try_load(entry: Entry, model, pm, t0: float, key: SigningKey, raise_errors:
             store.remove(entry.key)
         return None
     manifest = check.manifest
+    kind = manifest.get("input_kind", IDS)  # entries from before pipeline stages compiled take ids
+    if kind != input_kind(model):  # the key's pp_stage should make this impossible: never call it wrong
+        raise artifact.ArtifactError(
+            f"compile cache entry {entry.key} takes {kind} but this model starts from {input_kind(model)}"
+        )
     t1 = time.perf_counter()
     _register_backend_ops(manifest)
     kernels = staged / artifact.KERNELS_DIR
@@ -206,7 +211,7 @@ def _try_load(entry: Entry, model, pm, t0: float, key: SigningKey, raise_errors:
         return None
     load_s = time.perf_counter() - t1
     timings = {"load_s": load_s, "total_s": time.perf_counter() - t0}
-    return CompileResult(entry.key, entry.path, manifest, hit=True, forward=bind(fn, model), timings=timings)
+    return CompileResult(entry.key, entry.path, manifest, hit=True, forward=bind(fn, model, kind), timings=timings)
 
 
 def _refusal(entry: Entry, check) -> tuple[str, str]:
@@ -249,8 +254,9 @@ def _load_format(manifest: dict, entry_dir: Path, model, pm) -> Callable:
         return artifact.load_aot(entry_dir, manifest["factors"]["system"]["platform"])
     # pieces: re-trace with Dynamo (same passes), then swap the stored pieces in; Inductor never runs
     backend = AtomcBackend(pm, compile_fn=artifact.load_pieces_backend(entry_dir, manifest["pieces"]))
-    ids, pos = example_inputs(next(model.parameters()).device)
-    return compat.compile_unguarded(type(model).forward, backend, model, ids, pos)
+    return compat.compile_unguarded(
+        type(model).forward, backend, model, *example_inputs(model, next(model.parameters()).device)
+    )
 
 
 def _build(model, device: str, pm: PassManager, plan: Plan, key: SigningKey, *, progress: bool | None) -> dict:
@@ -272,7 +278,7 @@ def _build(model, device: str, pm: PassManager, plan: Plan, key: SigningKey, *, 
             t1 = time.perf_counter()
             files += artifact.save_aot(compiled, entry.path)
         else:
-            compat.compile_unguarded(type(model).forward, backend, model, *example_inputs(device))
+            compat.compile_unguarded(type(model).forward, backend, model, *example_inputs(model, device))
             t1 = time.perf_counter()
     files += artifact.keep_kernels(entry.path)
     rec = backend.record
@@ -286,6 +292,7 @@ def _build(model, device: str, pm: PassManager, plan: Plan, key: SigningKey, *, 
     manifest = {
         "key": plan.key,
         "format": fmt,
+        "input_kind": input_kind(model),  # the calling convention: token ids, or a stage's hidden states
         "factors": plan.factors,
         "passes": [
             {

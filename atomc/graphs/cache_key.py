@@ -139,9 +139,21 @@ def collect_factors(
         "quantization": config.model.quantization,
         "passes": [[name, uuid] for name, uuid in pass_uuids],
         "splitting_ops": sorted(splitting_ops),
-        "tp_size": config.parallel.tensor_parallel_size,
-        "tp_rank": config.parallel.rank,
+        **parallel_factors(config.parallel),
         "env": env_factors(),
+    }
+
+
+def parallel_factors(par) -> dict:
+    """A rank's place: its tensor-parallel shard shapes its graph; its pipeline stage picks the
+    layers it holds and whether it starts from ids or hidden states. Under pipeline parallelism
+    (no tensor parallelism beside it) the process's rank is its stage."""
+    stages = par.pipeline_parallel_size
+    return {
+        "tp_size": par.tensor_parallel_size,
+        "tp_rank": par.rank if stages == 1 else 0,
+        "pp_size": stages,
+        "pp_stage": par.rank if stages > 1 else 0,
     }
 
 

@@ -3,6 +3,12 @@
 The traced function is the unbound `forward(model, input_ids, positions)`: the module is an
 argument, so weights are graph inputs and the artifact never holds them. The token dim is unbacked,
 so one graph serves every batch size from 1 up (no 0/1 specialisation, no recompiles).
+
+A pipeline stage after the first (`model.parallel.stage` > 0) starts from the previous stage's
+hidden states, not from token ids: its trace is `forward(model, None, positions, hidden)`, hidden
+[T, hidden_size] in the model's dtype with T unbacked. Which of the two an artifact takes is its
+calling convention (`input_kind`: IDS or HIDDEN), recorded in its manifest; `bind` hides it, so
+either compiled forward is called as the eager model is.
 """
 
 from __future__ import annotations
@@ -19,12 +25,27 @@ from atomc.graphs.report import graph_flops
 
 EXAMPLE_TOKENS = 8  # any value works: the dim is unbacked, this only feeds the example run
 
+IDS = "ids"  # forward(model, input_ids, positions): a whole model, or a pipeline's first stage
+HIDDEN = "hidden"  # forward(model, None, positions, hidden): a pipeline stage after the first
 
-def example_inputs(device: str | torch.device, tokens: int = EXAMPLE_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
-    input_ids = torch.zeros(tokens, dtype=torch.long, device=device)
+
+def input_kind(model: torch.nn.Module) -> str:
+    """What `model`'s forward starts from: token ids, or the previous pipeline stage's hidden states."""
+    parallel = getattr(model, "parallel", None)
+    return HIDDEN if parallel is not None and not parallel.first_stage else IDS
+
+
+def example_inputs(model: torch.nn.Module, device: str | torch.device, tokens: int = EXAMPLE_TOKENS) -> tuple:
+    """The trace's arguments after the module: (input_ids, positions), or (None, positions, hidden)."""
     positions = torch.arange(tokens, dtype=torch.long, device=device)
-    compat.mark_unbacked(input_ids, 0)
     compat.mark_unbacked(positions, 0)
+    if input_kind(model) == HIDDEN:
+        dtype = next(model.parameters()).dtype
+        hidden = torch.zeros(tokens, model.config.hidden_size, dtype=dtype, device=device)
+        compat.mark_unbacked(hidden, 0)
+        return None, positions, hidden
+    input_ids = torch.zeros(tokens, dtype=torch.long, device=device)
+    compat.mark_unbacked(input_ids, 0)
     return input_ids, positions
 
 
@@ -86,18 +107,29 @@ def inductor_compile(gm: torch.fx.GraphModule, example_inputs: list, splitting_o
 
 
 def aot_trace(model: torch.nn.Module, device: str, backend: AtomcBackend):
-    """Trace + compile; returns torch's serializable AOTCompiledFunction of (model, ids, positions)."""
-    input_ids, positions = example_inputs(device)
+    """Trace + compile; returns torch's serializable AOTCompiledFunction of (model, *example_inputs)."""
+    args = example_inputs(model, device)
     backend.record.started = time.perf_counter()
     with torch.no_grad():
-        return compat.aot_compile(type(model).forward, (model, input_ids, positions), backend)
+        return compat.aot_compile(type(model).forward, (model, *args), backend)
 
 
-def bind(compiled: Callable, model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The compiled forward with this process's module (and its freshly loaded weights) bound in."""
+def bind(compiled: Callable, model: torch.nn.Module, kind: str = IDS) -> Callable[..., torch.Tensor]:
+    """The compiled forward with this process's module (and its freshly loaded weights) bound in,
+    called as the eager model is: `forward(input_ids, positions)`, or for a stage after the first
+    (`kind` HIDDEN) `forward(input_ids, positions, hidden)`, whose ids it never reads."""
+    if kind == HIDDEN:
 
-    def forward(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return compiled(model, input_ids, positions)
+        def forward(input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor | None = None):
+            if hidden is None:
+                raise ValueError("this compiled pipeline stage starts from the previous stage's hidden states")
+            return compiled(model, None, positions, hidden)
+
+    else:
+
+        def forward(input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor | None = None):
+            return compiled(model, input_ids, positions)
 
     forward.compiled = compiled  # type: ignore[attr-defined]
+    forward.input_kind = kind  # type: ignore[attr-defined]
     return forward

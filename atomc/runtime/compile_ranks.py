@@ -1,11 +1,14 @@
-"""`atomc compile --tensor-parallel-size N`: every rank's artifact, built ahead of `atomc serve -tp N`.
+"""`atomc compile --tensor-parallel-size N` (or `--pipeline-parallel-size P`): every rank's artifact,
+built ahead of `atomc serve -tp N` (`-pp P`).
 
 Each rank's graph holds its own shard's shapes and its collectives, and its cache key names its
-rank and the world size (graphs/cache_key.py), so each rank builds its own entry. They are built
+rank and the world size (graphs/cache_key.py), so each rank builds its own entry; likewise each
+pipeline stage, whose graph holds its own layers (and starts from hidden states after the first). They are built
 the way the engine builds them: N processes started with `spawn`, joined as one world
 (atomc/runtime/distributed.py: NCCL on CUDA, gloo on CPU), each loading its shard and compiling,
-so a trace that runs the model's collectives finds every rank in the same collective. Rank r's
-device is the engine's (`cuda:r`), so the entries are the ones `serve -tp N` looks up.
+so a trace that runs the model's collectives finds every rank in the same collective (a stage's
+graph has none, but it is built as the engine's stage processes build it). Rank r's device is the
+engine's (`cuda:r`), so the entries are the ones `serve -tp N` (`-pp P`) looks up.
 """
 
 from __future__ import annotations
@@ -37,12 +40,15 @@ class RankResult:
 
 
 def compile_ranks(config: EngineConfig) -> list[RankResult]:
-    """Compile (or find) the entry of each rank 0..N-1 of `config.parallel.tensor_parallel_size`."""
+    """Compile (or find) the entry of each rank 0..N-1 of the world (tensor-parallel ranks, or
+    pipeline stages: rank s is stage s)."""
     from atomc.graphs.build import resolve_target
 
-    size = config.parallel.tensor_parallel_size
+    par = config.parallel
+    size = distributed.world_size(par)
     _, device, _ = resolve_target(config)
-    distributed.check_world(device, size)
+    flag = "--pipeline-parallel-size" if par.pipeline_parallel_size > 1 else "--tensor-parallel-size"
+    distributed.check_world(device, size, flag)
     ctx = mp.get_context("spawn")
     init = distributed.local_init_method()
     procs, pipes = [], []
@@ -104,11 +110,12 @@ def _compile_rank(config: EngineConfig, init: str) -> RankResult:
     from models.loader import load_model
 
     par = config.parallel
+    size = distributed.world_size(par)
     model_dir, device, dtype = resolve_target(config)
     device = distributed.rank_device(device, par.rank)
     if device == "cpu":  # the ranks share the cores
-        torch.set_num_threads(max(1, torch.get_num_threads() // par.tensor_parallel_size))
-    distributed.join(par.rank, par.tensor_parallel_size, device, init, par.distributed_timeout_s)
+        torch.set_num_threads(max(1, torch.get_num_threads() // size))
+    distributed.join(par.rank, size, device, init, par.distributed_timeout_s)
     model = load_model(model_dir, dtype, device, parallel=distributed.parallel_info(par),
                        quantization=config.model.quantization)  # fmt: skip
     res = compile_or_load(model, model_dir, config, device, dtype, progress=False)

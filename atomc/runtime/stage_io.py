@@ -51,7 +51,12 @@ class Sends:
 
 def recv_hidden(num_tokens: int, hidden_size: int, dtype: torch.dtype, device: str, src: int) -> torch.Tensor:
     """The previous stage's hidden states of a step of `num_tokens` rows (waits for them)."""
-    buf = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
+    return recv_into(torch.empty(num_tokens, hidden_size, dtype=dtype, device=device), src)
+
+
+def recv_into(buf: torch.Tensor, src: int) -> torch.Tensor:
+    """The previous stage's hidden states of a step, received into `buf` (a CUDA graph's static
+    input: [T, hidden], contiguous); on CUDA the device waits for them, not the host."""
     dist.recv(buf, src)
     return buf
 

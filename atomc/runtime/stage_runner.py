@@ -13,8 +13,10 @@ driver sent them (atomc/runtime/stage_io.py says what travels between them):
 - a later stage receives the previous stage's hidden states, runs its layers, and sends them on;
   the last one applies the final norm and sends the logits of the rows the driver needs.
 
-The stages run the eager model (the compiled artifact is traced from token ids, not a stage's
-hidden states), so no CUDA graphs either.
+Each stage runs its own compiled artifact (atomc/graphs/trace.py: a stage after the first is traced
+from hidden states), or the eager model with --enforce-eager. On CUDA it replays its own CUDA graphs
+(atomc/runtime/stage_graphs.py), the received hidden states landing in the graphs' static input;
+steps no captured size holds run the forward directly.
 """
 
 from __future__ import annotations
@@ -25,9 +27,18 @@ import torch
 
 from atomc.forward_context import group_context, set_forward_context
 from atomc.runtime.batch import StepInput
-from atomc.runtime.model_runner import ModelRunner, PendingStep, device_batch, prompt_logprob_entries
+from atomc.runtime.capture_sizes import resolve_capture_sizes
+from atomc.runtime.cudagraph import default_mixed_sizes
+from atomc.runtime.model_runner import (
+    ModelRunner,
+    PendingStep,
+    captures_cuda_graphs,
+    device_batch,
+    prompt_logprob_entries,
+)
 from atomc.runtime.sampler import PendingSample, SamplerOutput
-from atomc.runtime.stage_io import PendingLogits, Sends, logits_rows, recv_hidden
+from atomc.runtime.stage_graphs import StageGraphs
+from atomc.runtime.stage_io import PendingLogits, Sends, logits_rows, recv_hidden, recv_into
 from atomc.runtime.transfer import to_device
 from models.layers.parallel import ParallelInfo
 
@@ -40,25 +51,26 @@ class StageRunner(ModelRunner):
         self.sends = Sends()
         self.hidden_size = self.model.config.hidden_size
         self.vocab_size = self.arch.vocab_size
+        self.stage_graphs: StageGraphs | None = None  # capture_graphs (CUDA, not --enforce-eager)
 
     @torch.inference_mode()
     def launch(self, step: StepInput) -> PendingStep | None:
         info = self.parallel
-        input_ids, positions, metas = device_batch(step, self.device)
-        hidden = None
+        feed = None
         if info.first_stage:
             if step.finished_seq_ids and self._generators:
                 for seq_id in step.finished_seq_ids:
                     self._generators.pop(seq_id, None)
             feed = self._pending_feed(step)
-            if feed is not None:
-                feed(input_ids)
+        replay = self.stage_graphs.replayer(step) if self.stage_graphs is not None else None
+        if replay is None:
+            hidden = self._forward_step(step, feed)
         else:
-            hidden = recv_hidden(step.num_tokens, self.hidden_size, self.dtype, self.device, info.stage - 1)
-        if len(metas) != len(self.kv_groups):
-            raise RuntimeError(f"step {step.step_id}: {len(metas)} KV groups, the model {len(self.kv_groups)}")
-        with set_forward_context(group_context(metas, self.kv_caches, self.layer_group, self.kv_scales)):
-            hidden = self.forward(input_ids, positions, hidden)
+            if not info.first_stage:  # into the graphs' static input, in step order as every receive
+                recv_into(self.stage_graphs.hidden_rows(step.num_tokens), info.stage - 1)
+            hidden = replay(feed)
+            if not info.last_stage and self.stage_graphs.captured:
+                hidden = hidden.clone()  # the next replay overwrites the graph's output under the send
         rows = logits_rows(step)
         if not info.last_stage:
             self.sends.send(hidden, info.stage + 1)
@@ -67,6 +79,21 @@ class StageRunner(ModelRunner):
         if not info.first_stage:
             return None
         return self._driver_result(step, len(rows), info)
+
+    def _forward_step(self, step: StepInput, feed: Callable | None) -> torch.Tensor:
+        """The step's forward without graphs: from the step's ids on the first stage, from the
+        previous stage's hidden states (received here) on the others."""
+        info = self.parallel
+        input_ids, positions, metas = device_batch(step, self.device)
+        hidden = None
+        if feed is not None:
+            feed(input_ids)
+        if not info.first_stage:
+            hidden = recv_hidden(step.num_tokens, self.hidden_size, self.dtype, self.device, info.stage - 1)
+        if len(metas) != len(self.kv_groups):
+            raise RuntimeError(f"step {step.step_id}: {len(metas)} KV groups, the model {len(self.kv_groups)}")
+        with set_forward_context(group_context(metas, self.kv_caches, self.layer_group, self.kv_scales)):
+            return self.forward(input_ids, positions, hidden)
 
     def _driver_result(self, step: StepInput, num_rows: int, info: ParallelInfo) -> PendingStep | None:
         """Stage 0: the step's result, sampled from the last stage's logits once they arrive."""
@@ -106,7 +133,30 @@ class StageRunner(ModelRunner):
         return self.forward(ids, positions, hidden)
 
     def capture_graphs(self, max_model_len: int) -> None:
-        raise ValueError("pipeline stages run the eager model: no CUDA graphs (use --enforce-eager)")
+        """This stage's CUDA graphs (CUDA only, not with enforce_eager), at the single runner's
+        sizes: mixed batches, then pure-decode batches, in one memory pool. Not yet run on a GPU."""
+        sched, comp = self.config.scheduler, self.config.compile
+        sizes = resolve_capture_sizes(comp.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens)
+        self.stage_graphs = self.build_graphs(
+            [s for s in sizes if s <= sched.max_num_seqs],
+            default_mixed_sizes(comp.cudagraph_mixed_max_tokens, sched.max_num_batched_tokens),
+            max_model_len,
+            capture=captures_cuda_graphs(self.device, self.model),
+        )
+        if self.stage_graphs.use_graphs:
+            self.timings["cudagraph_capture_s"] = self.stage_graphs.capture()
+
+    def build_graphs(
+        self, decode_sizes: list[int], mixed_sizes: list[int], max_model_len: int, capture: bool
+    ) -> StageGraphs:
+        """The stage's graphs over its forward and KV cache, not captured yet (`capture=False`: a
+        replay runs the forward over the same static buffers, as on a CPU)."""
+        hidden = None if self.parallel.first_stage else (self.hidden_size, self.dtype)
+        return StageGraphs(
+            self.forward, self.kv_caches, decode_sizes, mixed_sizes, self.config.scheduler.max_num_seqs,
+            (max_model_len + self.block_size - 1) // self.block_size, max_model_len, self.device, hidden,
+            capture=capture, layer_group=self.layer_group, kv_scales=self.kv_scales,
+        )  # fmt: skip
 
 
 class DeferredSample:

@@ -1,7 +1,8 @@
 """The engine over two pipeline stages (this process stage 0 and the driver, one spawned stage
-worker, gloo on CPU, fp32) gives the greedy tokens of one process, with async scheduling keeping
-two micro-batches of different sequences in flight; each stage holds the KV cache of its own layers;
-a stage that dies ends the engine with a clear error in seconds."""
+worker, gloo on CPU, fp32) gives the greedy tokens of one process, eager and compiled (each stage
+its own artifact), with async scheduling keeping two micro-batches of different sequences in
+flight; each stage holds the KV cache of its own layers; a stage that dies ends the engine with a
+clear error in seconds."""
 
 from __future__ import annotations
 
@@ -62,6 +63,52 @@ def test_two_stages_generate_the_tokens_of_one(checkpoints):
     assert len(overlapped) > len(seen) // 2  # steps launched while another was in flight
     for ids, flying in overlapped:  # a sequence is never in two steps in flight
         assert not set(ids) & {s for step in flying for s in step}
+
+
+def test_two_compiled_stages_generate_the_tokens_of_one(checkpoints, tmp_path):
+    """Each stage compiles its own artifact at start-up (stage 1's traced from hidden states, not
+    ids), one cache entry per stage, keyed by it. (A start that loads them: the compile test below.)"""
+    from atomc.graphs.cache_store import CacheStore
+
+    path = checkpoints["llama"]
+    want = _tokens(path)
+    compiled = {**SMALL, "enforce_eager": False, "cache_dir": str(tmp_path), "pipeline_parallel_size": 2}
+    with LLM(model=str(path), **compiled) as llm:
+        assert llm.config.scheduler.async_scheduling
+        assert llm.engine.runner.compile_info["hit"] is False
+        store = CacheStore(llm.config.cache_path)
+        got = [out.outputs[0].token_ids for out in llm.generate(PROMPTS, GREEDY)]
+    assert got == want
+    entries = store.entries(ready_only=True)
+    stages = sorted((e.manifest()["factors"]["pp_stage"], e.manifest()["input_kind"]) for e in entries)
+    assert stages == [(0, "ids"), (1, "hidden")]
+    assert {e.manifest()["factors"]["pp_size"] for e in entries} == {2}
+
+
+def test_compile_builds_each_stages_artifact_that_serve_then_loads(checkpoints, tmp_path):
+    """`atomc compile -pp 2`: two processes build stage 0's and stage 1's entries (keyed by stage);
+    a second start, an engine that may not compile (require_artifacts: a stage that missed would
+    fail), loads them and decodes the tokens of one process."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from atomc.cli.main import app
+
+    args = ["compile", "--model", str(checkpoints["llama"]), "--device", "cpu", "--dtype", "float32",
+            "--cache-dir", str(tmp_path), "--pipeline-parallel-size", "2", "--max-num-seqs", "8", "--json"]  # fmt: skip
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    stages = json.loads(out.output[out.output.index("{") :])["ranks"]
+    got = [(r["factors"]["pp_stage"], r["input_kind"], r["hit"]) for r in stages]
+    assert got == [(0, "ids", False), (1, "hidden", False)]
+    assert stages[0]["entry"] != stages[1]["entry"]
+    compiled = {**SMALL, "enforce_eager": False, "cache_dir": str(tmp_path), "require_artifacts": True}
+    with LLM(model=str(checkpoints["llama"]), **compiled, pipeline_parallel_size=2) as llm:
+        assert llm.engine.runner.compile_info["hit"] is True
+        assert llm.engine.runner.compile_info["entry"] == stages[0]["entry"]
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert got == _tokens(checkpoints["llama"])
 
 
 def test_preemption_with_steps_in_flight_gives_the_tokens_of_one(checkpoints):
@@ -154,7 +201,6 @@ def test_a_killed_stage_ends_the_engine_with_a_clear_error(checkpoints):
     "kw, match",
     [
         (dict(tensor_parallel_size=2), "tensor parallelism inside pipeline stages is not supported yet"),
-        (dict(enforce_eager=False), "pipeline stages run the eager model"),
     ],
 )
 def test_what_pipeline_stages_do_not_run_is_refused_before_starting(checkpoints, kw, match):

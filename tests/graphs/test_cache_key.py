@@ -51,6 +51,11 @@ def test_key_changes_with_each_factor(llama_dir, tmp_path, monkeypatch):
     cfg = make_config("/unused")
     cfg.parallel.tensor_parallel_size, cfg.parallel.rank = 2, 1
     changed["tp"] = key_for(llama_dir, cfg)[0]
+    for stage in (0, 1):  # a pipeline stage's layers (and whether it starts from ids) shape its graph
+        cfg = make_config("/unused")
+        cfg.parallel.pipeline_parallel_size, cfg.parallel.rank = 2, stage
+        changed[f"pp stage {stage}"] = key_for(llama_dir, cfg)[0]
+        assert key_for(llama_dir, cfg)[1]["tp_rank"] == 0  # a stage's rank is no tensor-parallel rank
     # a different config.json
     other = tmp_path / "other"
     shutil.copytree(llama_dir, other)
