@@ -85,8 +85,7 @@ def server_command(model_id: str | None, port: int, extra_args: list[str]) -> li
 def native_server_args(cfg: SweepConfig) -> list[str]:
     """roles.server.atom_args, plus --max-model-len from params.max_model_length,
     --tensor-parallel-size from params.tensor_parallelism and --pipeline-parallel-size from
-    params.pipeline_parallel_size, each unless given there (pipeline stages run the eager model,
-    so a pipelined cell also gets --enforce-eager)."""
+    params.pipeline_parallel_size, each unless given there."""
     args = list(cfg.server_args)
 
     def given(*flags: str) -> bool:
@@ -101,8 +100,6 @@ def native_server_args(cfg: SweepConfig) -> list[str]:
     pp = cfg.params.get("pipeline_parallel_size", 1)
     if pp > 1 and not given("--pipeline-parallel-size", "-pp"):
         args += ["--pipeline-parallel-size", str(pp)]
-    if pp > 1 and not given("--enforce-eager"):
-        args += ["--enforce-eager"]
     return args
 
 

@@ -411,7 +411,7 @@ def test_launch_refusals(tmp_path):
     pp_page["roles"]["server"]["atom_args"] = []
     pp_one_node = load_sweep_config(write(tmp_path, pp_page))
     sw.check_can_launch(pp_one_node)  # one machine: atomc serve runs the stages itself
-    assert sw.native_server_args(pp_one_node)[-3:] == ["--pipeline-parallel-size", "2", "--enforce-eager"]
+    assert sw.native_server_args(pp_one_node)[-2:] == ["--pipeline-parallel-size", "2"]
     with pytest.raises(SweepConfigError, match="no tensor parallelism inside pipeline stages"):
         sw.check_can_launch(load_sweep_config(write(tmp_path, single_node(pipeline_parallel_size="2"))))
     pp_native = single_node(nnodes="2", master_addr="h", pipeline_parallel_size="2")
