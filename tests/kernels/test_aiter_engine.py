@@ -27,7 +27,7 @@ def rocm_pipeline(monkeypatch):
     fake_aiter.install(monkeypatch)
     monkeypatch.setattr(registry, "backend_available", lambda backend: backend != "triton")
     for_platform = PassManager.for_platform.__func__
-    rocm = classmethod(lambda cls, platform, disabled=(): for_platform(cls, "rocm", disabled))
+    rocm = classmethod(lambda cls, platform, disabled=(), **kw: for_platform(cls, "rocm", disabled, **kw))
     monkeypatch.setattr(PassManager, "for_platform", rocm)  # the pipeline the build asks for, on "cpu"
     fake_aiter.CALLS.clear()
 

@@ -48,7 +48,7 @@ def rocm_fp8(request, monkeypatch):
     monkeypatch.setattr(registry, "backend_available", lambda backend: backend != "triton")
     monkeypatch.setattr(platforms, "fp8_dtype", lambda device: request.param)  # the GPU's e4m3 at load
     for_platform = PassManager.for_platform.__func__
-    rocm = classmethod(lambda cls, platform, disabled=(): for_platform(cls, "rocm", disabled))
+    rocm = classmethod(lambda cls, platform, disabled=(), **kw: for_platform(cls, "rocm", disabled, **kw))
     monkeypatch.setattr(PassManager, "for_platform", rocm)
     fake_aiter.CALLS.clear()
     return request.param
