@@ -3,8 +3,9 @@
 Weights are not written: engines load them with `load_format="dummy"` (atomc) or random init
 (transformers), so a benchmark needs only config.json and a tokenizer of the right vocabulary size.
 
-The dense 8B shapes, and three mixtures of experts whose config.json is the published one
-(Hugging Face model repos, fields as they ship): mistralai/Mixtral-8x7B-Instruct-v0.1,
+The dense 8B shapes (and Llama-3.1-70B's, for the tensor-parallel runs), and three mixtures of
+experts whose config.json is the published one (Hugging Face model repos, fields as they ship):
+mistralai/Mixtral-8x7B-Instruct-v0.1,
 Qwen/Qwen3-30B-A3B and openai/gpt-oss-20b. GPT-OSS ships its experts in MXFP4; its
 `quantization_config` is left out here, so every engine builds bf16 experts (MXFP4 belongs to the
 quantisation work). DeepSeek-V2-Lite as published (MLA without q LoRA, softmax routing, 64 experts),
@@ -303,6 +304,11 @@ def deepseek_v3_layers(moe_layers: int = V3_LAYERS_MOE, dense_layers: int = 3) -
 
 
 CONFIGS["deepseek-v3-layers"] = deepseek_v3_layers()
+# meta-llama/Llama-3.1-70B: the 8B's fields (the same RoPE scaling, vocabulary and tokens) at its sizes
+CONFIGS["llama-3.1-70b"] = {
+    **CONFIGS["llama-3.1-8b"],
+    "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+}  # fmt: skip
 MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
 MLA_MODELS = ("deepseek-v2-lite", "deepseek-v3-layers")
 

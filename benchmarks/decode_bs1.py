@@ -51,6 +51,7 @@ ENGINES = {
     "atomc-no-pdl": ("atomc", False, "bf16"),  # --no-enable-pdl: the PDL A/B in one call
     "atomc-fp8-no-pdl": ("atomc", False, "fp8"),
     "atomc-one-shot-ar": ("atomc", False, "bf16"),  # --one-shot-all-reduce (with -tp N): its A/B in one call
+    "atomc-ep": ("atomc", False, "bf16"),  # --enable-expert-parallel (MoE, with -tp N): TP against EP in one call
     "atomc-fp8": ("atomc", False, "fp8"),
     "atomc-fp8-eager": ("atomc", True, "fp8"),
     "hf": ("hf", None, "bf16"),
@@ -124,11 +125,11 @@ def _sync(device: str) -> None:
 def run_atomc(
     model_dir: str, enforce_eager: bool, device: str = "cuda", prompt_len: int = PROMPT_LEN,
     output_len: int = OUTPUT_LEN, vocab: int = 1 << 30, quantization: str | None = None, enable_pdl: bool = True,
-    tensor_parallel_size: int = 1, one_shot_all_reduce: bool = False,
+    tensor_parallel_size: int = 1, one_shot_all_reduce: bool = False, enable_expert_parallel: bool = False,
 ) -> dict:  # fmt: skip
     """`quantization` is EngineConfig.quantization (the CLI's --quantization): None or "fp8";
     `enable_pdl` is CompileConfig.enable_pdl (--enable-pdl); `tensor_parallel_size` is -tp;
-    `one_shot_all_reduce` is --one-shot-all-reduce."""
+    `one_shot_all_reduce` is --one-shot-all-reduce, `enable_expert_parallel` --enable-expert-parallel."""
     from atomc import LLM, SamplingParams
 
     t0 = time.perf_counter()
@@ -144,6 +145,7 @@ def run_atomc(
         enable_pdl=enable_pdl,
         tensor_parallel_size=tensor_parallel_size,
         one_shot_all_reduce=one_shot_all_reduce,
+        enable_expert_parallel=enable_expert_parallel,
     )
     startup = time.perf_counter() - t0
     prompt = {"prompt_token_ids": prompt_ids(prompt_len, vocab)}
@@ -160,6 +162,7 @@ def run_atomc(
     best = max(runs, key=lambda r: r["decode_tok_s"])
     name = "atomc" + (f" {quantization}" if quantization else "") + (" (eager)" if enforce_eager else "")
     name += ("" if enable_pdl else " (no PDL)") + (f" TP={tensor_parallel_size}" if tensor_parallel_size > 1 else "")
+    name += (" EP" if enable_expert_parallel else "") + (" one-shot all-reduce" if one_shot_all_reduce else "")
     return {"engine": name, "quantization": quantization, "enable_pdl": enable_pdl, "startup_s": startup, **best,
             "runs": runs}  # fmt: skip
 
@@ -253,11 +256,12 @@ def child_command(args, engine: str) -> list[str]:
 
 def run_atomc_engine(engine: str, model_dir: str, device: str, **kwargs) -> dict:
     """`run_atomc` as an atomc row of ENGINES names it: eager or not, its weights' format, and
-    PDL off for the `-no-pdl` twins, the one-shot all-reduce for `-one-shot-ar`."""
+    PDL off for the `-no-pdl` twins, the one-shot all-reduce for `-one-shot-ar`, expert parallelism
+    for `-ep`."""
     _, eager, weights = ENGINES[engine]
     return run_atomc(model_dir, eager, device=device, quantization="fp8" if weights == "fp8" else None,
                      enable_pdl=not engine.endswith("-no-pdl"), one_shot_all_reduce=engine.endswith("-one-shot-ar"),
-                     **kwargs)  # fmt: skip
+                     enable_expert_parallel=engine.endswith("-ep"), **kwargs)  # fmt: skip
 
 
 def run_engine_here(args, engine: str) -> dict:
@@ -368,7 +372,8 @@ def speedups(engines: list[dict]) -> dict:
     atomc's over itself without PDL."""
     rate = {r["key"]: r.get("decode_tok_s", r["e2e_tok_s"]) for r in engines if "key" in r}
     pairs = (("atomc-fp8", "atomc"), ("atomc-fp8-eager", "atomc-eager"), ("gpt-fast-int8", "atomc"),
-             ("atomc", "atomc-no-pdl"), ("atomc-fp8", "atomc-fp8-no-pdl"), ("atomc-one-shot-ar", "atomc"))  # fmt: skip
+             ("atomc", "atomc-no-pdl"), ("atomc-fp8", "atomc-fp8-no-pdl"), ("atomc-one-shot-ar", "atomc"),
+             ("atomc-ep", "atomc"))  # fmt: skip
     return {f"{a} / {b}": rate[a] / rate[b] for a, b in pairs if a in rate and b in rate}
 
 

@@ -53,19 +53,23 @@ NOMINAL_CPU_BANDWIDTH = decode_bs1.NOMINAL_CPU_BANDWIDTH
 # engine -> (what runs, enforce_eager, weight format for the roofline): decode_bs1's, plus gpt-fast's Mixtral
 ENGINES = {name: decode_bs1.ENGINES[name]
            for name in ("atomc", "atomc-eager", "atomc-no-pdl", "atomc-fp8", "atomc-fp8-eager",
-                        "atomc-fp8-no-pdl", "hf")}  # fmt: skip
+                        "atomc-fp8-no-pdl", "atomc-ep", "hf")}  # fmt: skip
 ENGINES["gpt-fast"] = ("gpt-fast", None, "bf16")
 
 
 def child_command(args, engine: str) -> list[str]:
     if engine not in ENGINES:
         raise SystemExit(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    tp = getattr(args, "tensor_parallel_size", 1)
+    if ENGINES[engine][0] != "atomc" and tp > 1:
+        raise SystemExit(f"{engine} runs on one GPU: --tensor-parallel-size applies to the atomc engines only")
     if engine == "gpt-fast":
         if args.model != "mixtral-8x7b":
             raise SystemExit("the gpt-fast peer is its Mixtral example: --model mixtral-8x7b only")
         cmd = [sys.executable, str(HERE / "peers" / "gpt_fast_mixtral.py"), "--max-new-tokens", str(args.output_len)]
         return cmd + (["--tiny"] if args.tiny else [])
-    cmd = [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine]
+    cmd = [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine,
+           "--tensor-parallel-size", str(tp)]  # fmt: skip
     return cmd + (["--tiny"] if args.tiny else [])
 
 
@@ -76,7 +80,8 @@ def run_engine_here(args, engine: str) -> dict:
     lens = dict(prompt_len=args.prompt_len, output_len=args.output_len, vocab=vocab)
     kind = ENGINES[engine][0]
     if kind == "atomc":
-        return decode_bs1.run_atomc_engine(engine, model_dir, device, **lens)
+        return decode_bs1.run_atomc_engine(engine, model_dir, device, tensor_parallel_size=args.tensor_parallel_size,
+                                           **lens)  # fmt: skip
     if kind == "hf":
         return decode_bs1.run_hf(model_dir, device=device, **lens)
     raise SystemExit(f"engine {engine!r} does not run in this script's process")
@@ -91,6 +96,9 @@ def main() -> None:
     ap.add_argument("--reserve", type=float, default=150, help="seconds kept back for each engine still to run")
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: measured (nominal with --tiny)")
     ap.add_argument("--tiny", action="store_true", help="the same code on the CPU, 2 small layers, short prompts")
+    ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                    help="the atomc engines over N GPUs (atomc-ep: whole experts per rank); the roofline is then "
+                         "N GPUs' bandwidth")  # fmt: skip
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -107,7 +115,8 @@ def main() -> None:
     bw = args.bandwidth or (NOMINAL_CPU_BANDWIDTH if args.tiny else ceilings.measure()["bandwidth"])
     # the formats the engines run (bf16 always: the reference); DeepSeek has no FP8 count (nor FP8 run)
     formats = ["bf16"] + sorted({ENGINES[e][2] for e in engines} - {"bf16"})
-    rooflines = {w: ceilings.moe_bs1_roofline(cfg, args.prompt_len, args.output_len, bw, w) for w in formats}
+    tp = args.tensor_parallel_size  # each GPU reads its shard: N GPUs' bandwidth
+    rooflines = {w: ceilings.moe_bs1_roofline(cfg, args.prompt_len, args.output_len, tp * bw, w) for w in formats}
     roofline = rooflines["bf16"]
     shape = ceilings.moe_shape(cfg)
     results = {
@@ -115,6 +124,7 @@ def main() -> None:
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
         "bandwidth_TBps": bw / 1e12,
+        "tensor_parallel_size": tp,
         "active_GB": ceilings.moe_active_bytes(cfg, args.prompt_len + args.output_len // 2) / 1e9,
         "experts": f"top {shape.top_k} of {shape.experts}, {shape.sparse_layers} sparse layers"
         + (f", shared {shape.shared_inter // shape.expert_inter}" if shape.shared_inter else ""),
@@ -143,7 +153,7 @@ def main() -> None:
     print(json.dumps(results, indent=2))
     ceiling = ", ".join(f"{v:.0f} tok/s {w}" for w, v in rooflines.items())
     print(f"\n{results['model']} batch-1 decode, {results['active_GB']:.3g} GB a token ({results['experts']}), "
-          f"roofline {ceiling} at {bw / 1e12:.2f} TB/s")  # fmt: skip
+          f"roofline {ceiling} at {tp} x {bw / 1e12:.2f} TB/s")  # fmt: skip
     for r in results["engines"]:
         if "error" in r:
             print(f"  {r['engine']:50s} ERROR {r['error'][-400:]}")

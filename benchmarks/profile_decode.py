@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--quantization", default=None, help="e.g. fp8: quantise the bf16 checkpoint at load")
+    ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                    help="profile rank 0 of N: its table shows the collectives' kernels (NCCL time a step)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -62,6 +64,7 @@ def main() -> None:
     llm = LLM(
         model=model_dir, dtype="float32" if args.tiny else "bfloat16", device=device, load_format="dummy",
         max_model_len=1024, max_num_seqs=8, enforce_eager=args.eager or args.tiny, quantization=args.quantization,
+        tensor_parallel_size=args.tensor_parallel_size,
     )  # fmt: skip
     prompt = {"prompt_token_ids": decode_bs1.prompt_ids(16 if args.tiny else decode_bs1.PROMPT_LEN, vocab)}
     greedy = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
@@ -80,6 +83,7 @@ def main() -> None:
     result = {
         "model": args.model,
         "quantization": args.quantization,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "cuda_graphs": not args.eager,
         "decode_step_ms": step_ms,
         "request_wall_s": wall,

@@ -145,13 +145,15 @@ def collect_factors(
 
 
 def parallel_factors(par) -> dict:
-    """A rank's place: its tensor-parallel shard shapes its graph; its pipeline stage picks the
-    layers it holds and whether it starts from ids or hidden states. Under pipeline parallelism
-    (no tensor parallelism beside it) the process's rank is its stage."""
+    """A rank's place: its tensor-parallel shard shapes its graph (and expert parallelism which
+    shard: whole experts instead of a slice of each, other weight shapes under the same sizes); its
+    pipeline stage picks the layers it holds and whether it starts from ids or hidden states. Under
+    pipeline parallelism (no tensor parallelism beside it) the process's rank is its stage."""
     stages = par.pipeline_parallel_size
     return {
         "tp_size": par.tensor_parallel_size,
         "tp_rank": par.rank if stages == 1 else 0,
+        "expert_parallel": par.enable_expert_parallel and par.tensor_parallel_size > 1,
         "pp_size": stages,
         "pp_stage": par.rank if stages > 1 else 0,
     }

@@ -51,6 +51,8 @@ def test_key_changes_with_each_factor(llama_dir, tmp_path, monkeypatch):
     cfg = make_config("/unused")
     cfg.parallel.tensor_parallel_size, cfg.parallel.rank = 2, 1
     changed["tp"] = key_for(llama_dir, cfg)[0]
+    cfg.parallel.enable_expert_parallel = True  # whole experts a rank: other weight shapes, same sizes
+    changed["ep"] = key_for(llama_dir, cfg)[0]
     for stage in (0, 1):  # a pipeline stage's layers (and whether it starts from ids) shape its graph
         cfg = make_config("/unused")
         cfg.parallel.pipeline_parallel_size, cfg.parallel.rank = 2, stage
