@@ -65,5 +65,19 @@ def test_torchrun_command_and_its_errors():
         torchrun_argv(EngineConfig().update(tensor_parallel_size=8, nnodes=3), [])
     with pytest.raises(ValueError, match="--node-rank 2 is not a node of --nnodes 2"):
         torchrun_argv(EngineConfig().update(tensor_parallel_size=2, nnodes=2, node_rank=2), [])
-    with pytest.raises(ValueError, match="--pipeline-parallel-size 2 runs on one machine"):
-        torchrun_argv(EngineConfig().update(pipeline_parallel_size=2, nnodes=2), [])
+    # stages across nodes: tp x pp / nnodes ranks a node (world rank = stage * tp + tp rank, so with
+    # as many nodes as stages each node holds one stage)
+    argv = torchrun_argv(EngineConfig().update(tensor_parallel_size=4, pipeline_parallel_size=2, nnodes=2), [])
+    assert "--nproc-per-node=4" in argv
+    with pytest.raises(ValueError, match=r"--pipeline-parallel-size 3 = 6 ranks does not divide across --nnodes 4"):
+        torchrun_argv(EngineConfig().update(tensor_parallel_size=2, pipeline_parallel_size=3, nnodes=4), [])
+
+
+def test_a_torchrun_world_of_another_size_is_refused(monkeypatch):
+    from atomc import env
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert env.launched_rank(2) == (0, 0, 2)
+    with pytest.raises(ValueError, match=r"torchrun started 2 ranks, the engine has 4"):
+        env.launched_rank(4)
