@@ -1,6 +1,7 @@
 """`--nnodes 2`: the command run once per node execs torchrun, which starts that node's ranks; node 0's
-rank 0 is the engine and prints the text, node 1's rank is a worker and prints nothing. Two "nodes"
-on this machine (gloo over localhost) give the tokens of one process."""
+rank 0 is the engine and prints the text, node 1's ranks are workers and print nothing. Two "nodes"
+on this machine (gloo over localhost) give the tokens of one process, with tensor parallelism over
+both and with a pipeline stage a node (two tensor-parallel ranks each)."""
 
 from __future__ import annotations
 
@@ -35,12 +36,17 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # three CLI processes (~50 s): CI's budget; `pytest -m slow` runs it
-def test_two_nodes_generate_the_text_of_one_process(llama_dir):
+@pytest.mark.parametrize(
+    "split",
+    [["-tp", "2"], ["-tp", "2", "-pp", "2"]],
+    ids=["tp2", "tp2-pp2"],  # the second: each node one stage of two tensor-parallel ranks
+)
+def test_two_nodes_generate_the_text_of_one_process(llama_dir, split):
     one = subprocess.run(_cli(llama_dir), env=_env(), capture_output=True, text=True, timeout=300, check=True)
     port = str(_free_port())
     nodes = [
         subprocess.Popen(
-            _cli(llama_dir, "-tp", "2", "--nnodes", "2", "--node-rank", str(r), "--master-port", port),
+            _cli(llama_dir, *split, "--nnodes", "2", "--node-rank", str(r), "--master-port", port),
             env=_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

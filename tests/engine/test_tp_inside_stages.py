@@ -46,6 +46,7 @@ def test_world_rank_layout_is_stage_major():
     assert len(keys) == 4  # each (stage, tp rank) its own artifact
 
 
+@pytest.mark.slow  # the eager twin: the compiled run below is the default one
 def test_tp_inside_two_stages_generates_the_tokens_of_one(checkpoints):
     path = checkpoints["llama"]
     want = _tokens(path)
@@ -59,7 +60,6 @@ def test_tp_inside_two_stages_generates_the_tokens_of_one(checkpoints):
     assert all(len(t) == 16 for t in got)
 
 
-@pytest.mark.slow  # four processes each compile (~1 min on two cores); the eager run above is the default
 def test_compiled_tp_inside_two_stages_generates_the_tokens_of_one(checkpoints, tmp_path):
     from atomc.graphs.cache_store import CacheStore
 
@@ -67,6 +67,10 @@ def test_compiled_tp_inside_two_stages_generates_the_tokens_of_one(checkpoints, 
     want = _tokens(path)
     compiled = {**SMALL, **TP_PP, "enforce_eager": False, "cache_dir": str(tmp_path)}
     with LLM(model=str(path), **compiled) as llm:
+        runner = llm.engine.runner
+        assert (runner.parallel.stage, runner.parallel.rank, runner.parallel.size) == (0, 0, 2)
+        assert runner.kv_caches[0] is not None and runner.kv_caches[1] is None  # stage 0: layer 0
+        assert runner.compile_info["hit"] is False
         store = CacheStore(llm.config.cache_path)
         got = [out.outputs[0].token_ids for out in llm.generate(PROMPTS, GREEDY)]
     assert got == want
@@ -93,3 +97,45 @@ def test_a_killed_stage_one_rank_ends_the_engine_with_a_clear_error(checkpoints)
     killer.join()
     assert not proc.is_alive()
     assert not any(p.is_alive() for p in llm.engine.executor.procs)
+
+
+@pytest.mark.slow  # four processes again; the Llama run covers the stages' groups by default
+def test_experts_split_over_each_stages_ranks_give_the_tokens_of_one(checkpoints):
+    """--enable-expert-parallel beside stages: a stage's MoE layers give each of its tensor-parallel
+    ranks whole experts, their all-reduce on the stage's "tp" group."""
+    from models.layers.moe import FusedMoE
+
+    path = checkpoints["qwen3_moe"]
+    want = _tokens(path)
+    with LLM(model=str(path), **SMALL, **TP_PP, enable_expert_parallel=True) as llm:
+        moe = [m for m in llm.engine.runner.model.modules() if isinstance(m, FusedMoE)]
+        assert moe and all(m.num_local_experts * 2 == m.num_experts and m.ep.size == 2 for m in moe)
+        got = [out.outputs[0].token_ids for out in llm.generate(PROMPTS, GREEDY)]
+    assert got == want
+
+
+@pytest.mark.slow  # four compile processes, then four that load
+def test_compile_builds_every_stage_and_rank_that_serve_then_loads(checkpoints, tmp_path):
+    """`atomc compile -tp 2 -pp 2`: four processes build the four (stage, tp rank) entries; an engine
+    that may not compile (require_artifacts) loads them and decodes the tokens of one process."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from atomc.cli.main import app
+
+    path = checkpoints["llama"]
+    args = ["compile", "--model", str(path), "--device", "cpu", "--dtype", "float32", "--cache-dir", str(tmp_path),
+            "-tp", "2", "-pp", "2", "--max-num-seqs", "4", "--max-model-len", "64", "--json"]  # fmt: skip
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    ranks = json.loads(out.output[out.output.index("{") :])["ranks"]
+    got = [(r["rank"], r["factors"]["pp_stage"], r["factors"]["tp_rank"], r["input_kind"], r["hit"]) for r in ranks]
+    assert got == [(0, 0, 0, "ids", False), (1, 0, 1, "ids", False), (2, 1, 0, "hidden", False),
+                   (3, 1, 1, "hidden", False)]  # fmt: skip
+    assert len({r["entry"] for r in ranks}) == 4
+    strict = {**SMALL, **TP_PP, "enforce_eager": False, "cache_dir": str(tmp_path), "require_artifacts": True}
+    with LLM(model=str(path), **strict) as llm:
+        assert llm.engine.runner.compile_info["entry"] == ranks[0]["entry"]
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert got == _tokens(path)
