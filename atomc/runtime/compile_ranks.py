@@ -1,9 +1,11 @@
-"""`atomc compile --tensor-parallel-size N` (or `--pipeline-parallel-size P`): every rank's artifact,
-built ahead of `atomc serve -tp N` (`-pp P`).
+"""`atomc compile --tensor-parallel-size N` (and/or `--pipeline-parallel-size P`): every rank's
+artifact, built ahead of `atomc serve -tp N` (`-pp P`; both: N x P ranks, world rank = stage * N +
+tensor-parallel rank, each (stage, tp rank) its own entry).
 
 Each rank's graph holds its own shard's shapes and its collectives, and its cache key names its
 rank and the world size (graphs/cache_key.py), so each rank builds its own entry; likewise each
-pipeline stage, whose graph holds its own layers (and starts from hidden states after the first). They are built
+pipeline stage, whose graph holds its own layers (and starts from hidden states after the first),
+and under both each stage's shards, whose collectives run on the stage's own group. They are built
 the way the engine builds them: N processes started with `spawn`, joined as one world
 (atomc/runtime/distributed.py: NCCL on CUDA, gloo on CPU), each loading its shard and compiling,
 so a trace that runs the model's collectives finds every rank in the same collective (a stage's
