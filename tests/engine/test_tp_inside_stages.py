@@ -139,3 +139,17 @@ def test_compile_builds_every_stage_and_rank_that_serve_then_loads(checkpoints, 
         assert llm.engine.runner.compile_info["entry"] == ranks[0]["entry"]
         got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
     assert got == _tokens(path)
+
+
+@pytest.mark.slow  # seeded sampling and prompt logprobs from the last stage's gathered logits
+def test_tp_inside_stages_samples_and_scores_prompts_as_one(checkpoints):
+    path = checkpoints["qwen3"]  # tied head: the last stage holds a vocab-parallel shard of the table
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=8, prompt_logprobs=2, logprobs=1)
+
+    def run(**kw):
+        with LLM(model=str(path), **{**SMALL, **kw}) as llm:
+            outs = llm.generate(PROMPTS, params)
+        rounded = [[{t: round(v, 3) for t, v in d.items()} for d in o.prompt_logprobs[1:]] for o in outs]
+        return [o.outputs[0].token_ids for o in outs], rounded
+
+    assert run(**TP_PP) == run()
