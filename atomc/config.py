@@ -73,15 +73,16 @@ class CompileConfig:
 @dataclass
 class ParallelConfig:
     tensor_parallel_size: int = 1  # ranks: the engine's process is rank 0, each other a worker process
-    # pipeline stages, one process each (this one is stage 0), each its own artifact; no TP beside (parallelism.md)
+    # pipeline stages of tensor_parallel_size processes each (this one is stage 0, tp rank 0); world rank =
+    # stage * tensor_parallel_size + tp rank; each rank its own artifact (parallelism.md)
     pipeline_parallel_size: int = 1
     # MoE layers give each rank whole experts instead of a slice of every expert (attention stays TP)
     enable_expert_parallel: bool = False
     # CUDA: the fused all-reduce + add + RMSNorm as one kernel over symmetric memory instead of NCCL
     # then the add + norm (parallelism.md; opt-in: never run on GPUs). Runtime only: not a key factor
     one_shot_all_reduce: bool = False
-    rank: int = 0  # this process's rank (set per worker; a cache-key factor)
-    # several machines (vLLM's names): torchrun starts tensor_parallel_size / nnodes ranks on each
+    rank: int = 0  # this process's world rank (set per worker; its stage and tp rank are cache-key factors)
+    # several machines (vLLM's names): torchrun starts tp x pp / nnodes ranks on each
     # node, joined at master_addr:master_port; node 0's rank 0 is the engine (docs/parallelism.md)
     nnodes: int = 1
     node_rank: int = 0

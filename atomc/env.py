@@ -86,10 +86,14 @@ def graph_snapshot() -> dict[str, str | None]:
 
 def launched_rank(world_size: int) -> tuple[int, int, int] | None:
     """(rank, local rank, world size) when torchrun started this process, checked against the
-    `world_size` (--tensor-parallel-size) it was given; None when it did not start this process."""
+    `world_size` (tensor-parallel size x pipeline stages) it was given; None when it did not start
+    this process."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
     launched = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), int(os.environ["WORLD_SIZE"])
     if launched[2] != world_size:
-        raise ValueError(f"torchrun started {launched[2]} ranks, --tensor-parallel-size is {world_size}")
+        raise ValueError(
+            f"torchrun started {launched[2]} ranks, the engine has {world_size} "
+            "(--tensor-parallel-size x --pipeline-parallel-size)"
+        )
     return launched

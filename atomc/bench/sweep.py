@@ -59,14 +59,9 @@ def check_can_launch(cfg: SweepConfig) -> None:
     p = cfg.params
     if p["nnodes"] > 1:
         raise SweepConfigError(
-            f"params.nnodes={p['nnodes']}: atomc cannot launch a multi-node server yet (its ranks are "
-            "processes of one machine); start the servers yourself and pass --base-url to gate them"
-        )
-    if p["pipeline_parallel_size"] > 1 and p.get("tensor_parallelism", 1) > 1:
-        raise SweepConfigError(
-            f"params.pipeline_parallel_size={p['pipeline_parallel_size']} with params.tensor_parallelism="
-            f"{p['tensor_parallelism']}: atomc serve runs no tensor parallelism inside pipeline stages yet; "
-            "set one of them to 1, or start the server yourself and pass --base-url"
+            f"params.nnodes={p['nnodes']}: atomc cannot launch a multi-node server yet (the sweep starts "
+            "one server on this machine); start `atomc serve --nnodes N --node-rank R ...` on each node "
+            "yourself and pass --base-url to gate them"
         )
 
 

@@ -48,19 +48,15 @@ def compile_command(config: EngineConfig, as_json: bool) -> int:
 
     par = config.parallel
     if par.tensor_parallel_size > 1 or par.pipeline_parallel_size > 1:
-        from atomc.engine.pipeline_config import check_pipeline_config
         from atomc.runtime.compile_ranks import compile_ranks
 
-        if par.pipeline_parallel_size > 1:
-            check_pipeline_config(config)  # what `serve -pp` refuses, refused before building
         manifests = [_compile_manifest(r.manifest, r.hit, r.timings, r.entry_dir, rank=r.rank)
                      for r in compile_ranks(config)]  # fmt: skip
         if as_json:
             typer.echo(to_json({"ranks": manifests}))
         else:
-            what = "stage" if par.pipeline_parallel_size > 1 else "rank"
             for m in manifests:
-                _echo_compiled(m, f"{what} {m['rank']}: ")
+                _echo_compiled(m, f"{_rank_label(m, par)}: ")
         return 0
     res = compile_model(config, progress=sys.stderr.isatty() and not as_json)
     manifest = _compile_manifest(res.manifest, res.hit, res.timings, res.entry_dir)
@@ -69,6 +65,16 @@ def compile_command(config: EngineConfig, as_json: bool) -> int:
     else:
         _echo_compiled(manifest)
     return 0
+
+
+def _rank_label(manifest: dict, par) -> str:
+    """How `atomc compile` names a rank's entry: its stage, its tensor-parallel rank, or both."""
+    f = manifest["factors"]
+    if par.pipeline_parallel_size == 1:
+        return f"rank {manifest['rank']}"
+    if par.tensor_parallel_size == 1:
+        return f"stage {f['pp_stage']}"
+    return f"stage {f['pp_stage']} tensor-parallel rank {f['tp_rank']} (rank {manifest['rank']})"
 
 
 def _compile_manifest(manifest: dict, hit: bool, timings: dict, entry_dir, **extra) -> dict:

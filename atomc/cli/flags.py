@@ -86,7 +86,7 @@ PipelineParallelSize = Annotated[
     typer.Option(
         "--pipeline-parallel-size",
         "-pp",
-        help="pipeline stages, one process each, one machine (each loads or compiles its own artifact)",
+        help="pipeline stages (x -tp ranks each), each rank its own artifact; with --nnodes, over machines",
     ),
 ]
 EnableExpertParallel = Annotated[

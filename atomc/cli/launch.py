@@ -2,10 +2,14 @@
 
 atomc does not start remote processes itself. With `--nnodes` > 1 the command, run once on each
 node, replaces itself with torchrun (`python -m torch.distributed.run`), which starts
-tensor_parallel_size / nnodes ranks on that node, each running the same command; torchrun sets
-RANK / LOCAL_RANK / WORLD_SIZE and the rendezvous at A:P. Inside it, global rank 0 is the engine
-(it schedules, samples and, for `serve`, answers HTTP); every other rank runs the worker loop
-until the engine stops. torchrun also ends every rank of the job when one of them fails.
+tensor_parallel_size x pipeline_parallel_size / nnodes ranks on that node, each running the same
+command; torchrun sets RANK / LOCAL_RANK / WORLD_SIZE and the rendezvous at A:P. torchrun gives node
+n the ranks n * k .. n * k + k - 1 (k a node), and a stage's tensor-parallel ranks are neighbours
+(world rank = stage * T + tensor-parallel rank), so with `-tp T -pp P --nnodes P` each node holds
+one stage: the all-reduces stay inside a machine, the stage-to-stage sends cross them. Inside it,
+global rank 0 is the engine (it schedules, samples and, for `serve`, answers HTTP); every other rank
+runs the worker loop (a pipeline stage's, past stage 0) until the engine stops. torchrun also ends
+every rank of the job when one of them fails.
 """
 
 from __future__ import annotations
@@ -20,21 +24,18 @@ from atomc.config import EngineConfig
 def torchrun_argv(cfg: EngineConfig, command: list[str]) -> list[str]:
     """The torchrun command that runs `command` (atomc's own argv, without the program) on this node."""
     par = cfg.parallel
-    if par.pipeline_parallel_size > 1:
-        raise ValueError(
-            f"--pipeline-parallel-size {par.pipeline_parallel_size} runs on one machine: --nnodes {par.nnodes} "
-            "is not supported with it yet"
-        )
-    if par.tensor_parallel_size % par.nnodes:
-        raise ValueError(
-            f"--tensor-parallel-size {par.tensor_parallel_size} does not divide across --nnodes {par.nnodes}"
-        )
+    world = par.tensor_parallel_size * par.pipeline_parallel_size
+    if world % par.nnodes:
+        asked = f"--tensor-parallel-size {par.tensor_parallel_size}"
+        if par.pipeline_parallel_size > 1:
+            asked += f" x --pipeline-parallel-size {par.pipeline_parallel_size} = {world} ranks"
+        raise ValueError(f"{asked} does not divide across --nnodes {par.nnodes}")
     if not 0 <= par.node_rank < par.nnodes:
         raise ValueError(f"--node-rank {par.node_rank} is not a node of --nnodes {par.nnodes}")
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={par.nnodes}", f"--node-rank={par.node_rank}",
-        f"--nproc-per-node={par.tensor_parallel_size // par.nnodes}",
+        f"--nproc-per-node={world // par.nnodes}",
         f"--master-addr={par.master_addr}", f"--master-port={par.master_port}",
         "-m", "atomc.cli", *command,
     ]  # fmt: skip
@@ -45,7 +46,7 @@ def run_as_rank(cfg: EngineConfig) -> bool:
     usual (one node; or rank 0 under torchrun); True when this process was a worker rank and has
     finished. Outside torchrun with --nnodes > 1 it execs torchrun and does not return."""
     par = cfg.parallel
-    launched = env.launched_rank(par.tensor_parallel_size)
+    launched = env.launched_rank(par.tensor_parallel_size * par.pipeline_parallel_size)
     if launched is None:
         if par.nnodes == 1:
             return False

@@ -28,7 +28,6 @@ from atomc.engine.generation_defaults import generation_defaults
 from atomc.engine.inputs import InputProcessor
 from atomc.engine.model_files import resolve_model
 from atomc.engine.parallel_executor import ParallelExecutor
-from atomc.engine.pipeline_config import check_pipeline_config
 from atomc.engine.scheduler import ScheduledSeq, Scheduler
 from atomc.engine.sequence import SeqStatus, Sequence
 from atomc.engine.step_input import build_step_input
@@ -186,8 +185,6 @@ class LLMEngine(EngineClient):
     def _start_workers(self) -> ParallelExecutor | None:
         """Tensor or pipeline parallelism: the worker processes (ranks 1..N-1); this process is rank 0."""
         par = self.config.parallel
-        if par.pipeline_parallel_size > 1:
-            check_pipeline_config(self.config)
         if distributed.world_size(par) == 1:
             return None
         executor = ParallelExecutor(self.config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len)

@@ -7,7 +7,9 @@ runner (rank 0) while the workers build theirs, and `wait_ready` collects their 
 Each step `send(step)` broadcasts the record as int64 tensors (atomc/runtime/step_codec.py) before
 the driver's own forward. With `--pipeline-parallel-size P` rank s is pipeline stage s (the driver
 stage 0), and `send` sends the record to each stage point-to-point and asynchronously, since the
-stages work on different steps at once (atomc/runtime/stage_runner.py).
+stages work on different steps at once (atomc/runtime/stage_runner.py). With both (`-tp T -pp P`)
+the world is T x P ranks, world rank = stage * T + tensor-parallel rank, and every rank but the
+driver gets the record point-to-point, each stage's tensor-parallel ranks alike.
 
 Failure: a worker that dies ends the engine with `WorkerDied` (which worker, its exit code, its
 error if it sent one), not a hang: `send` checks every worker's process first, and a watchdog
@@ -55,8 +57,8 @@ class ParallelExecutor:
         self.kind = "pipeline-stage" if self.pipeline else "tensor-parallel"
         self._record_sends = Sends()
         launched = env.launched_rank(self.size)  # torchrun started every rank: nothing to spawn
-        flag = "--pipeline-parallel-size" if self.pipeline else "--tensor-parallel-size"
-        distributed.check_world(device, self.size // par.nnodes, flag)
+        distributed.check_world(device, self.size // par.nnodes, distributed.world_flags(par))
+        self._tp_size = par.tensor_parallel_size
         ctx = mp.get_context("spawn")
         init = "env://" if launched is not None else distributed.local_init_method()
         self.procs: list[mp.process.BaseProcess] = []
@@ -73,10 +75,14 @@ class ParallelExecutor:
             self.pipes.append(recv)
         self._closed = False
         self._errors: dict[int, str] = {}
+        # the worker the watchdog saw exit first: the one to blame, not the others it then killed
+        self._first_dead: int | None = None
         atexit.register(self.close)
         try:
             rank0 = distributed.rank_device(device, 0)
-            self.channel = distributed.join(0, self.size, rank0, init, par.distributed_timeout_s)
+            self.channel = distributed.join(
+                0, self.size, rank0, init, par.distributed_timeout_s, par.tensor_parallel_size
+            )
         except BaseException:
             self.close()
             raise
@@ -139,7 +145,7 @@ class ParallelExecutor:
         self._stop_watchdog()
         deadline = time.monotonic() + FAILURE_REAP_S  # a worker killed mid-collective may take a moment
         while self.procs:
-            for rank, proc in enumerate(self.procs, 1):
+            for rank, proc in self._blame_order():
                 proc.join(timeout=0)
                 if not proc.is_alive():
                     died = self._died(rank)
@@ -157,9 +163,14 @@ class ParallelExecutor:
             self._watchdog.join(timeout=JOIN_TIMEOUT_S + 1)
 
     def check_alive(self) -> None:
-        for rank, proc in enumerate(self.procs, 1):
+        for rank, proc in self._blame_order():
             if not proc.is_alive():
                 raise self._died(rank)
+
+    def _blame_order(self) -> list:
+        """(rank, process) of the workers, the one that exited first (if the watchdog saw it) first."""
+        ranked = list(enumerate(self.procs, 1))
+        return sorted(ranked, key=lambda rp: rp[0] != self._first_dead)
 
     def _died(self, rank: int) -> WorkerDied:
         proc, pipe = self.procs[rank - 1], self.pipes[rank - 1]
@@ -175,7 +186,10 @@ class ParallelExecutor:
         how = "is still running but stopped answering" if code is None else f"exited with code {code}"
         if code is not None and code < 0:
             how = f"was killed by signal {signal.Signals(-code).name}"
-        msg = f"{self.kind} worker rank {rank} {how}; the engine cannot continue"
+        place = ""
+        if self.pipeline and self._tp_size > 1:  # which stage, which shard of it
+            place = f" (stage {rank // self._tp_size}, tensor-parallel rank {rank % self._tp_size})"
+        msg = f"{self.kind} worker rank {rank}{place} {how}; the engine cannot continue"
         return WorkerDied(msg + (f"\nits error: {error}" if error else ""))
 
     def _watch(self) -> None:
@@ -184,6 +198,8 @@ class ParallelExecutor:
         sentinels = {proc.sentinel: rank for rank, proc in enumerate(self.procs, 1)}
         while not self._stop_watch.is_set():
             ready = wait(list(sentinels), timeout=0.5)
+            if ready and self._first_dead is None:  # even when stopping: failure() asks who it was
+                self._first_dead = min(sentinels[s] for s in ready)
             if ready and not self._stop_watch.is_set():
                 ranks = sorted(sentinels[s] for s in ready)
                 log.error("%s worker rank(s) %s exited; stopping the others", self.kind, ranks)

@@ -23,6 +23,7 @@ from atomc import compat, env
 from atomc.graphs import sources
 from atomc.kv_spec import canonical_kv_cache_dtype
 from atomc.platforms import platform_of
+from models.layers.parallel import ParallelInfo
 
 FORMAT_VERSION = 2  # 2: per-file `sources`, no capture sizes, batch limit or cache location
 
@@ -147,15 +148,16 @@ def collect_factors(
 def parallel_factors(par) -> dict:
     """A rank's place: its tensor-parallel shard shapes its graph (and expert parallelism which
     shard: whole experts instead of a slice of each, other weight shapes under the same sizes); its
-    pipeline stage picks the layers it holds and whether it starts from ids or hidden states. Under
-    pipeline parallelism (no tensor parallelism beside it) the process's rank is its stage."""
-    stages = par.pipeline_parallel_size
+    pipeline stage picks the layers it holds and whether it starts from ids or hidden states. The
+    process's world rank is stage * tp_size + tp_rank (models/layers/parallel.py), so each (stage,
+    tp rank) has its own key."""
+    place = ParallelInfo.of_world_rank(par.rank, par.tensor_parallel_size, par.pipeline_parallel_size)
     return {
-        "tp_size": par.tensor_parallel_size,
-        "tp_rank": par.rank if stages == 1 else 0,
-        "expert_parallel": par.enable_expert_parallel and par.tensor_parallel_size > 1,
-        "pp_size": stages,
-        "pp_stage": par.rank if stages > 1 else 0,
+        "tp_size": place.size,
+        "tp_rank": place.rank,
+        "expert_parallel": par.enable_expert_parallel and place.size > 1,
+        "pp_size": place.stages,
+        "pp_stage": place.stage,
     }
 
 

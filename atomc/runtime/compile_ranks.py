@@ -1,9 +1,11 @@
-"""`atomc compile --tensor-parallel-size N` (or `--pipeline-parallel-size P`): every rank's artifact,
-built ahead of `atomc serve -tp N` (`-pp P`).
+"""`atomc compile --tensor-parallel-size N` (and/or `--pipeline-parallel-size P`): every rank's
+artifact, built ahead of `atomc serve -tp N` (`-pp P`; both: N x P ranks, world rank = stage * N +
+tensor-parallel rank, each (stage, tp rank) its own entry).
 
 Each rank's graph holds its own shard's shapes and its collectives, and its cache key names its
 rank and the world size (graphs/cache_key.py), so each rank builds its own entry; likewise each
-pipeline stage, whose graph holds its own layers (and starts from hidden states after the first). They are built
+pipeline stage, whose graph holds its own layers (and starts from hidden states after the first),
+and under both each stage's shards, whose collectives run on the stage's own group. They are built
 the way the engine builds them: N processes started with `spawn`, joined as one world
 (atomc/runtime/distributed.py: NCCL on CUDA, gloo on CPU), each loading its shard and compiling,
 so a trace that runs the model's collectives finds every rank in the same collective (a stage's
@@ -40,15 +42,14 @@ class RankResult:
 
 
 def compile_ranks(config: EngineConfig) -> list[RankResult]:
-    """Compile (or find) the entry of each rank 0..N-1 of the world (tensor-parallel ranks, or
-    pipeline stages: rank s is stage s)."""
+    """Compile (or find) the entry of each rank 0..N-1 of the world (tensor-parallel ranks,
+    pipeline stages, or both: world rank = stage * T + tensor-parallel rank)."""
     from atomc.graphs.build import resolve_target
 
     par = config.parallel
     size = distributed.world_size(par)
     _, device, _ = resolve_target(config)
-    flag = "--pipeline-parallel-size" if par.pipeline_parallel_size > 1 else "--tensor-parallel-size"
-    distributed.check_world(device, size, flag)
+    distributed.check_world(device, size, distributed.world_flags(par))
     ctx = mp.get_context("spawn")
     init = distributed.local_init_method()
     procs, pipes = [], []
@@ -115,7 +116,7 @@ def _compile_rank(config: EngineConfig, init: str) -> RankResult:
     device = distributed.rank_device(device, par.rank)
     if device == "cpu":  # the ranks share the cores
         torch.set_num_threads(max(1, torch.get_num_threads() // size))
-    distributed.join(par.rank, size, device, init, par.distributed_timeout_s)
+    distributed.join(par.rank, size, device, init, par.distributed_timeout_s, par.tensor_parallel_size)
     model = load_model(model_dir, dtype, device, parallel=distributed.parallel_info(par),
                        quantization=config.model.quantization)  # fmt: skip
     res = compile_or_load(model, model_dir, config, device, dtype, progress=False)

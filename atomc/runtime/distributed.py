@@ -1,9 +1,11 @@
 """Joining the engine's ranks: torch.distributed, the "tp" group, the step channel.
 
-Every rank (the driver, rank 0, and each worker) calls `join`: the world group is the "tp" group
-the layers' collectives use (NCCL on CUDA, gloo on CPU), and a second, gloo group carries the step
-records from the driver (CPU tensors, so a record never waits behind GPU work). The timeout bounds
-every collective: a rank that stops answering fails the others instead of hanging them.
+Every rank (the driver, rank 0, and each worker) calls `join`: the world group is the "tp" group the
+layers' collectives use (NCCL on CUDA, gloo on CPU), or, with tensor parallelism inside pipeline
+stages, each stage's own group of its tensor-parallel ranks, registered as "tp" in each of its
+processes; a second, gloo group carries the step records from the driver (CPU tensors, so a record
+never waits behind GPU work). The timeout bounds every collective: a rank that stops answering fails
+the others instead of hanging them.
 """
 
 from __future__ import annotations
@@ -25,11 +27,21 @@ def world_size(par: ParallelConfig) -> int:
 
 
 def parallel_info(par: ParallelConfig) -> ParallelInfo:
-    """The layers' shard of this process's rank (`par.rank`: 0 on the driver, set on each worker).
-    Under pipeline parallelism (no tensor parallelism beside it) rank s is stage s."""
-    if par.pipeline_parallel_size > 1:
-        return ParallelInfo(stage=par.rank, stages=par.pipeline_parallel_size)
-    return ParallelInfo(par.rank, par.tensor_parallel_size, expert_parallel=par.enable_expert_parallel)
+    """The layers' shard of this process's world rank (`par.rank`: 0 on the driver, set on each
+    worker): its pipeline stage and its tensor-parallel rank inside it (world rank = stage * T +
+    tensor-parallel rank; models/layers/parallel.py says why)."""
+    return ParallelInfo.of_world_rank(
+        par.rank, par.tensor_parallel_size, par.pipeline_parallel_size, par.enable_expert_parallel
+    )
+
+
+def world_flags(par: ParallelConfig) -> str:
+    """The flags that ask for the world, for error messages."""
+    if par.pipeline_parallel_size == 1:
+        return "--tensor-parallel-size"
+    if par.tensor_parallel_size == 1:
+        return "--pipeline-parallel-size"
+    return "--tensor-parallel-size x --pipeline-parallel-size"
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -56,8 +68,12 @@ def local_init_method() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def join(rank: int, size: int, device: str, init_method: str, timeout_s: float) -> dist.ProcessGroup:
-    """Join the world as `rank`; returns the gloo group the step records travel on."""
+def join(
+    rank: int, size: int, device: str, init_method: str, timeout_s: float, tp_size: int | None = None
+) -> dist.ProcessGroup:
+    """Join the world as `rank`; returns the gloo group the step records travel on. With pipeline
+    stages of `tp_size` < `size` ranks each, "tp" is this rank's stage's group (the ranks
+    stage * tp_size .. + tp_size - 1), else the world."""
     timeout = datetime.timedelta(seconds=timeout_s)
     cuda = device.startswith("cuda")
     if cuda:
@@ -66,6 +82,15 @@ def join(rank: int, size: int, device: str, init_method: str, timeout_s: float) 
         "nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=size, timeout=timeout
     )
     collective.set_group("tp", None)  # the world group
+    tp_size = size if tp_size is None else tp_size
+    if 1 < tp_size < size:
+        # every rank makes every stage's group, in stage order (new_group is collective over the
+        # world), and registers its own under the name the layers' collectives ask for
+        for stage in range(size // tp_size):
+            ranks = list(range(stage * tp_size, (stage + 1) * tp_size))
+            group = dist.new_group(ranks, timeout=timeout)
+            if rank in ranks:
+                collective.set_group("tp", group)
     return dist.new_group(backend="gloo", timeout=timeout)
 
 

@@ -281,7 +281,7 @@ class ModelRunner:
         if bitmask is not None:
             apply_token_bitmask(logits, bitmask, masked_rows)
         sample = self.sampler.sample(logits, batch)
-        if self.parallel.size > 1:
+        if self.parallel.size > 1 and self.parallel.stages == 1:  # stages feed no ids: none to broadcast
             distributed.broadcast_tokens(sample.token_ids, len(batch.params), self.device)
         self._last_sampled = (step_id, sample.token_ids)
         return sample

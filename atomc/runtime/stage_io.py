@@ -1,11 +1,19 @@
 """What passes between pipeline stages each step: hidden states forward, the last stage's logits back.
 
-Stage s (rank s) sends the hidden states its layers produced, [T, hidden] in the model's dtype, to
+Stage s sends the hidden states its layers produced, [T, hidden] in the model's dtype, to
 stage s + 1; the last stage computes the logits of the rows the driver needs (`logits_rows`: the
 sampled rows, then each prompt-logprob request's rows) and sends them, float32 [rows, vocab], to
 stage 0, the driver, which samples. Each receiver knows the shapes from the step record, so nothing
 but the tensors travel. Point-to-point on the world group (NCCL on CUDA, gloo on CPU), in step
 order between each pair of ranks: every stage runs the steps in the order the driver sent them.
+
+With tensor parallelism inside the stages (tp_size ranks a stage) each of a stage's ranks holds the
+whole hidden state after its layers' all-reduces, and rank t of stage s sends it to rank t of stage
+s + 1 (world ranks stage * tp_size + t): tp_size copies of the same tensor cross, one per pair,
+instead of one send followed by a broadcast inside the next stage. The pairs are independent (across
+machines, on a GPU cluster's one network card per GPU they travel side by side), and the receiving
+stage needs no extra collective before its first layer. Only rank 0 of the last stage sends the
+logits back.
 
 Sends are asynchronous (`Sends`): a stage goes on to its next step while its output travels, and
 the tensor is kept alive until its send completes. The decoder layers carry their residual inside

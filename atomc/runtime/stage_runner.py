@@ -13,6 +13,13 @@ driver sent them (atomc/runtime/stage_io.py says what travels between them):
 - a later stage receives the previous stage's hidden states, runs its layers, and sends them on;
   the last one applies the final norm and sends the logits of the rows the driver needs.
 
+With tensor parallelism inside the stages (`-tp T -pp P`) each stage is T processes running the
+same steps, their collectives on the stage's own "tp" group (atomc/runtime/distributed.py). After
+each layer's all-reduce every one of them holds the whole hidden state, so tensor-parallel rank t of
+stage s sends it to rank t of stage s + 1 (atomc/runtime/stage_io.py says why 1:1); the last
+stage's ranks all run the vocab-parallel LM head (its all-gather is theirs), and its rank 0 sends
+the logits to the driver, which is stage 0's rank 0.
+
 Each stage runs its own compiled artifact (atomc/graphs/trace.py: a stage after the first is traced
 from hidden states), or the eager model with --enforce-eager. On CUDA it replays its own CUDA graphs
 (atomc/runtime/stage_graphs.py), the received hidden states landing in the graphs' static input;
@@ -44,7 +51,7 @@ from models.layers.parallel import ParallelInfo
 
 
 class StageRunner(ModelRunner):
-    """A ModelRunner over one pipeline stage's layers (rank = stage: no tensor parallelism beside)."""
+    """A ModelRunner over one pipeline stage's layers (or one tensor-parallel shard of them)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -67,16 +74,20 @@ class StageRunner(ModelRunner):
             hidden = self._forward_step(step, feed)
         else:
             if not info.first_stage:  # into the graphs' static input, in step order as every receive
-                recv_into(self.stage_graphs.hidden_rows(step.num_tokens), info.stage - 1)
+                recv_into(self.stage_graphs.hidden_rows(step.num_tokens), info.world_rank(info.stage - 1))
             hidden = replay(feed)
             if not info.last_stage and self.stage_graphs.captured:
                 hidden = hidden.clone()  # the next replay overwrites the graph's output under the send
         rows = logits_rows(step)
-        if not info.last_stage:
-            self.sends.send(hidden, info.stage + 1)
+        if not info.last_stage:  # to this tensor-parallel rank's peer in the next stage
+            self.sends.send(hidden, info.world_rank(info.stage + 1))
         elif rows:
-            self.sends.send(self.model.compute_logits(hidden[to_device(rows, torch.long, self.device)]), 0)
-        if not info.first_stage:
+            # every tensor-parallel rank runs the LM head (its all-gather is a collective of the
+            # stage); the stage's rank 0 alone sends the gathered logits to the driver
+            logits = self.model.compute_logits(hidden[to_device(rows, torch.long, self.device)])
+            if info.rank == 0:
+                self.sends.send(logits, 0)
+        if not info.first_stage or info.rank > 0:  # the driver alone samples
             return None
         return self._driver_result(step, len(rows), info)
 
@@ -89,7 +100,8 @@ class StageRunner(ModelRunner):
         if feed is not None:
             feed(input_ids)
         if not info.first_stage:
-            hidden = recv_hidden(step.num_tokens, self.hidden_size, self.dtype, self.device, info.stage - 1)
+            src = info.world_rank(info.stage - 1)
+            hidden = recv_hidden(step.num_tokens, self.hidden_size, self.dtype, self.device, src)
         if len(metas) != len(self.kv_groups):
             raise RuntimeError(f"step {step.step_id}: {len(metas)} KV groups, the model {len(self.kv_groups)}")
         with set_forward_context(group_context(metas, self.kv_caches, self.layer_group, self.kv_scales)):
@@ -101,7 +113,7 @@ class StageRunner(ModelRunner):
         self._last_sampled = None
         if not num_rows:
             return None
-        logits = PendingLogits(num_rows, self.vocab_size, self.device, info.stages - 1)
+        logits = PendingLogits(num_rows, self.vocab_size, self.device, info.world_rank(info.stages - 1, 0))
         n = len(step.sample_rows)
         prompt_logprobs = {}
         if step.prompt_logprobs:  # the engine keeps them at launch: this step waits for its logits

@@ -78,7 +78,9 @@ def run_worker(args: WorkerArgs, ready) -> None:
     device = distributed.rank_device(args.device, rank if args.local_rank is None else args.local_rank)
     if device == "cpu":  # the ranks share the cores: N ranks of all-core thread pools would thrash
         torch.set_num_threads(max(1, torch.get_num_threads() // size))
-    channel = distributed.join(rank, size, device, args.init_method, par.distributed_timeout_s)
+    channel = distributed.join(
+        rank, size, device, args.init_method, par.distributed_timeout_s, par.tensor_parallel_size
+    )
     info = distributed.parallel_info(par)
     cls = runner_class(info)
     runner = cls(args.config, args.model_dir, args.arch, device, args.dtype, args.max_model_len, info)

@@ -12,6 +12,11 @@ instead of each expert's intermediate size (attention and dense MLPs stay tensor
 `stage` of `stages` (pipeline parallelism): this process builds and loads only its contiguous run
 of decoder layers (`stage_layers`), the first stage the embedding, the last the final norm and the
 LM head; the hidden states between stages are the caller's to pass.
+
+Both at once (`-tp T -pp P`): the engine's T x P processes are laid out stage-major, world rank =
+stage * T + tensor-parallel rank (`of_world_rank`, `world_rank`), so a stage's tensor-parallel ranks
+are neighbours: torchrun gives each node a contiguous run of ranks, so with T ranks a node each
+stage's all-reduces stay inside one machine and only the stage-to-stage sends cross machines.
 """
 
 from __future__ import annotations
@@ -37,6 +42,15 @@ class ParallelInfo:
             raise ValueError(f"tensor-parallel rank {self.rank} of size {self.size} is not valid")
         if self.stages < 1 or not 0 <= self.stage < self.stages:
             raise ValueError(f"pipeline stage {self.stage} of {self.stages} is not valid")
+
+    @classmethod
+    def of_world_rank(cls, rank: int, tp_size: int, stages: int = 1, expert_parallel: bool = False) -> ParallelInfo:
+        """The place of world rank `rank` of an engine of `tp_size` x `stages` ranks (stage-major)."""
+        return cls(rank % tp_size, tp_size, expert_parallel=expert_parallel, stage=rank // tp_size, stages=stages)
+
+    def world_rank(self, stage: int, tp_rank: int | None = None) -> int:
+        """The world rank of tensor-parallel rank `tp_rank` (None: this one's) of pipeline stage `stage`."""
+        return stage * self.size + (self.rank if tp_rank is None else tp_rank)
 
     @property
     def first_stage(self) -> bool:

@@ -412,8 +412,10 @@ def test_launch_refusals(tmp_path):
     pp_one_node = load_sweep_config(write(tmp_path, pp_page))
     sw.check_can_launch(pp_one_node)  # one machine: atomc serve runs the stages itself
     assert sw.native_server_args(pp_one_node)[-2:] == ["--pipeline-parallel-size", "2"]
-    with pytest.raises(SweepConfigError, match="no tensor parallelism inside pipeline stages"):
-        sw.check_can_launch(load_sweep_config(write(tmp_path, single_node(pipeline_parallel_size="2"))))
+    tp_pp = load_sweep_config(write(tmp_path, single_node(pipeline_parallel_size="2")))
+    sw.check_can_launch(tp_pp)  # TP 8 inside each of 2 stages: atomc serve -tp 8 -pp 2 on one machine
+    tp_pp.server_args = []
+    assert sw.native_server_args(tp_pp)[-4:] == ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2"]
     pp_native = single_node(nnodes="2", master_addr="h", pipeline_parallel_size="2")
     with pytest.raises(SweepConfigError, match="driver='atom' with nnodes > 1 cannot run pipeline parallel"):
         load_sweep_config(write(tmp_path, pp_native))

@@ -1,6 +1,7 @@
 """`--nnodes 2`: the command run once per node execs torchrun, which starts that node's ranks; node 0's
-rank 0 is the engine and prints the text, node 1's rank is a worker and prints nothing. Two "nodes"
-on this machine (gloo over localhost) give the tokens of one process."""
+rank 0 is the engine and prints the text, node 1's ranks are workers and print nothing. Two "nodes"
+on this machine (gloo over localhost) give the tokens of one process, with tensor parallelism over
+both and with a pipeline stage a node (two tensor-parallel ranks each)."""
 
 from __future__ import annotations
 
@@ -35,12 +36,17 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # three CLI processes (~50 s): CI's budget; `pytest -m slow` runs it
-def test_two_nodes_generate_the_text_of_one_process(llama_dir):
+@pytest.mark.parametrize(
+    "split",
+    [["-tp", "2"], ["-tp", "2", "-pp", "2"]],
+    ids=["tp2", "tp2-pp2"],  # the second: each node one stage of two tensor-parallel ranks
+)
+def test_two_nodes_generate_the_text_of_one_process(llama_dir, split):
     one = subprocess.run(_cli(llama_dir), env=_env(), capture_output=True, text=True, timeout=300, check=True)
     port = str(_free_port())
     nodes = [
         subprocess.Popen(
-            _cli(llama_dir, "-tp", "2", "--nnodes", "2", "--node-rank", str(r), "--master-port", port),
+            _cli(llama_dir, *split, "--nnodes", "2", "--node-rank", str(r), "--master-port", port),
             env=_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -65,5 +71,19 @@ def test_torchrun_command_and_its_errors():
         torchrun_argv(EngineConfig().update(tensor_parallel_size=8, nnodes=3), [])
     with pytest.raises(ValueError, match="--node-rank 2 is not a node of --nnodes 2"):
         torchrun_argv(EngineConfig().update(tensor_parallel_size=2, nnodes=2, node_rank=2), [])
-    with pytest.raises(ValueError, match="--pipeline-parallel-size 2 runs on one machine"):
-        torchrun_argv(EngineConfig().update(pipeline_parallel_size=2, nnodes=2), [])
+    # stages across nodes: tp x pp / nnodes ranks a node (world rank = stage * tp + tp rank, so with
+    # as many nodes as stages each node holds one stage)
+    argv = torchrun_argv(EngineConfig().update(tensor_parallel_size=4, pipeline_parallel_size=2, nnodes=2), [])
+    assert "--nproc-per-node=4" in argv
+    with pytest.raises(ValueError, match=r"--pipeline-parallel-size 3 = 6 ranks does not divide across --nnodes 4"):
+        torchrun_argv(EngineConfig().update(tensor_parallel_size=2, pipeline_parallel_size=3, nnodes=4), [])
+
+
+def test_a_torchrun_world_of_another_size_is_refused(monkeypatch):
+    from atomc import env
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert env.launched_rank(2) == (0, 0, 2)
+    with pytest.raises(ValueError, match=r"torchrun started 2 ranks, the engine has 4"):
+        env.launched_rank(4)

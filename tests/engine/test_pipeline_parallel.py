@@ -197,17 +197,6 @@ def test_a_killed_stage_ends_the_engine_with_a_clear_error(checkpoints):
         llm.generate(["hello"], GREEDY)
 
 
-@pytest.mark.parametrize(
-    "kw, match",
-    [
-        (dict(tensor_parallel_size=2), "tensor parallelism inside pipeline stages is not supported yet"),
-    ],
-)
-def test_what_pipeline_stages_do_not_run_is_refused_before_starting(checkpoints, kw, match):
-    with pytest.raises(ValueError, match=match):
-        LLM(model=str(checkpoints["llama"]), **{**SMALL, **kw}, pipeline_parallel_size=2)
-
-
 @pytest.mark.slow  # two processes start to find it out
 def test_stages_with_different_kinds_of_attention_are_refused(checkpoints, tmp_path):
     import json
