@@ -73,7 +73,7 @@ from models.layers.linear import (
 from models.layers.mlp import GatedMLP
 from models.layers.moe import ExpertNames, FusedMoE, MoESpec, expert_sharding
 from models.layers.norm import RMSNorm
-from models.layers.parallel import SINGLE, ParallelInfo
+from models.layers.parallel import SINGLE, ParallelInfo, all_reduce
 from models.layers.rotary import RotaryEmbedding, rope_parameters
 
 LORA_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm use RMSNorm's default eps, not rms_norm_eps
@@ -287,6 +287,7 @@ class DeepseekMoE(nn.Module):
     def __init__(self, c: DeepseekConfig, parallel: ParallelInfo = SINGLE):
         super().__init__()
         self.gate = DeepseekRouter(c.hidden_size, c.moe.num_experts, c.correction_bias, parallel)
+        self.parallel = parallel
         self.experts = FusedMoE(c.hidden_size, c.moe, *expert_sharding(parallel))
         if c.shared_intermediate_size:
             self.shared_experts = GatedMLP(c.hidden_size, c.shared_intermediate_size, False, parallel)
@@ -294,8 +295,13 @@ class DeepseekMoE(nn.Module):
             self.shared_experts = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        routed = self.experts(x, self.gate(x), self.gate.e_score_correction_bias)
-        return routed if self.shared_experts is None else routed + self.shared_experts(x)
+        bias = self.gate.e_score_correction_bias
+        if self.shared_experts is None:
+            return self.experts(x, self.gate(x), bias)
+        # the routed experts (each rank its experts, or its slice of each) and the tensor-parallel
+        # shared experts are partial sums over the same ranks: added first, reduced once
+        routed = self.experts.partial_forward(x, self.gate(x), bias)
+        return all_reduce(self.parallel, routed + self.shared_experts.partial_forward(x))
 
 
 class DeepseekV2ForCausalLM(DecoderForCausalLM):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.layers.linear import MergedColumnParallelLinear, RowParallelLinear
-from models.layers.parallel import SINGLE, ParallelInfo
+from models.layers.parallel import SINGLE, ParallelInfo, all_reduce
 
 
 class GatedMLP(nn.Module):
@@ -22,5 +22,10 @@ class GatedMLP(nn.Module):
         self.inter = self.gate_up_proj.local_output_sizes[0]  # this rank's gate (= up) width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(self.down_proj.parallel, self.partial_forward(x))
+
+    def partial_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum of the output, before down_proj's all-reduce (for a caller that
+        adds another partial sum over the same ranks and reduces once)."""
         gate, up = self.gate_up_proj(x).split([self.inter, self.inter], dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj.partial_forward(F.silu(gate) * up)

@@ -183,9 +183,9 @@ def _model_rank(rank: int, size: int, init: str, path, expert_parallel: bool, ou
 MODELS = {
     "llama": (False, 4, 1),  # 2 layers: o_proj and down_proj each; the embedding's is left
     "qwen3_moe": (True, 4, 1),  # expert-parallel MoE blocks reduce their experts' sum the same way
-    # 3 layers: the dense first layer's 2 and each MoE layer's attention; a MoE layer reduces its
-    # routed and its shared experts apart and adds the two sums, which no pass fuses yet (2 x 2 left)
-    "deepseek_v3": (True, 4, 5),
+    # 3 layers, every layer end fused: a MoE layer adds its routed and shared experts' partial
+    # sums and reduces them once (models/deepseek.py), so that one all-reduce meets the add + norm
+    "deepseek_v3": (True, 6, 1),
 }
 
 
