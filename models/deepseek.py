@@ -290,7 +290,9 @@ class DeepseekMoE(nn.Module):
         self.parallel = parallel
         self.experts = FusedMoE(c.hidden_size, c.moe, *expert_sharding(parallel))
         if c.shared_intermediate_size:
-            self.shared_experts = GatedMLP(c.hidden_size, c.shared_intermediate_size, False, parallel)
+            # partial sums: reduced once with the routed experts' (forward)
+            inter = c.shared_intermediate_size
+            self.shared_experts = GatedMLP(c.hidden_size, inter, False, parallel, reduce_results=False)
         else:
             self.shared_experts = None
 
@@ -301,7 +303,7 @@ class DeepseekMoE(nn.Module):
         # the routed experts (each rank its experts, or its slice of each) and the tensor-parallel
         # shared experts are partial sums over the same ranks: added first, reduced once
         routed = self.experts.partial_forward(x, self.gate(x), bias)
-        return all_reduce(self.parallel, routed + self.shared_experts.partial_forward(x))
+        return all_reduce(self.parallel, routed + self.shared_experts(x))
 
 
 class DeepseekV2ForCausalLM(DecoderForCausalLM):

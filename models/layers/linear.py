@@ -231,16 +231,20 @@ class QKVParallelLinear(LinearBase):
 
 class RowParallelLinear(LinearBase):
     """Input features split across ranks (the input is a column layer's local slice); each rank's
-    output is a partial sum, so the bias is added on rank 0 only and the sum needs an all-reduce."""
+    output is a partial sum, so the bias is added on rank 0 only and the sum needs an all-reduce.
+    reduce_results=False leaves the sum to the caller, which adds other partial sums over the same
+    ranks first and reduces them once (DeepSeek's shared experts beside the routed ones)."""
 
-    def __init__(self, input_size, output_size, bias=False, parallel=SINGLE, linear_method=None):
+    def __init__(self, input_size, output_size, bias=False, parallel=SINGLE, linear_method=None, reduce_results=True):
         local_in = parallel.split(input_size, "input features")
         super().__init__(
             input_size, local_in, [output_size], [output_size], [0], (None,), bias, parallel, linear_method
         )
+        self.reduce_results = reduce_results
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(self.parallel, self.partial_forward(x))
+        partial = self.partial_forward(x)
+        return all_reduce(self.parallel, partial) if self.reduce_results else partial
 
     def partial_forward(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum (the bias on rank 0 only), before the all-reduce."""
