@@ -6,20 +6,16 @@ clear error in seconds."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import threading
-import time
 
 import pytest
 
 from atomc import LLM, SamplingParams
 from atomc.config import SchedulerConfig
 from atomc.engine.block_manager import BlockManager
-from atomc.engine.parallel_executor import WorkerDied
 from atomc.engine.scheduler import Scheduler
 from atomc.engine.sequence import Sequence
+from tests.engine.helpers import assert_killed_worker_ends_the_engine
 
 # more prompts than one micro-batch holds: two steps of different sequences go in flight at once
 PROMPTS = ["The capital of France is", "def add(a, b):\n", "1 2 3", "Once upon a time", "x = [", "Hello"]
@@ -182,19 +178,8 @@ def test_two_stages_without_async_scheduling(checkpoints):
 
 def test_a_killed_stage_ends_the_engine_with_a_clear_error(checkpoints):
     llm = LLM(model=str(checkpoints["llama"]), **SMALL, pipeline_parallel_size=2)
-    proc = llm.engine.executor.procs[0]
-    long = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
-    killer = threading.Timer(0.5, os.kill, (proc.pid, signal.SIGKILL))  # mid-generation
-    killer.start()
-    t0 = time.perf_counter()
-    with pytest.raises(WorkerDied, match="pipeline-stage worker rank 1 was killed by signal SIGKILL"):
-        for _ in range(50):  # keep stepping until the kill lands
-            llm.generate(["hello"] * 4, long)
-    assert time.perf_counter() - t0 < 15
-    killer.join()
-    assert not proc.is_alive()
-    with pytest.raises(WorkerDied):  # the engine stays ended
-        llm.generate(["hello"], GREEDY)
+    match = "pipeline-stage worker rank 1 was killed by signal SIGKILL"
+    assert_killed_worker_ends_the_engine(llm, llm.engine.executor.procs[0], match)
 
 
 @pytest.mark.slow  # two processes start to find it out

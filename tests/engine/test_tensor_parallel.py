@@ -5,18 +5,16 @@ ends the engine with a clear error in seconds, and no worker outlives its driver
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from atomc import LLM, SamplingParams
-from atomc.engine.parallel_executor import WorkerDied
 from atomc.runtime import distributed, step_codec
 from atomc.runtime.batch import GroupTables, PromptLogprobRequest, StepInput
+from tests.engine.helpers import assert_killed_worker_ends_the_engine
 
 PROMPTS = ["The capital of France is", "def add(a, b):\n", "1 2 3"]
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -46,19 +44,7 @@ def test_two_ranks_generate_the_tokens_of_one(checkpoints, tmp_path, family, kw)
 
 def test_a_killed_worker_ends_the_engine_with_a_clear_error(checkpoints):
     llm = LLM(model=str(checkpoints["llama"]), **SMALL, enforce_eager=True, tensor_parallel_size=2)
-    proc = llm.engine.executor.procs[0]
-    long = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
-    killer = threading.Timer(0.5, os.kill, (proc.pid, signal.SIGKILL))  # mid-generation
-    killer.start()
-    t0 = time.perf_counter()
-    with pytest.raises(WorkerDied, match="rank 1 was killed by signal SIGKILL"):
-        for _ in range(50):  # generation is fast: keep stepping until the kill lands
-            llm.generate(["hello"] * 4, long)
-    assert time.perf_counter() - t0 < 15
-    killer.join()
-    assert not proc.is_alive()
-    with pytest.raises(WorkerDied):  # the engine stays ended
-        llm.generate(["hello"], GREEDY)
+    assert_killed_worker_ends_the_engine(llm, llm.engine.executor.procs[0], "rank 1 was killed by signal SIGKILL")
 
 
 _DRIVER = """

@@ -6,19 +6,14 @@ with a clear error."""
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
-
 import pytest
 
 from atomc import LLM, SamplingParams
 from atomc.config import EngineConfig
-from atomc.engine.parallel_executor import WorkerDied
 from atomc.graphs.cache_key import parallel_factors
 from atomc.runtime import distributed
 from models.layers.parallel import ParallelInfo
+from tests.engine.helpers import assert_killed_worker_ends_the_engine
 
 PROMPTS = ["The capital of France is", "def add(a, b):\n", "1 2 3", "Once upon a time"]
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -85,18 +80,8 @@ def test_compiled_tp_inside_two_stages_generates_the_tokens_of_one(checkpoints, 
 def test_a_killed_stage_one_rank_ends_the_engine_with_a_clear_error(checkpoints):
     llm = LLM(model=str(checkpoints["llama"]), **SMALL, **TP_PP)
     proc = llm.engine.executor.procs[2]  # world rank 3: stage 1, tensor-parallel rank 1
-    long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
-    killer = threading.Timer(0.5, os.kill, (proc.pid, signal.SIGKILL))  # mid-generation
-    killer.start()
-    t0 = time.perf_counter()
     match = r"pipeline-stage worker rank 3 \(stage 1, tensor-parallel rank 1\) was killed by signal SIGKILL"
-    with pytest.raises(WorkerDied, match=match):
-        for _ in range(50):  # keep stepping until the kill lands
-            llm.generate(["hello"] * 4, long)
-    assert time.perf_counter() - t0 < 20
-    killer.join()
-    assert not proc.is_alive()
-    assert not any(p.is_alive() for p in llm.engine.executor.procs)
+    assert_killed_worker_ends_the_engine(llm, proc, match, max_tokens=60, within_s=20)
 
 
 @pytest.mark.slow  # four processes again; the Llama run covers the stages' groups by default
