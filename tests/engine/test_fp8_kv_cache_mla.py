@@ -116,3 +116,23 @@ def test_mla_fp8_kv_is_refused_on_rocm_only():
         check_fp8_kv_supported([MLAAttentionSpec(512, 64)], "cuda", "rocm")
     with pytest.raises(ValueError, match="not supported on ROCm"):
         check_fp8_kv_supported([PagedAttentionSpec(8, 128)], "cuda", "rocm")
+
+
+def test_prefix_hit_and_chunked_prefill_over_fp8_latent_pages(checkpoints):
+    """A prefix hit reads the FP8 rows an earlier request wrote, and 8-token chunks attend over the
+    FP8 rows of the chunks before: both give a cold FP8 run's tokens (every path reads the same
+    stored bytes, so no tolerance beyond fp32 summation order)."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    kw = dict(kv_cache_dtype="fp8", block_size=4, num_kv_blocks=128)
+    llm = make(checkpoints["deepseek_v2"], **kw)
+    tok = llm.get_tokenizer()
+    first = tok(PROMPTS[1]).input_ids
+    second = first + tok(" and then a second question came.").input_ids
+    llm.generate([{"prompt_token_ids": first}], params)
+    hit = llm.generate([{"prompt_token_ids": second}], params)[0]
+    assert hit.num_cached_tokens == len(first) // 4 * 4 > 8
+    cold = make(checkpoints["deepseek_v2"], enable_prefix_caching=False, **kw)
+    chunked = make(checkpoints["deepseek_v2"], enable_prefix_caching=False, max_num_batched_tokens=8, **kw)
+    want = cold.generate([{"prompt_token_ids": second}], params)[0].outputs[0].token_ids
+    assert hit.outputs[0].token_ids == want
+    assert chunked.generate([{"prompt_token_ids": second}], params)[0].outputs[0].token_ids == want
