@@ -34,22 +34,24 @@ HEADS, LORA, ROPE, PAGE = 128, 512, 64, 16
 POINTERS = {
     "qc_ptr": "*bf16", "qr_ptr": "*bf16", "cache_ptr": "*bf16", "out_ptr": "*bf16",
     "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
-    "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32",
+    "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "kv_scale_ptr": "*fp32",
 }  # fmt: skip
 
 
-def compile_config(config: dict, decode: bool = True, segments: int = 1, arch: int = 90):
-    """The compiled _mla_kernel for `config` (mla_attention's knobs) at V3's widths."""
+def compile_config(config: dict, decode: bool = True, segments: int = 1, arch: int = 90, fp8: bool = False):
+    """The compiled _mla_kernel for `config` (mla_attention's knobs) at V3's widths; `fp8`: over an
+    e4m3 latent cache (`--kv-cache-dtype fp8`), tiles widened to bf16 in the kernel."""
     knobs = {k: config.get(k) for k in ("block_h", "tile_n", "num_warps", "num_stages", "dv_split")}
     t = mla.mla_tiles(HEADS, LORA, decode, 2, **knobs)
     consts = dict(
         KV_LORA=LORA, ROPE=ROPE, BLOCK_C=t["block_c"], BLOCK_R=ROPE, NUM_HEADS=HEADS, BLOCK_H=t["block_h"],
         HEAD_BLOCKS=-(-HEADS // t["block_h"]), BLOCK_M=t["block_m"], BLOCK_Q=t["block_q"], TILE_N=t["tile_n"],
         PAGE=PAGE, NUM_SEGMENTS=segments, SPLIT=segments > 1, MIN_SEG_TILES=mla.MIN_SEG_TILES,
-        DV_SPLIT=t["dv_split"], DECODE=decode, PRECISION="tf32", PDL=True,
+        DV_SPLIT=t["dv_split"], DECODE=decode, PRECISION="tf32", FP8=fp8, PDL=True,
     )  # fmt: skip
     names = mla._mla_kernel.arg_names
-    sig = {n: POINTERS.get(n) or ("constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32") for n in names}
+    pointers = {**POINTERS, "cache_ptr": "*fp8e4nv"} if fp8 else POINTERS
+    sig = {n: pointers.get(n) or ("constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32") for n in names}
     # what a launch specialises: pointers and strides divisible by 16 (num_seqs, stride_bt are not)
     aligned = [i for i, n in enumerate(names) if n in POINTERS or (n.startswith("stride") and n != "stride_bt")]
     src = ASTSource(
@@ -86,6 +88,7 @@ def resources(kernel) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prefill", action="store_true", help="prefill tiles (causal mask) instead of decode")
+    ap.add_argument("--fp8", action="store_true", help="over an e4m3 latent cache (--kv-cache-dtype fp8)")
     args = ap.parse_args()
     from mla_decode import SWEEP
 
@@ -96,7 +99,7 @@ def main() -> None:
             continue
         seen.append(tiles)
         try:
-            r = resources(compile_config(tiles, decode=not args.prefill))
+            r = resources(compile_config(tiles, decode=not args.prefill, fp8=args.fp8))
         except Exception as exc:  # e.g. out of shared memory
             print(f"{tiles}: failed: {type(exc).__name__}: {str(exc)[:160]}")
             continue

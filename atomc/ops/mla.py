@@ -16,14 +16,19 @@ atomc/kernels/triton/mla_attention.py.
 
 Like atomc::attention it writes into `out` and reads the cache and batch metadata from the forward
 context (a context op: the graph is cut here).
+
+FP8 latent cache (`--kv-cache-dtype fp8`): the pages hold [c_kv | k_pe] / scale in e4m3, one scale a
+layer for the whole row (the layer's k scale; the forward context's pair is that scale twice,
+atomc/runtime/fp8_kv.py), saturated at ±448; the read dequantises the gathered rows (stored * scale,
+fp32), for the keys and for the values (the c_kv part) alike.
 """
 
 from __future__ import annotations
 
 import torch
 
-from atomc.forward_context import layer_cache
-from atomc.ops.attention import causal_attention, paged_attention_reference
+from atomc.forward_context import layer_cache, layer_kv_scales
+from atomc.ops.attention import causal_attention, fp8_scales, paged_attention_reference, quantize_kv
 
 
 @torch.library.custom_op("atomc::mla_attention", mutates_args=("out",))
@@ -44,8 +49,9 @@ def mla_attention(
     q = torch.cat([q_absorbed, q_pe], dim=-1)  # [T, H, kv_lora + rope]
     latent = torch.cat([c_kv, k_pe], dim=-1).unsqueeze(1)  # [T, 1, kv_lora + rope]: one shared "head"
     meta, latent_cache, value_cache = cache  # value_cache: the c_kv part of latent_cache (a view)
-    write_latent_cache(latent, latent_cache, meta.slot_mapping)
-    paged_attention_reference(q, latent_cache, value_cache, out, meta, scale)
+    scales = fp8_scales(latent_cache, layer_kv_scales(layer_idx))  # FP8: (latent scale, the same)
+    write_latent_cache(latent, latent_cache, meta.slot_mapping, None if scales is None else scales[0])
+    paged_attention_reference(q, latent_cache, value_cache, out, meta, scale, kv_scales=scales)
 
 
 @mla_attention.register_fake
@@ -67,7 +73,11 @@ def mla_without_cache(
     out.copy_(causal_attention(q, latent, latent[..., : c_kv.shape[-1]], scale))
 
 
-def write_latent_cache(latent: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter new latent rows [T, 1, D] to their slots (block * block_size + offset); -1 is padding."""
+def write_latent_cache(
+    latent: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor, kv_scale: torch.Tensor | None = None
+) -> None:
+    """Scatter new latent rows [T, 1, D] to their slots (block * block_size + offset); -1 is padding.
+    `kv_scale` fp32 [1]: FP8 pages, each row stored as `quantize_kv` (rope part included)."""
     keep = slot_mapping >= 0
-    cache.view(-1, *cache.shape[2:])[slot_mapping[keep]] = latent[: slot_mapping.numel()][keep].to(cache.dtype)
+    rows = quantize_kv(latent[: slot_mapping.numel()][keep], cache.dtype, kv_scale)
+    cache.view(-1, *cache.shape[2:])[slot_mapping[keep]] = rows

@@ -107,7 +107,7 @@ class ModelRunner:
         if is_fp8(self.kv_dtype):
             check_fp8_kv_supported(self.kv_specs, device, platform_of(device))
             checkpoint_scales = getattr(self.model, "kv_cache_scales", {})
-            self.kv_scales = kv_scale_tensors(checkpoint_scales, len(self.kv_specs), device)
+            self.kv_scales = kv_scale_tensors(checkpoint_scales, self.kv_specs, device)
         self.compile_info: dict = {}  # the artifact's key and format (read by the compile tests)
         if not config.compile.enforce_eager:
             from atomc.graphs.build import load_or_compile

@@ -4,9 +4,13 @@ A quantised checkpoint can carry one k and one v scale per attention layer (the 
 k / k_scale, v / v_scale: vLLM's semantics), under any of the names its writers use:
 
 - `<attn>.k_scale`, `<attn>.v_scale` (HF / vLLM fp8, compressed-tensors with a `kv_cache_scheme`);
-- `<attn>.attn.k_scale`, `<attn>.attn.v_scale` (checkpoints saved from vLLM's module tree);
+- `<attn>.attn.k_scale`, `<attn>.attn.v_scale`, `<attn>.mla_attn.k_scale` (checkpoints saved from
+  vLLM's module tree);
 - `<attn>.k_proj.output_scale`, `<attn>.v_proj.output_scale` (older compressed-tensors, Quark);
 - `<attn>.kv_scale` (the older single scale, for both).
+
+An MLA layer (DeepSeek) uses its k scale (or kv_scale) for its whole latent row; a v_scale it
+ships is read and not used (atomc/runtime/fp8_kv.py).
 
 They are not parameters (no layer computes with them; the runner hands them to the attention
 kernels through the forward context), so they are collected into `model.kv_cache_scales`:
@@ -32,12 +36,14 @@ _PATTERNS = (
 
 def kv_scale_target(name: str) -> tuple[list[str], str] | None:
     """(the checkpoint prefixes that may be the attention module, "k" | "v" | "kv") when `name` is a
-    KV-cache scale: the name's parent, then (vLLM's `<attn>.attn.k_scale`) its grandparent."""
+    KV-cache scale: the name's parent, then (vLLM's `<attn>.attn.k_scale`, `<attn>.mla_attn.k_scale`)
+    its grandparent."""
     for pattern in _PATTERNS:
         hit = pattern.match(name)
         if hit is not None:
             attn = hit["attn"]
-            return [attn, *([attn.removesuffix(".attn")] if attn.endswith(".attn") else [])], hit["which"]
+            parent = [attn.rsplit(".", 1)[0]] if attn.endswith((".attn", ".mla_attn")) else []
+            return [attn, *parent], hit["which"]
     return None
 
 

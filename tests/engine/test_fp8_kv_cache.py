@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from atomc import LLM, SamplingParams
-from atomc.kv_spec import MLAAttentionSpec, PagedAttentionSpec, kv_cache_torch_dtype
+from atomc.kv_spec import PagedAttentionSpec, kv_cache_torch_dtype
 from atomc.runtime.fp8_kv import check_fp8_kv_supported
 from atomc.runtime.kv_cache import bytes_per_block
 from models.loader import load_model
@@ -128,13 +128,6 @@ def test_unsupported_fp8_kv_configs_are_refused():
         kv_cache_torch_dtype("fp8_e5m2", torch.bfloat16)
     with pytest.raises(ValueError, match="'int8' is not one of"):
         kv_cache_torch_dtype("int8", torch.bfloat16)
-    with pytest.raises(ValueError, match="not supported for MLA models"):
-        check_fp8_kv_supported([MLAAttentionSpec(512, 64)], "cpu", "cpu")
     with pytest.raises(ValueError, match="not supported on ROCm"):
         check_fp8_kv_supported([PagedAttentionSpec(8, 128)], "cuda", "rocm")
     check_fp8_kv_supported([PagedAttentionSpec(8, 128)], "cpu", "cpu")
-
-
-def test_mla_model_with_fp8_kv_is_refused(checkpoints):
-    with pytest.raises(ValueError, match="not supported for MLA models"):
-        make(checkpoints["deepseek_v2"], kv_cache_dtype="fp8")

@@ -44,6 +44,15 @@ attention): long prompts would run faster expanded, at the price of materialisin
 No host sync in the wrapper (grid sizes from host ints; `max_seq_len` may be an upper bound), so
 it is captured in CUDA graphs like the MHA kernel. `write_latent_cache` scatters this step's rows
 (c_kv and k_pe straight from their own tensors, no concatenation) into the pages.
+
+FP8 pages (`FP8`, a constexpr; `--kv-cache-dtype fp8`): the rows hold [c_kv | k_pe] / kv_scale in
+e4m3, one scale a layer (atomc/ops/mla.py). The write quantises as the MHA write does
+(`quantize_kv_value`). The attention kernel loads e4m3 tiles and widens them to the query's dtype
+(exact: every e4m3 value is an fp16/bf16 value), so the dots see the stored values; since the scores
+are q . (stored * kv_scale) over both pieces, kv_scale is folded into the logit scale, and since the
+values are the c_kv pieces, it multiplies the accumulators once after the KV loop, before the final
+store or the split-KV partials (the reduce is unchanged). Half the bytes a latent row (576 at V3's
+widths), so the same memory holds twice the tokens of a bf16 cache.
 """
 
 from __future__ import annotations
@@ -53,6 +62,8 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton import pdl
+from atomc.kernels.triton.fp8_quant import ROUND_IN_FP32
+from atomc.kernels.triton.kv_cache_write import quantize_kv_value
 from atomc.kernels.triton.paged_attention import (
     CAPTURE_SEG_TILES,
     MAX_SEGMENTS,
@@ -63,6 +74,7 @@ from atomc.kernels.triton.paged_attention import (
     _seg_len,
 )
 from atomc.kernels.triton.pdl import after_producer
+from atomc.kv_spec import FP8_KV_DTYPE
 
 
 @triton.jit
@@ -80,7 +92,7 @@ def _rows(ptr, rows, row_ok, COL0: tl.constexpr, COLS: tl.constexpr, LIMIT: tl.c
 def _mla_kernel(
     qc_ptr, qr_ptr, cache_ptr, out_ptr,
     part_acc_ptr, part_m_ptr, part_l_ptr,
-    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
+    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, kv_scale_ptr,
     qk_scale, num_seqs,
     stride_qct, stride_qch, stride_qrt, stride_qrh,
     stride_cb, stride_cs,
@@ -90,7 +102,7 @@ def _mla_kernel(
     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, DV_SPLIT: tl.constexpr, DECODE: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    FP8: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py
     # head blocks fastest: a token's run side by side (see the module docstring); one axis for
@@ -137,6 +149,8 @@ def _mla_kernel(
     if DV_SPLIT == 2:
         qb = _rows(qc_ptr, q_rows, row_ok, CHUNK, CHUNK, KV_LORA, FULL_C)
     qr = _rows(qr_ptr, tok * stride_qrt + head * stride_qrh, row_ok, 0, BLOCK_R, ROPE, FULL_R)
+    if FP8:
+        qk_scale = qk_scale * tl.load(kv_scale_ptr)  # s = q . (stored * kv_scale), c_kv and k_pe alike
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, scaled (log2 domain)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -151,11 +165,17 @@ def _mla_kernel(
         page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
         row = page * stride_cb + (n % PAGE) * stride_cs
         ka = _rows(cache_ptr, row, n_ok, 0, CHUNK, KV_LORA, FULL_C)
+        if FP8:
+            ka = ka.to(qa.dtype)  # e4m3 widens exactly
         s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
         if DV_SPLIT == 2:
             kb = _rows(cache_ptr, row, n_ok, CHUNK, CHUNK, KV_LORA, FULL_C)
+            if FP8:
+                kb = kb.to(qb.dtype)
             s = tl.dot(qb, tl.trans(kb), s, input_precision=PRECISION)
         kr = _rows(cache_ptr + KV_LORA, row, n_ok, 0, BLOCK_R, ROPE, FULL_R)
+        if FP8:
+            kr = kr.to(qr.dtype)
         s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
         if DECODE:
             visible = n_ok[None, :]  # the one query of a sequence sees its whole context
@@ -174,6 +194,11 @@ def _mla_kernel(
             acc_b = tl.dot(p, kb, acc_b * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
+    if FP8:
+        v_scale = tl.load(kv_scale_ptr)  # the values are the stored c_kv * kv_scale
+        acc_a = acc_a * v_scale
+        if DV_SPLIT == 2:
+            acc_b = acc_b * v_scale
     offs_a = tl.arange(0, CHUNK)
     if not alone:
         # scratch [T, H, NUM_SEGMENTS(, BLOCK_C)], unnormalised
@@ -329,6 +354,7 @@ def mla_attention(
     num_stages: int | None = None,
     dv_split: int | None = None,
     min_seg_tiles: int = MIN_SEG_TILES,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal latent attention of q_absorbed [T, H, kv_lora] and q_pe [T, H, rope] over the latent
     pages [blocks, page, 1, kv_lora + rope]; writes out [T, H, kv_lora].
@@ -338,7 +364,8 @@ def mla_attention(
     (> 1) or not (1); by default decode batches too small to fill the GPU are split. `block_h`
     (heads a tile, a power of two), `tile_n` (keys a step, >= 16), `num_warps`, `num_stages`,
     `dv_split` (1: c_kv as one piece; 2: two halves, two accumulators), `min_seg_tiles` (the fewest
-    tiles a split-KV segment takes): tuning knobs for benchmarks (`mla_tiles`)."""
+    tiles a split-KV segment takes): tuning knobs for benchmarks (`mla_tiles`). `kv_scale` fp32 [1]:
+    the pages are FP8 (e4m3) and hold the latent / kv_scale."""
     num_tokens, num_heads, kv_lora = q_absorbed.shape
     _, page, one, latent_dim = latent_cache.shape
     rope = latent_dim - kv_lora
@@ -348,10 +375,13 @@ def mla_attention(
     assert latent_cache.stride(-1) == 1
     if num_seqs == 0 or num_tokens == 0:
         return out
+    kv_scale, fp8 = latent_scale_arg(latent_cache, kv_scale, out)
     decode = max_query_len == 1
+    # the tiles are sized for the dots' operand width: FP8 tiles widen to the query's dtype
     t = mla_tiles(
-        num_heads, kv_lora, decode, latent_cache.element_size(), block_h, tile_n, num_warps, num_stages, dv_split
-    )
+        num_heads, kv_lora, decode, q_absorbed.element_size() if fp8 else latent_cache.element_size(),
+        block_h, tile_n, num_warps, num_stages, dv_split,
+    )  # fmt: skip
     block_h, block_q, block_c, tile_n = t["block_h"], t["block_q"], t["block_c"], t["tile_n"]
     head_blocks = triton.cdiv(num_heads, block_h)
     block_r = max(16, triton.next_power_of_2(rope))
@@ -373,7 +403,7 @@ def mla_attention(
     _mla_kernel[(head_blocks * q_blocks, num_segments)](
         q_absorbed, q_pe, latent_cache, out,
         part_acc, part_m, part_l,
-        query_start_loc, seq_lens, block_tables,
+        query_start_loc, seq_lens, block_tables, kv_scale,
         scale * 1.4426950408889634, num_seqs,
         q_absorbed.stride(0), q_absorbed.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1),
@@ -382,7 +412,7 @@ def mla_attention(
         KV_LORA=kv_lora, ROPE=rope, BLOCK_C=block_c, BLOCK_R=block_r, NUM_HEADS=num_heads, BLOCK_H=block_h,
         HEAD_BLOCKS=head_blocks, BLOCK_M=t["block_m"], BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page,
         NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=min_seg_tiles, DV_SPLIT=t["dv_split"],
-        DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32",
+        DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32", FP8=fp8,
         num_warps=t["num_warps"], num_stages=t["num_stages"], **pdl.launch(q_absorbed),
     )  # fmt: skip
     if split:
@@ -399,12 +429,23 @@ def mla_attention(
     return out
 
 
+def latent_scale_arg(latent_cache: torch.Tensor, kv_scale, fallback: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(kv_scale, fp8) kernel arguments: the scale for FP8 pages (required), else `fallback` (an
+    unused pointer)."""
+    if latent_cache.dtype != FP8_KV_DTYPE:
+        return fallback, False
+    if kv_scale is None:
+        raise ValueError("an FP8 (e4m3) latent cache needs its layer's kv_scale")
+    assert kv_scale.dtype == torch.float32 and kv_scale.numel() == 1
+    return kv_scale, True
+
+
 @triton.jit
 def _write_latent_kernel(
-    c_ptr, r_ptr, cache_ptr, slot_ptr,
+    c_ptr, r_ptr, cache_ptr, slot_ptr, kv_scale_ptr,
     stride_ct, stride_rt, stride_cb, stride_cs,
     KV_LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
-    PAGE: tl.constexpr,
+    PAGE: tl.constexpr, FP8: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py
@@ -417,15 +458,21 @@ def _write_latent_kernel(
     offs_r = tl.arange(0, BLOCK_R)
     c = tl.load(c_ptr + t.to(tl.int64) * stride_ct + offs_c, mask=offs_c < KV_LORA)
     r = tl.load(r_ptr + t.to(tl.int64) * stride_rt + offs_r, mask=offs_r < ROPE)
-    tl.store(row + offs_c, c.to(cache_ptr.dtype.element_ty), mask=offs_c < KV_LORA)
-    tl.store(row + KV_LORA + offs_r, r.to(cache_ptr.dtype.element_ty), mask=offs_r < ROPE)
+    dtype = cache_ptr.dtype.element_ty
+    tl.store(row + offs_c, quantize_kv_value(c, kv_scale_ptr, dtype, FP8, ROUND_IN_FP32), mask=offs_c < KV_LORA)
+    tl.store(row + KV_LORA + offs_r, quantize_kv_value(r, kv_scale_ptr, dtype, FP8, ROUND_IN_FP32), mask=offs_r < ROPE)
 
 
 def write_latent_cache(
-    c_kv: torch.Tensor, k_pe: torch.Tensor, latent_cache: torch.Tensor, slot_mapping: torch.Tensor
+    c_kv: torch.Tensor,
+    k_pe: torch.Tensor,
+    latent_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_scale: torch.Tensor | None = None,
 ) -> None:
     """c_kv [T, kv_lora] and k_pe [T, rope] (T >= slot_mapping.numel()) -> their slots' latent rows
-    [c_kv | k_pe] in pages [blocks, page, 1, kv_lora + rope]; slot -1 writes nothing."""
+    [c_kv | k_pe] in pages [blocks, page, 1, kv_lora + rope]; slot -1 writes nothing. `kv_scale`
+    fp32 [1] for FP8 pages (both parts stored / kv_scale, as atomc.ops.mla.write_latent_cache)."""
     num_tokens = slot_mapping.numel()
     if num_tokens == 0:
         return
@@ -433,9 +480,11 @@ def write_latent_cache(
     kv_lora, rope = c_kv.shape[-1], k_pe.shape[-1]
     assert kv_lora + rope == latent_dim and c_kv.stride(-1) == 1 and k_pe.stride(-1) == 1
     assert latent_cache.stride(-1) == 1
+    kv_scale, fp8 = latent_scale_arg(latent_cache, kv_scale, slot_mapping)
     _write_latent_kernel[(num_tokens,)](
-        c_kv, k_pe, latent_cache, slot_mapping,
+        c_kv, k_pe, latent_cache, slot_mapping, kv_scale,
         c_kv.stride(0), k_pe.stride(0), latent_cache.stride(0), latent_cache.stride(1),
         KV_LORA=kv_lora, ROPE=rope, BLOCK_C=triton.next_power_of_2(kv_lora),
-        BLOCK_R=triton.next_power_of_2(rope), PAGE=page, num_warps=4, **pdl.launch(c_kv),
+        BLOCK_R=triton.next_power_of_2(rope), PAGE=page, FP8=fp8, ROUND_IN_FP32=fp8 and ROUND_IN_FP32,
+        num_warps=4, **pdl.launch(c_kv),
     )  # fmt: skip

@@ -181,11 +181,13 @@ def mla_attention(
     if cache is None:
         return mla_without_cache(q_absorbed, q_pe, c_kv, k_pe, out, scale)
     meta, latent_cache, _ = cache  # the second tensor is a view of the latent's c_kv part
-    tk.write_latent_cache(unit_stride(c_kv), unit_stride(k_pe), latent_cache, meta.slot_mapping)
+    scales = layer_kv_scales(layer_idx)  # FP8 pages: (the latent's one scale, the same tensor)
+    kv_scale = None if scales is None else scales[0]
+    tk.write_latent_cache(unit_stride(c_kv), unit_stride(k_pe), latent_cache, meta.slot_mapping, kv_scale)
     # any token/head strides will do (the model's q_absorbed is a transposed bmm output)
     tk.mla_attention(
         unit_stride(q_absorbed), unit_stride(q_pe), latent_cache, out, meta.query_start_loc, meta.seq_lens,
-        meta.block_tables, scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs,
+        meta.block_tables, scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs, kv_scale=kv_scale,
     )  # fmt: skip
 
 
