@@ -50,3 +50,20 @@ def model_logits(model) -> Callable[[list[int]], torch.Tensor]:
             return model.compute_logits(model(t, torch.arange(t.numel())))
 
     return logits_of
+
+
+def assert_outputs_close(outs, want, llm, prompts: Sequence[str], margin: float, logprob_tol: float) -> None:
+    """Each of `outs` (RequestOutputs with logprobs) against the reference run `want` of the same
+    prompts on engine `llm`: greedy tokens agree up to a near-tie within `margin` of the reference
+    model's logits, and the chosen tokens' logprobs on the shared steps within `logprob_tol`."""
+    tok = llm.get_tokenizer()
+    logits_of = model_logits(llm.engine.runner.model)
+    for prompt, got, ref in zip(prompts, outs, want, strict=True):
+        g, r = got.outputs[0], ref.outputs[0]
+        assert_greedy_agree(g.token_ids, r.token_ids, tok.encode(prompt), logits_of, margin=margin)
+        pairs = zip(g.token_ids, r.token_ids, strict=False)
+        shared = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(g.token_ids), len(r.token_ids)))
+        for step in range(shared):
+            tok_id = r.token_ids[step]
+            move = abs(g.logprobs[step][tok_id] - r.logprobs[step][tok_id])
+            assert move < logprob_tol, (prompt, step, move)

@@ -23,7 +23,7 @@ from atomc.runtime.fp8_kv import check_fp8_kv_supported
 from atomc.runtime.kv_cache import bytes_per_block
 from models.loader import load_model
 from tests.engine.helpers import PROMPTS, assert_pool_free, make
-from tests.greedy import assert_greedy_agree, model_logits
+from tests.greedy import assert_outputs_close
 
 FP8_MARGIN = 0.25
 GREEDY = SamplingParams(temperature=0, max_tokens=32, logprobs=3)
@@ -37,16 +37,7 @@ def fp32_run(llama_dir):
 
 def assert_close_to_fp32_kv(outs, fp32_run) -> None:
     llm, want = fp32_run
-    tok = llm.get_tokenizer()
-    logits_of = model_logits(llm.engine.runner.model)
-    for prompt, got, ref in zip(PROMPTS, outs, want, strict=True):
-        g, r = got.outputs[0], ref.outputs[0]
-        assert_greedy_agree(g.token_ids, r.token_ids, tok.encode(prompt), logits_of, margin=FP8_MARGIN)
-        pairs = zip(g.token_ids, r.token_ids, strict=False)
-        shared = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(g.token_ids), len(r.token_ids)))
-        for step in range(shared):
-            tok_id = r.token_ids[step]
-            assert abs(g.logprobs[step][tok_id] - r.logprobs[step][tok_id]) < 0.2, (prompt, step)
+    assert_outputs_close(outs, want, llm, PROMPTS, margin=FP8_MARGIN, logprob_tol=0.2)
 
 
 def test_fp8_kv_cache_agrees_with_fp32_and_holds_four_times_the_blocks(llama_dir, fp32_run):

@@ -27,7 +27,7 @@ from atomc.kv_spec import MLAAttentionSpec, PagedAttentionSpec, kv_cache_torch_d
 from atomc.runtime.fp8_kv import check_fp8_kv_supported
 from atomc.runtime.kv_cache import bytes_per_block
 from tests.engine.helpers import PROMPTS, assert_pool_free, make
-from tests.greedy import assert_greedy_agree, model_logits
+from tests.greedy import assert_outputs_close
 
 FP8_MARGIN = 0.25
 LOGPROB_TOL = 0.3
@@ -42,23 +42,10 @@ def fp32_run(request, checkpoints):
     return checkpoints[request.param], llm, llm.generate(PROMPTS, GREEDY)
 
 
-def assert_close_to_fp32_kv(outs, fp32_run) -> float:
-    """The rule of the module docstring; returns the largest logprob move (for the record)."""
+def assert_close_to_fp32_kv(outs, fp32_run) -> None:
+    """The rule of the module docstring."""
     _, llm, want = fp32_run
-    tok = llm.get_tokenizer()
-    logits_of = model_logits(llm.engine.runner.model)
-    worst = 0.0
-    for prompt, got, ref in zip(PROMPTS, outs, want, strict=True):
-        g, r = got.outputs[0], ref.outputs[0]
-        assert_greedy_agree(g.token_ids, r.token_ids, tok.encode(prompt), logits_of, margin=FP8_MARGIN)
-        pairs = zip(g.token_ids, r.token_ids, strict=False)
-        shared = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(g.token_ids), len(r.token_ids)))
-        for step in range(shared):
-            tok_id = r.token_ids[step]
-            move = abs(g.logprobs[step][tok_id] - r.logprobs[step][tok_id])
-            assert move < LOGPROB_TOL, (prompt, step, move)
-            worst = max(worst, move)
-    return worst
+    assert_outputs_close(outs, want, llm, PROMPTS, margin=FP8_MARGIN, logprob_tol=LOGPROB_TOL)
 
 
 def test_fp8_latent_cache_agrees_with_fp32_and_holds_four_times_the_blocks(fp32_run):
