@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atomc.config import EngineConfig
-from atomc.engine.block_manager import BlockManager
 from atomc.engine.client import EngineClient
 from atomc.engine.detokenizer import DetokenizerState, decode_rest, decode_step
 from atomc.engine.generation_defaults import generation_defaults
@@ -30,6 +29,7 @@ from atomc.engine.model_files import resolve_model
 from atomc.engine.parallel_executor import ParallelExecutor
 from atomc.engine.scheduler import ScheduledSeq, Scheduler
 from atomc.engine.sequence import SeqStatus, Sequence
+from atomc.engine.start_up import block_pools, runner_phases, served_model_name
 from atomc.engine.step_input import build_step_input
 from atomc.engine.structured_outputs import GrammarCompiler
 from atomc.engine.structured_step import StructuredSteps
@@ -39,46 +39,10 @@ from atomc.runtime import distributed
 from atomc.runtime.model_runner import PendingStep
 from atomc.runtime.stage_runner import runner_class
 from atomc.sampling_params import SamplingParams
-from models.loader.default_model import DEFAULT_MODEL_NAME
 
 log = logging.getLogger(__name__)
 
 MAX_FAILED_STEPS = 3  # consecutive failed steps after which the engine gives up (step() raises)
-
-
-def served_model_name(config: EngineConfig) -> str:
-    """The `model` id the server lists: --served-model-name, else the checkpoint folder's (or .gguf
-    file's) name, never a path of this machine; the default model goes by its own name."""
-    if config.model.served_model_name:
-        return config.model.served_model_name
-    if not config.model.model:
-        return DEFAULT_MODEL_NAME
-    return Path(config.model.model).expanduser().name or DEFAULT_MODEL_NAME
-
-
-def runner_phases(runner) -> str:
-    """The model runner's start-up phases for the log (benchmarks/serve_start.py reads them)."""
-    info, times = runner.compile_info, getattr(runner, "timings", {})
-    parts = [f"imports {times.get('imports_s', 0.0):.1f}s (backend ops, compiler)"]
-    weights = f"weights {times.get('load_weights_s', 0.0):.1f}s"
-    if times.get("device_init_s"):
-        weights += (
-            f" (CUDA context {times['device_init_s']:.1f}s on a thread, overlapped with the imports; "
-            f"{times.get('device_init_wait_s', 0.0):.1f}s waited)"
-        )
-    parts.append(weights)
-    model = times.get("compile_or_load_s", 0.0)
-    if not info:
-        parts.append("model (eager) 0.0s")
-    elif info.get("hit"):
-        load = info.get("timings", {}).get("load_s", model)
-        split = f"cache key and checks {model - load:.1f}s, load {load:.1f}s"
-        parts.append(f"model (artifact loaded) {model:.1f}s ({split})")
-    else:
-        parts.append(f"model (compiled) {model:.1f}s")
-    kv = times.get("kv_sizing_s", 0.0)
-    parts.append(f"KV sizing {kv:.1f}s (on a GPU the first forward, with the kernels' first-use compiles)")
-    return ", ".join(parts)
 
 
 def _tracks_logprob(p: SamplingParams) -> bool:
@@ -136,7 +100,7 @@ class LLMEngine(EngineClient):
             self.runner = runner_class(shard)(
                 config, self.model_dir, self.arch, self.device, self.dtype, self.max_model_len, shard
             )
-            self.block_pools = self._block_pools()
+            self.block_pools = block_pools(config, self.runner, self.max_model_len)
             if self.device.startswith("cuda") and not config.compile.enforce_eager:
                 t3 = time.perf_counter()
                 self.runner.capture_graphs(self.max_model_len)  # every rank the same sizes (collectives inside)
@@ -488,39 +452,6 @@ class LLMEngine(EngineClient):
             prompt_logprobs=list(first.prompt_logprobs) if first.params.prompt_logprobs is not None else None,
             metrics=dict(req.metrics),
         )
-
-    def _block_pools(self) -> list[BlockManager]:
-        """One block pool per KV-cache group of the model (full attention first), each able to hold
-        one sequence of max_model_len (a windowed pool: its window and a chunk)."""
-        cache, bs = self.config.cache, self.config.cache.block_size
-        needs, _ = self.runner.kv_group_needs()
-        pools = []
-        for group, num_blocks, need in zip(self.runner.kv_groups, self.runner.group_num_blocks, needs, strict=True):
-            window = group.sliding_window
-            pool = BlockManager(num_blocks, bs, cache.enable_prefix_caching, sliding_window=window)
-            if need > pool.num_usable_blocks:
-                if window is None:
-                    raise ValueError(
-                        f"the KV cache holds {pool.num_usable_blocks * bs} tokens, fewer than "
-                        f"max_model_len={self.max_model_len}; lower --max-model-len or give the cache more memory"
-                    )
-                raise ValueError(
-                    f"the KV cache of the layers with a {window}-token window holds {pool.num_usable_blocks} "
-                    f"blocks, fewer than the {need} one sequence needs (its window and a chunk of "
-                    f"max_num_batched_tokens={self.config.scheduler.max_num_batched_tokens}); lower "
-                    "--max-num-batched-tokens or give the cache more memory"
-                )
-            pools.append(pool)
-        if len(pools) > 1:
-            log.info(
-                "KV-cache groups: %s",
-                ", ".join(
-                    f"{'full' if g.sliding_window is None else f'window {g.sliding_window}'} "
-                    f"({len(g.layers)} layers, {p.num_usable_blocks} blocks)"
-                    for g, p in zip(self.runner.kv_groups, pools, strict=True)
-                ),
-            )
-        return pools
 
     def stats(self) -> dict:
         return {

@@ -71,7 +71,7 @@ class _Runner:
 
 
 def test_runner_phases_split_a_warm_load_and_show_the_overlapped_cuda_context():
-    from atomc.engine.llm_engine import runner_phases
+    from atomc.engine.start_up import runner_phases
 
     times = {
         "imports_s": 3.04, "device_init_s": 0.81, "device_init_wait_s": 0.0, "load_weights_s": 1.2,
