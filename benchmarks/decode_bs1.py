@@ -10,7 +10,9 @@ bf16); int8 for gpt-fast's weight-only int8 (every nn.Linear, the LM head too, b
 Engines (`--engines`, comma-separated, run in that order):
 - `atomc`, `atomc-eager`: the model as the checkpoint is; `atomc-fp8`, `atomc-fp8-eager`: the same
   with `quantization="fp8"` (what `atomc serve --quantization fp8` sets: EngineConfig.quantization);
-- `hf` (transformers, `generate` compiling a static cache), `hf-loop` (a gpt-fast-style loop);
+- `hf` (transformers, `generate` compiling a static cache), `hf-eager` (`generate` with its default
+  dynamic cache, nothing compiled: transformers as most users run it, and the peer for models whose
+  static-cache compile does not finish in a box, e.g. GPT-OSS), `hf-loop` (a gpt-fast-style loop);
 - `gpt-fast-int8`: gpt-fast's own Llama with its `int8` weight-only quantisation
   (`peers/gpt_fast_llama.py`; needs `.peers/gpt-fast/llama/` from `peers/fetch_gpt_fast.sh`).
 
@@ -55,6 +57,7 @@ ENGINES = {
     "atomc-fp8": ("atomc", False, "fp8"),
     "atomc-fp8-eager": ("atomc", True, "fp8"),
     "hf": ("hf", None, "bf16"),
+    "hf-eager": ("hf-eager", None, "bf16"),
     "hf-loop": ("hf-loop", None, "bf16"),
     "gpt-fast-int8": ("gpt-fast", None, "int8"),
 }
@@ -169,7 +172,7 @@ def run_atomc(
 
 def run_hf(
     model_dir: str, device: str = "cuda", prompt_len: int = PROMPT_LEN, output_len: int = OUTPUT_LEN,
-    vocab: int = 1 << 30,
+    vocab: int = 1 << 30, static_cache: bool = True,
 ) -> dict:  # fmt: skip
     import torch
     import transformers
@@ -179,10 +182,13 @@ def run_hf(
     t0 = time.perf_counter()
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
-    # a static cache makes generate() compile the forward itself (fullgraph, reduce-overhead)
+    # a static cache makes generate() compile the forward itself (fullgraph, reduce-overhead);
+    # without one it runs eagerly over its dynamic cache
     ids = torch.tensor(prompt_ids(prompt_len, vocab), device=device)[None]
-    gen = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
-    for _ in range(2):  # compile + capture
+    gen = dict(do_sample=False, pad_token_id=0)
+    if static_cache:
+        gen["cache_implementation"] = "static"
+    for _ in range(2):  # compile + capture (static), warm-up (eager)
         model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **gen)
     startup = time.perf_counter() - t0
     runs = []
@@ -194,7 +200,8 @@ def run_hf(
         total = time.perf_counter() - t0
         runs.append({"total_s": total, "e2e_tok_s": output_len / total})
     best = max(runs, key=lambda r: r["e2e_tok_s"])
-    return {"engine": "transformers static cache (generate compiles it)", "startup_s": startup, **best, "runs": runs}
+    name = "transformers static cache (generate compiles it)" if static_cache else "transformers eager, dynamic cache"
+    return {"engine": name, "startup_s": startup, **best, "runs": runs}
 
 
 def run_hf_loop(model_dir: str) -> dict:
@@ -272,8 +279,8 @@ def run_engine_here(args, engine: str) -> dict:
                 vocab=model_config(args.model, args.tiny)["vocab_size"])  # fmt: skip
     if kind == "atomc":
         return run_atomc_engine(engine, model_dir, device, tensor_parallel_size=args.tensor_parallel_size, **lens)
-    if kind == "hf":
-        return run_hf(model_dir, device=device, **lens)
+    if kind in ("hf", "hf-eager"):
+        return run_hf(model_dir, device=device, static_cache=kind == "hf", **lens)
     if kind == "hf-loop":
         if args.tiny:
             raise SystemExit("hf-loop runs on CUDA only")

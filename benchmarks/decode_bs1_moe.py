@@ -53,7 +53,7 @@ NOMINAL_CPU_BANDWIDTH = decode_bs1.NOMINAL_CPU_BANDWIDTH
 # engine -> (what runs, enforce_eager, weight format for the roofline): decode_bs1's, plus gpt-fast's Mixtral
 ENGINES = {name: decode_bs1.ENGINES[name]
            for name in ("atomc", "atomc-eager", "atomc-no-pdl", "atomc-fp8", "atomc-fp8-eager",
-                        "atomc-fp8-no-pdl", "atomc-ep", "hf")}  # fmt: skip
+                        "atomc-fp8-no-pdl", "atomc-ep", "hf", "hf-eager")}  # fmt: skip
 ENGINES["gpt-fast"] = ("gpt-fast", None, "bf16")
 
 
@@ -82,8 +82,8 @@ def run_engine_here(args, engine: str) -> dict:
     if kind == "atomc":
         return decode_bs1.run_atomc_engine(engine, model_dir, device, tensor_parallel_size=args.tensor_parallel_size,
                                            **lens)  # fmt: skip
-    if kind == "hf":
-        return decode_bs1.run_hf(model_dir, device=device, **lens)
+    if kind in ("hf", "hf-eager"):
+        return decode_bs1.run_hf(model_dir, device=device, static_cache=kind == "hf", **lens)
     raise SystemExit(f"engine {engine!r} does not run in this script's process")
 
 
