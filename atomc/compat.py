@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def mark_unbacked(t: torch.Tensor, dim: int) -> None:
@@ -257,3 +260,51 @@ def compile_counters() -> dict[str, int]:
         "dynamo_unique_graphs": int(counters["stats"]["unique_graphs"]),
         "aot_autograd_compiles": int(counters["aot_autograd"]["total"]),
     }
+
+
+# ---- torch._scaled_mm's DeepSeek recipe (1x128 activation groups x 128x128 weight blocks) ----
+
+_BLOCKWISE: dict[tuple[int, torch.dtype], str] = {}  # (device index, out dtype) -> "" (runs right) or why not
+
+
+def scaled_mm_blockwise_ok(device_index: int, out_dtype: torch.dtype, mm: Callable) -> bool | None:
+    """Whether torch._scaled_mm runs DeepSeek's recipe on this CUDA device, with this output dtype,
+    and gets it right. It needs torch 2.9+ built with cuBLASLt 12.9+ and an sm_90 GPU, and torch
+    versions differ in the scale layouts they accept, so rather than a version check `mm` (the
+    caller's call: (xq [M, K], x_scale [M, K/128], weight [N, K], weight_scale [N/128, K/128],
+    out_dtype) -> [M, N]) is tried once per device and dtype on a small problem (3 rows, so the row
+    padding runs too; a random power of two per scale, so a scale read from the wrong place shows)
+    and checked against fp32. The answer is cached; None while a CUDA graph is being captured and
+    it has not been tried yet (the check reads a result back), so the caller declines for now."""
+    key = (device_index, out_dtype)
+    if key not in _BLOCKWISE:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        _BLOCKWISE[key] = _try_blockwise(torch.device("cuda", device_index), out_dtype, mm)
+        if _BLOCKWISE[key]:
+            log.info("torch._scaled_mm blockwise (1x128 x 128x128) not used on cuda:%d for %s: %s",
+                     device_index, out_dtype, _BLOCKWISE[key])  # fmt: skip
+    return not _BLOCKWISE[key]
+
+
+def scaled_mm_blockwise_why(device_index: int, out_dtype: torch.dtype) -> str:
+    """Why scaled_mm_blockwise_ok said no ("" where it said yes or has not been asked)."""
+    return _BLOCKWISE.get((device_index, out_dtype), "")
+
+
+def _try_blockwise(dev: torch.device, out_dtype: torch.dtype, mm: Callable) -> str:
+    """Empty where `mm` computes a small block-scaled product right on `dev`, else why not."""
+    m, n, k = 3, 256, 512
+    g = torch.Generator(dev).manual_seed(0)
+    xq = (torch.randn(m, k, device=dev, generator=g) * 32).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, device=dev, generator=g) * 32).to(torch.float8_e4m3fn)
+    xs = 2.0 ** torch.randint(-4, 5, (m, k // 128), device=dev, generator=g).float()
+    ws = 2.0 ** torch.randint(-4, 5, (n // 128, k // 128), device=dev, generator=g).float()
+    x = xq.float() * xs.repeat_interleave(128, 1)
+    want = x @ (w.float() * ws.repeat_interleave(128, 0).repeat_interleave(128, 1)).t()
+    try:
+        got = mm(xq, xs, w, ws, out_dtype)
+    except Exception as exc:  # an older torch or cuBLAS, another GPU: torch raises before any launch
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    err = ((got.float() - want).norm() / want.norm()).item()
+    return "" if err < 2e-2 else f"wrong result (relative error {err:.3g}): a scale layout read otherwise"

@@ -14,11 +14,16 @@ check or a kernel that raises is a row with `error`, and the run goes on):
 - `scaled_mm tensor` / `scaled_mm row`: torch._scaled_mm, per-tensor scales / per-token x
   per-channel (rowwise), what atomc's fp8_gemm runs above one row today;
 - `triton row` / `triton block`: the Triton FP8 GEMM, per-token x per-channel / 1x128 x 128x128;
+- `scaled_mm block` (DeepSeek-V3 shapes): torch._scaled_mm with the 1x128 x 128x128 recipe
+  (cuBLASLt, sm_90; atomc's `scaled_mm_block`), a row with `skipped` where it does not run;
 - `gemv tensor|channel|block` (M = 1 only): the Triton FP8 GEMV, what atomc runs at batch 1;
 - `quant token` / `quant group`: the activation quant kernel alone at this M (what a linear whose
   quant was not fused into a norm or SiLU pays on top of its GEMM).
 Llama shapes run every scheme; DeepSeek-V3 shapes (`dsv3 *`) run bf16, `scaled_mm tensor` (the
-issue's yardstick for the block GEMM) and `triton block` (plus the block GEMV at M = 1).
+issue's yardstick for the block GEMM), `triton block` and `scaled_mm block` (plus the block GEMV at
+M = 1). Their block rows carry `engine_route`: what atomc's fp8_block_gemm runs for that call
+(`pick_gemm`, and "triton" where cuBLAS declines), so `--dsv3-tokens` at small M shows where
+CUBLAS_BLOCK_MIN_ROWS (atomc/kernels/triton/fp8.py) belongs.
 The GEMM rows take an already quantised activation, as atomc's fp8_gemm does.
 
 Timing: CUDA-graph replays of back-to-back calls over enough copies of the weight (>= 320 MiB in
@@ -30,7 +35,9 @@ weight; the median µs of one call. `pct_hbm` = bytes (weight + x + out, each re
 The JSON (rewritten after every (shape, M), so a crash or a timeout keeps what finished) ends with
 `targets`: per shape at M = 1 the FP8 GEMV's speed-up over bf16 (batch-1 decode reads half
 the bytes: at most 2x), and per DeepSeek-V3 shape at M >= 2048 the block GEMM's share of the FP8
-peak (target >= 70%) and its time against _scaled_mm per-tensor.
+peak (target >= 70%) and its time against _scaled_mm per-tensor: `route`, `pct_fp8_peak`,
+`meets_70pct` and `time_vs_scaled_mm` for the kernel the engine runs there, and `triton_*` /
+`cublas_*` for both.
 
 `--sweep` also times candidate tiles for every Triton row it runs (the GEMM's: 128x128 / 128x256 /
 256x128 and smaller, 4 or 8 warps, 3-5 stages, pointer or tensor-descriptor (TMA) loads; the
@@ -69,6 +76,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
+from atomc import compat  # noqa: E402
 from atomc.kernels.triton import fp8 as backend  # noqa: E402
 from atomc.kernels.triton import fp8_config, fp8_quant, tuned_files  # noqa: E402
 from atomc.kernels.triton import fp8_gemm as gemm_mod  # noqa: E402
@@ -286,6 +294,15 @@ def gemv_configs(block: bool) -> list[dict]:
     return dot + reduce
 
 
+def engine_block_route(xq, xs, w, ws) -> str:
+    """What atomc's fp8_block_gemm runs for this call: pick_gemm's route, "triton" where cuBLAS's
+    block GEMM declines (as the op's body does)."""
+    route = backend.pick_gemm(xq, w, block=True)
+    if route == "scaled_mm_block" and not backend.cublas_block_applies(xq, xs, w, ws, 128, 128, ACT):
+        return "triton"
+    return route
+
+
 def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
     """_scaled_mm, the Triton GEMM and (M = 1) the GEMV for one weight scheme on cold weights."""
     flops = 2 * m * n * k
@@ -298,6 +315,7 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
     else:
         want = ref.fp8_gemm_reference(xq, xs, w0, s0, None, torch.float32)
     nbytes = n * k + m * k + m * n * 2 + s0.numel() * 4  # e4m3 weight and x, 16-bit out, scales
+    route = {"engine_route": engine_block_route(xq, xs, w0, s0)} if block else {}
 
     if not block:  # _scaled_mm: tensorwise and rowwise (at one row: what GEMV_ONE_ROW is decided against)
         impl = "scaled_mm tensor" if scheme == "tensor" else "scaled_mm row"
@@ -309,6 +327,21 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
                 check = checked(out, want)
                 us = per_call_us(lambda w: backend.scaled_mm(xq, xs, w[0], w[1], None, ACT), ws)
                 record(label, m, impl, us, nbytes, flops, "fp8", **check)
+        except Exception as exc:
+            record_error(label, m, impl, exc)
+
+    if block and label.startswith("dsv3"):  # cuBLAS's block GEMM (torch._scaled_mm, 1x128 x 128x128)
+        impl = "scaled_mm block"
+        try:
+            out = backend.scaled_mm_block(xq, xs, w0, s0, 128, 128, None, ACT)
+            if out is None:
+                why = compat.scaled_mm_blockwise_why(xq.device.index or 0, ACT) if xq.is_cuda else "not CUDA"
+                why = why or "declined: not sm_90, or the shape (K a multiple of 512, N of 16)"
+                ROWS.append(dict(shape=label, m=m, impl=impl, skipped=why))
+            else:
+                check = checked(out, want)
+                us = per_call_us(lambda w: backend.scaled_mm_block(xq, xs, w[0], w[1], 128, 128, None, ACT), ws)
+                record(label, m, impl, us, nbytes, flops, "fp8", **check, **route)
         except Exception as exc:
             record_error(label, m, impl, exc)
 
@@ -324,7 +357,9 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
             configs = [None, *(gemm_configs(m, block is not None) if sweep and scheme in SWEEP_SCHEMES else [])]
             t, cfg, check, t_default = timed_best(gemm, ws, want, configs)
             default = gemm_mod.pick_config(m, n, k, block is not None, xq.device)
-            record(label, m, impl, t, nbytes, flops, "fp8", config=cfg or default, default_us=t_default, **check)
+            record(
+                label, m, impl, t, nbytes, flops, "fp8", config=cfg or default, default_us=t_default, **check, **route
+            )
             if sweep and scheme in SWEEP_SCHEMES:
                 keep_best("block_gemm" if block else "row_gemm", n, k, m, cfg, default)
         except Exception as exc:
@@ -345,10 +380,15 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
     del ws
 
 
+BLOCK_IMPLS = {"triton": "triton block", "cublas": "scaled_mm block"}  # the block GEMMs, by targets' prefix
+ROUTE_IMPLS = {"triton": "triton block", "scaled_mm_block": "scaled_mm block", "gemv": "gemv block"}
+
+
 def targets(rows: list[dict]) -> dict:
     """The issue's figures from the rows: the GEMV's batch-1 speed-up over bf16 (every shape run at M = 1) and
     the block GEMM's share of the FP8 peak and its time against _scaled_mm per-tensor (DeepSeek-V3
-    shapes, M >= 2048)."""
+    shapes, M >= 2048): unprefixed for the route the engine takes (`route`), `triton_*` and `cublas_*`
+    for each block GEMM that ran."""
     us = {(r["shape"], r["m"], r["impl"]): r for r in rows if "us" in r}
     out: dict = {"bs1_gemv": {}, "dsv3_block_gemm": {}}
     for (shape, m, impl), r in us.items():
@@ -356,13 +396,26 @@ def targets(rows: list[dict]) -> dict:
             out["bs1_gemv"][f"{shape} {impl}"] = dict(
                 speedup_vs_bf16=round(us[(shape, 1, "bf16")]["us"] / r["us"], 3), pct_hbm=r["pct_hbm"]
             )
-        if shape.startswith("dsv3") and impl == "triton block" and m >= BLOCK_TARGET_M:
-            entry = dict(pct_fp8_peak=r["pct_fp8_peak"], tflops=r["tflops"], meets_70pct=r["pct_fp8_peak"] >= 70)
-            base = us.get((shape, m, "scaled_mm tensor"))
+    for shape, m in sorted({(s, m) for s, m, i in us if s.startswith("dsv3") and i in BLOCK_IMPLS.values()}):
+        if m < BLOCK_TARGET_M:
+            continue
+        ran = {name: us[(shape, m, impl)] for name, impl in BLOCK_IMPLS.items() if (shape, m, impl) in us}
+        route = next((r["engine_route"] for r in ran.values() if "engine_route" in r), "triton")
+        base = us.get((shape, m, "scaled_mm tensor"))
+        entry: dict = dict(route=route)
+        engine = us.get((shape, m, ROUTE_IMPLS.get(route, "")))
+        if engine:
+            entry.update(pct_fp8_peak=engine["pct_fp8_peak"], tflops=engine["tflops"],
+                         meets_70pct=engine["pct_fp8_peak"] >= 70)  # fmt: skip
+        if base:
+            entry["scaled_mm_tensor_pct_fp8_peak"] = base["pct_fp8_peak"]
+            if engine:
+                entry["time_vs_scaled_mm"] = round(engine["us"] / base["us"], 3)
+        for name, r in ran.items():
+            entry[f"{name}_pct_fp8_peak"] = r["pct_fp8_peak"]
             if base:
-                entry.update(scaled_mm_tensor_pct_fp8_peak=base["pct_fp8_peak"],
-                             time_vs_scaled_mm=round(r["us"] / base["us"], 3))  # fmt: skip
-            out["dsv3_block_gemm"][f"{shape} M={m}"] = entry
+                entry[f"{name}_time_vs_scaled_mm"] = round(r["us"] / base["us"], 3)
+        out["dsv3_block_gemm"][f"{shape} M={m}"] = entry
     return out
 
 
@@ -445,7 +498,8 @@ def main() -> None:
     meta = dict(
         gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (TRITON_INTERPRET=1)", torch=torch.__version__,
         triton=triton.__version__, host=platform.machine(), activation_dtype=str(ACT), rep_ms=REP_MS,
-        rule=dict(gemv_one_row=backend.GEMV_ONE_ROW, triton_gemm_max_rows=backend.TRITON_GEMM_MAX_ROWS),
+        rule=dict(gemv_one_row=backend.GEMV_ONE_ROW, triton_gemm_max_rows=backend.TRITON_GEMM_MAX_ROWS,
+                  cublas_block_min_rows=backend.CUBLAS_BLOCK_MIN_ROWS),
     )  # fmt: skip
     for family, shape, m in steps:
         bench(family, shape, m, args.sweep)

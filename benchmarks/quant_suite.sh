@@ -8,7 +8,7 @@
 #
 #   step                                                        estimate  box   writes (under OUT)
 #   1 GPU tests: pytest -m gpu of the five FP8 / MXFP4 / FP8-KV  ~170 s   190   gpu_tests.log, gpu_tests.xml
-#     files (83 tests, the FP8-KV engine tests last: ~90 s of it,
+#     files (106 tests, the FP8-KV engine tests last: ~90 s of it,
 #     so a cut costs those first)
 #   2 benchmarks/fp8_linear.py: FP8 GEMV / GEMM / _scaled_mm     ~90 s    110   fp8_linear.json, .log
 #     against bf16 at Llama-3.1-8B shapes (M 1 first, then

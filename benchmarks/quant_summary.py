@@ -57,9 +57,16 @@ def linear_section(out: Path) -> list[str]:
     for name, t in targets.get("bs1_gemv", {}).items():
         lines.append(f"  - M=1 {name}: {t['speedup_vs_bf16']:.2f}x bf16, {t['pct_hbm']}% of HBM")
     for name, t in targets.get("dsv3_block_gemm", {}).items():
+        route = f" ({t['route']})" if "route" in t else ""
+        both = [f"{label} {t[f'{key}_pct_fp8_peak']}%" for label, key in (("Triton", "triton"), ("cuBLAS", "cublas"))
+                if f"{key}_pct_fp8_peak" in t]  # fmt: skip
+        both_text = f"; {', '.join(both)}" if both else ""
+        if "pct_fp8_peak" not in t:
+            lines.append(f"  - block GEMM {name}{route}: no time for the engine's route{both_text}")
+            continue
         vs = f", {t['time_vs_scaled_mm']:.2f}x the time of _scaled_mm tensorwise" if "time_vs_scaled_mm" in t else ""
         ok = "meets" if t["meets_70pct"] else "below"
-        lines.append(f"  - block GEMM {name}: {t['pct_fp8_peak']}% of the FP8 peak ({ok} 70%){vs}")
+        lines.append(f"  - block GEMM {name}{route}: {t['pct_fp8_peak']}% of the FP8 peak ({ok} 70%){vs}{both_text}")
     return lines
 
 

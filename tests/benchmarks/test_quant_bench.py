@@ -128,14 +128,27 @@ def test_fp8_linear_targets():
         dict(shape="qkv", m=1, impl="gemv channel", us=12.5, pct_hbm=80.0),
         dict(shape="qkv", m=1, impl="gemv block", error="boom"),  # no time: left out
         dict(shape="dsv3 o", m=4096, impl="scaled_mm tensor", us=200.0, pct_fp8_peak=80.0),
-        dict(shape="dsv3 o", m=4096, impl="triton block", us=250.0, pct_fp8_peak=64.0, tflops=1266.0),
+        dict(shape="dsv3 o", m=4096, impl="triton block", us=250.0, pct_fp8_peak=64.0, tflops=1266.0,
+             engine_route="scaled_mm_block"),
+        dict(shape="dsv3 o", m=4096, impl="scaled_mm block", us=220.0, pct_fp8_peak=72.7, tflops=1439.0,
+             engine_route="scaled_mm_block"),
         dict(shape="dsv3 o", m=512, impl="triton block", us=50.0, pct_fp8_peak=40.0, tflops=800.0),  # below M 2048
-    ]
+        # cuBLAS declined (skipped row): the engine runs the Triton GEMM
+        dict(shape="dsv3 kv_b", m=2048, impl="scaled_mm tensor", us=100.0, pct_fp8_peak=60.0),
+        dict(shape="dsv3 kv_b", m=2048, impl="triton block", us=125.0, pct_fp8_peak=48.0, tflops=950.0,
+             engine_route="triton"),
+        dict(shape="dsv3 kv_b", m=2048, impl="scaled_mm block", skipped="not sm_90"),
+    ]  # fmt: skip
     t = fp8_linear.targets(rows)
     assert t["bs1_gemv"] == {"qkv gemv channel": {"speedup_vs_bf16": 1.6, "pct_hbm": 80.0}}
     assert t["dsv3_block_gemm"] == {
-        "dsv3 o M=4096": dict(pct_fp8_peak=64.0, tflops=1266.0, meets_70pct=False,
-                              scaled_mm_tensor_pct_fp8_peak=80.0, time_vs_scaled_mm=1.25),
+        "dsv3 o M=4096": dict(route="scaled_mm_block", pct_fp8_peak=72.7, tflops=1439.0, meets_70pct=True,
+                              scaled_mm_tensor_pct_fp8_peak=80.0, time_vs_scaled_mm=1.1,
+                              triton_pct_fp8_peak=64.0, triton_time_vs_scaled_mm=1.25,
+                              cublas_pct_fp8_peak=72.7, cublas_time_vs_scaled_mm=1.1),
+        "dsv3 kv_b M=2048": dict(route="triton", pct_fp8_peak=48.0, tflops=950.0, meets_70pct=False,
+                                 scaled_mm_tensor_pct_fp8_peak=60.0, time_vs_scaled_mm=1.25,
+                                 triton_pct_fp8_peak=48.0, triton_time_vs_scaled_mm=1.25),
     }  # fmt: skip
 
 
@@ -190,8 +203,13 @@ def test_summary_of_the_fp8_linear_targets(tmp_path):
         "rows": [{"shape": "qkv", "m": 8, "impl": "triton row", "us": 9.0, "rel_err": 0.3, "ok": False}],
         "targets": {
             "bs1_gemv": {"qkv gemv channel": {"speedup_vs_bf16": 1.6, "pct_hbm": 80.0}},
-            "dsv3_block_gemm": {"dsv3 o M=4096": dict(pct_fp8_peak=72.5, tflops=1435.0, meets_70pct=True,
-                                                      scaled_mm_tensor_pct_fp8_peak=80.0, time_vs_scaled_mm=1.1)},
+            "dsv3_block_gemm": {
+                "dsv3 o M=4096": dict(route="scaled_mm_block", pct_fp8_peak=72.5, tflops=1435.0, meets_70pct=True,
+                                      scaled_mm_tensor_pct_fp8_peak=80.0, time_vs_scaled_mm=1.1,
+                                      triton_pct_fp8_peak=41.0, cublas_pct_fp8_peak=72.5),
+                "dsv3 q_b M=2048": dict(route="scaled_mm_block", triton_pct_fp8_peak=30.0),  # cuBLAS row failed
+                "dsv3 kv_b M=2048": dict(pct_fp8_peak=40.0, tflops=800.0, meets_70pct=False),  # an older JSON
+            },
         },
     }  # fmt: skip
     (tmp_path / "fp8_linear.json").write_text(json.dumps(linear))
@@ -200,7 +218,10 @@ def test_summary_of_the_fp8_linear_targets(tmp_path):
         "- fp8_linear: 1 rows, 1 failed",
         "  - qkv M=8 triton row: rel err 0.3",
         "  - M=1 qkv gemv channel: 1.60x bf16, 80.0% of HBM",
-        "  - block GEMM dsv3 o M=4096: 72.5% of the FP8 peak (meets 70%), 1.10x the time of _scaled_mm tensorwise",
+        "  - block GEMM dsv3 o M=4096 (scaled_mm_block): 72.5% of the FP8 peak (meets 70%), 1.10x the time of"
+        " _scaled_mm tensorwise; Triton 41.0%, cuBLAS 72.5%",
+        "  - block GEMM dsv3 q_b M=2048 (scaled_mm_block): no time for the engine's route; Triton 30.0%",
+        "  - block GEMM dsv3 kv_b M=2048: 40.0% of the FP8 peak (below 70%)",
     ]
 
 

@@ -405,3 +405,173 @@ def test_interpreter_rounding_helper_is_torchs_cast():
     q = torch.empty(n, dtype=FP8)
     _grid_probe[(1,)](x, q, N=n)
     assert torch.equal(q.view(torch.uint8), x.to(FP8).view(torch.uint8))
+
+
+# ---- cuBLAS's block GEMM (scaled_mm_block): the rule, the fallback, what it hands torch._scaled_mm ----
+
+
+class _CudaRows:
+    """What pick_gemm reads of a CUDA activation of `shape` (with kernels_run_on patched to True)."""
+
+    is_cuda = True
+
+    def __init__(self, *shape):
+        self.shape = shape
+
+    def numel(self):
+        return int(torch.tensor(self.shape).prod())
+
+
+def test_choice_rule_for_block_scales(monkeypatch):
+    w = _fp8((256, 512))
+    lo = backend.CUBLAS_BLOCK_MIN_ROWS
+    assert lo > 1
+    assert backend.pick_gemm(_fp8((lo, 512)), w, block=True) == "triton"  # the interpreter: never cuBLAS
+    monkeypatch.setattr(backend, "kernels_run_on", lambda t: True)  # an sm_89+ CUDA device
+    assert backend.pick_gemm(_CudaRows(1, 512), w, block=True) == "gemv"
+    assert backend.pick_gemm(_CudaRows(2, 512), w, block=True) == "triton"
+    assert backend.pick_gemm(_CudaRows(lo - 1, 512), w, block=True) == "triton"
+    assert backend.pick_gemm(_CudaRows(lo, 512), w, block=True) == "scaled_mm_block"
+    assert backend.pick_gemm(_CudaRows(2, lo, 512), w, block=True) == "scaled_mm_block"  # rows over all leading dims
+    assert backend.pick_gemm(_CudaRows(4096, 512), w, block=True) == "scaled_mm_block"
+    assert backend.pick_gemm(_CudaRows(lo, 512), w, block=False) == "scaled_mm"  # per-tensor / row scales
+    assert backend.pick_gemm(_CudaRows(lo, 512), w.t().contiguous().t(), block=True) == "reference"
+    monkeypatch.setattr(backend, "kernels_run_on", lambda t: False)  # before sm_89, or ROCm without AITER
+    assert backend.pick_gemm(_CudaRows(lo, 512), w, block=True) == "reference"
+
+
+def test_block_gemm_runs_triton_where_cublas_declines(monkeypatch):
+    tri = torch.ops.atomc_triton
+    registry.ensure_registered("cuda")
+    x, w, ws = _rand((5, 512), 0, 2), _fp8((160, 512), 1), torch.rand(2, 4) / 100
+    xq, xs = ops.fp8_quant_dynamic(x, 128)
+    want = ops.fp8_block_gemm(xq, xs, w, ws, 128, 128, None, torch.float32)
+    calls = []
+    monkeypatch.setattr(backend, "pick_gemm", lambda xq, w, block: "scaled_mm_block" if block else "triton")
+    monkeypatch.setattr(backend, "scaled_mm_block", lambda *a: calls.append(a) or None)
+    close(tri.fp8_block_gemm(xq, xs, w, ws, 128, 128, None, torch.float32), want)  # the Triton GEMM
+    assert len(calls) == 1 and calls[0][4:] == (128, 128, None, torch.float32)
+    ran = torch.full((5, 160), 3.0)
+    monkeypatch.setattr(backend, "scaled_mm_block", lambda *a: ran)  # where it runs, its output is the op's
+    assert torch.equal(tri.fp8_block_gemm(xq, xs, w, ws, 128, 128, None, torch.float32), ran)
+
+
+def _cublas_block_checks(a, b, scale_a, scale_b, out_dtype):
+    """The CUDA _scaled_mm's checks for DeepSeek's recipe and what cuBLAS reads, in Python
+    (aten/src/ATen/native/cuda/ScaledBlas.cpp: get_joint_scaling, is_blockwise_1x128_scaling and
+    is_blockwise_128x128_scaling, the latter on (mat2.t(), scale_b.t()); pytorch PR 166752 for the
+    128x128 scales' leading dimension, which cuBLAS reads rounded up to 4 blocks). The meta function
+    run beside this checks shapes only, not the scales' strides."""
+    m, k = a.shape
+    n = b.shape[1]
+    kb, nb = -(-k // 128), -(-n // 128)
+    assert a.dtype == b.dtype == FP8 and scale_a.dtype == scale_b.dtype == torch.float32
+    assert a.stride(1) == 1 and a.stride(0) >= k, "mat1 row-major"
+    assert b.stride(0) == 1 and b.stride(1) >= k, "mat2 column-major"
+    assert k % 16 == 0 and n % 16 == 0
+    # 1x128 on mat1: [M, K/128], M-major (stride 1 along M, M along the groups)
+    assert scale_a.shape == (m, kb) and scale_a.stride(0) == 1 and (kb == 1 or scale_a.stride(1) == m)
+    # 128x128 on mat2: scale_b.t() [N/128, K/128] row-major, rows K/128 apart; cuBLAS reads them
+    # round_up(K/128, 4) apart, some torch versions check K/128: the same only where 4 divides K/128
+    sbt = scale_b.t()
+    assert sbt.shape == (nb, kb) and sbt.stride(1) == 1
+    assert nb == 1 or (sbt.stride(0) == kb and kb % 4 == 0)
+    # what atomc adds: M a multiple of 4 (scale_a's leading dimension 16 bytes), never M == 1 (where
+    # scale_a would also read as 128x128 and the (128x128, 1x128) pair is tried first)
+    assert m % 4 == 0
+    assert out_dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype):
+    """What cuBLAS computes from these operands and scales (read as the checks above lay them out)."""
+    k, n = b.shape
+    sa = scale_a.repeat_interleave(128, 1)[:, :k]
+    sb = scale_b.repeat_interleave(128, 0)[:k].repeat_interleave(128, 1)[:, :n]
+    return ((a.float() * sa) @ (b.float() * sb)).to(out_dtype)
+
+
+@pytest.fixture
+def scaled_mm_calls(monkeypatch):
+    """torch._scaled_mm replaced by a recorder that runs torch's meta function on meta tensors of the
+    same shapes and strides, the checks above, then the emulation; the device check passes on CPU."""
+    calls = []
+
+    def fake(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+        assert bias is None and scale_result is None and not use_fast_accum
+
+        def meta(t):
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+        out = torch.ops.aten._scaled_mm.default(meta(a), meta(b), meta(scale_a), meta(scale_b), None, None, out_dtype)
+        assert out.shape == (a.shape[0], b.shape[1]) and out.dtype == out_dtype
+        _cublas_block_checks(a, b, scale_a, scale_b, out_dtype)
+        calls.append(
+            {name: (t.shape, t.stride()) for name, t in dict(a=a, b=b, scale_a=scale_a, scale_b=scale_b).items()}
+        )
+        return _emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype)
+
+    monkeypatch.setattr(torch, "_scaled_mm", fake)
+    monkeypatch.setattr(backend, "_cublas_block_device_ok", lambda xq, out_dtype: True)
+    return calls
+
+
+@pytest.mark.parametrize("lead", [(1,), (3,), (4,), (130,), (2, 3)])
+@pytest.mark.parametrize(("n", "k"), [(576, 1024), (256, 512)])  # 576: 4.5 weight blocks
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_scaled_mm_block_hands_cublas_its_layouts(scaled_mm_calls, lead, n, k, out_dtype):
+    x = _rand((*lead, k), 0, 2)
+    xq, xs = ops.fp8_quant_dynamic(x, 128)
+    w, ws = _fp8((n, k), 1), torch.rand(-(-n // 128), k // 128) / 100
+    bias = _rand(n, 2).to(out_dtype)
+    got = backend.scaled_mm_block(xq, xs, w, ws, 128, 128, bias, out_dtype)
+    assert got.shape == (*lead, n) and got.dtype == out_dtype
+    want = ref.fp8_block_gemm_reference(xq, xs, w, ws, 128, 128, bias, torch.float32)
+    close(got, want, rel=1e-5 if out_dtype == torch.float32 else 1e-2)
+    (call,) = scaled_mm_calls
+    rows = int(torch.tensor(lead).prod())
+    m4 = -(-rows // 4) * 4
+    assert call["a"] == ((m4, k), (k, 1))
+    assert call["b"] == ((k, n), (1, k))  # the weight itself, transposed: no copy
+    assert call["scale_a"] == ((m4, k // 128), (1, m4))
+    assert call["scale_b"] == ((k // 128, -(-n // 128)), (1, k // 128))
+
+
+def test_scaled_mm_block_declines_what_cublas_cannot_run(scaled_mm_calls, monkeypatch):
+    k, n = 1024, 256
+    xq, xs = ops.fp8_quant_dynamic(_rand((8, k), 0), 128)
+    w, ws = _fp8((n, k), 1), torch.rand(2, 8) / 100
+    bf16 = torch.bfloat16
+    assert backend.scaled_mm_block(xq, xs, w, ws, 128, 128, None, bf16) is not None
+    assert backend.scaled_mm_block(xq, xs, w, ws, 128, 64, None, bf16) is None  # 1x128 / 128x128 only
+    assert backend.scaled_mm_block(xq, xs, w, ws, 64, 128, None, bf16) is None
+    assert backend.scaled_mm_block(xq, xs, w, ws, 128, 128, None, torch.float8_e4m3fn) is None  # no FP8 out
+    assert backend.scaled_mm_block(xq, xs, w.t().contiguous().t(), ws, 128, 128, None, bf16) is None
+    assert backend.scaled_mm_block(xq, xs, w, ws[:1], 128, 128, None, bf16) is None  # scales not per block
+    assert backend.scaled_mm_block(xq, xs[:, :4], w, ws, 128, 128, None, bf16) is None
+    xq5, xs5 = ops.fp8_quant_dynamic(_rand((8, 640), 0), 128)  # K/128 = 5: not a multiple of 4
+    assert backend.scaled_mm_block(xq5, xs5, _fp8((n, 640)), torch.rand(2, 5), 128, 128, None, bf16) is None
+    assert backend.scaled_mm_block(xq, xs, _fp8((200, k)), torch.rand(2, 8), 128, 128, None, bf16) is None  # N % 16
+    assert len(scaled_mm_calls) == 1
+    monkeypatch.undo()  # the real device check: CPU tensors are no CUDA device
+    assert backend.scaled_mm_block(xq, xs, w, ws, 128, 128, None, bf16) is None
+
+
+def test_blockwise_probe_tells_a_misread_layout():
+    """compat's one-time check (run on CUDA) against three stand-ins for torch._scaled_mm on CPU: the
+    layout atomc hands it read as cuBLAS reads it, one that reads the weight scales transposed, and
+    one that raises (an older torch)."""
+    from atomc import compat
+
+    def emulated(xq, xs, w, ws, out_dtype):
+        return _emulated_scaled_mm(xq, w.t(), xs, ws.t(), out_dtype)
+
+    def misread(xq, xs, w, ws, out_dtype):
+        return _emulated_scaled_mm(xq, w.t(), xs, ws.t().reshape(ws.shape).t(), out_dtype)
+
+    def raises(*a):
+        raise RuntimeError("Invalid scaling configuration")
+
+    cpu = torch.device("cpu")
+    assert compat._try_blockwise(cpu, torch.bfloat16, emulated) == ""
+    assert compat._try_blockwise(cpu, torch.bfloat16, misread).startswith("wrong result")
+    assert "Invalid scaling configuration" in compat._try_blockwise(cpu, torch.bfloat16, raises)

@@ -1,5 +1,6 @@
 """The Triton FP8 kernels on a GPU (sm_89+), at Llama-3.1-8B shapes, in bf16, against the references;
-the backend ops' choice rule; capture and replay in a CUDA graph. Skips without CUDA.
+cuBLAS's block GEMM (torch._scaled_mm, 1x128 x 128x128; sm_90 only) at DeepSeek-V3 shapes; the
+backend ops' choice rule; capture and replay in a CUDA graph. Skips without CUDA.
 
 Tolerances: the GEMMs read the same e4m3 values and accumulate in fp32 in another order, then round
 to bf16: ‖out − ref‖/‖ref‖ < 1e-2 (bf16 has 8 bits of mantissa: ~4e-3). The quants: the same values
@@ -185,6 +186,7 @@ def test_choice_rule_on_cuda(monkeypatch):
     assert backend.pick_gemm(_fp8((1, 4096)), w, block=False) == "gemv"
     assert backend.pick_gemm(_fp8((8, 4096)), w, block=False) == "scaled_mm"
     assert backend.pick_gemm(_fp8((8, 4096)), w, block=True) == "triton"
+    assert backend.pick_gemm(_fp8((backend.CUBLAS_BLOCK_MIN_ROWS, 4096)), w, block=True) == "scaled_mm_block"
     calls = []
     real = backend.fp8_gemv
     monkeypatch.setattr(backend, "fp8_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
@@ -232,3 +234,122 @@ def test_fp8_ops_replay_in_a_cuda_graph():
         qb, sb = torch.ops.atomc.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, 128)
         want = ref.fp8_block_gemm_reference(qb, sb, wb, wsb, 128, 128, None, torch.float32)
         assert rel(outs[2 * i + 1], want) < 1e-2
+
+
+# ---- cuBLAS's block GEMM: torch._scaled_mm with DeepSeek's recipe (scaled_mm_block) ----
+
+# (N, K): a dense o_proj-like shape, q_a and kv_a (576 rows: 4.5 weight blocks, the last one partial)
+DSV3_LIKE = {"o": (7168, 2048), "q_a": (1536, 7168), "kv_a": (576, 7168)}
+
+
+@pytest.fixture
+def sm90():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("cuBLAS's 1x128 x 128x128 recipe runs on sm_90 only")
+
+
+def _block_gemm_or_why(*args):
+    from atomc import compat
+    from atomc.kernels.triton import fp8 as backend
+
+    out = backend.scaled_mm_block(*args)
+    assert out is not None, compat.scaled_mm_blockwise_why(torch.cuda.current_device(), args[-1]) or "declined"
+    return out
+
+
+@pytest.mark.parametrize("m", [1, 7, 128, 300, 2048])
+@pytest.mark.parametrize("shape", list(DSV3_LIKE))
+def test_cublas_block_gemm_at_dsv3_shapes(sm90, m, shape):
+    """bf16 out against the fp32 reference: < 1e-2, as the Triton GEMMs above."""
+    from atomc.ops import fp8 as ref
+
+    n, k = DSV3_LIKE[shape]
+    w, ws = _weights(n, k, "block")
+    xq, xs = _fp8((m, k), seed=2), torch.rand(m, k // 128, device="cuda") / 50
+    got = _block_gemm_or_why(xq, xs, w, ws, 128, 128, None, BF16)
+    assert got.shape == (m, n) and got.dtype == BF16
+    assert rel(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, 128, 128, None, torch.float32)) < 1e-2
+
+
+def test_cublas_block_gemm_bias_and_leading_dims(sm90):
+    from atomc.ops import fp8 as ref
+
+    n, k = DSV3_LIKE["kv_a"]
+    w, ws = _weights(n, k, "block")
+    xq, xs = _fp8((2, 75, k), seed=2), torch.rand(2, 75, k // 128, device="cuda") / 50
+    bias = torch.randn(n, device="cuda", dtype=BF16)
+    got = _block_gemm_or_why(xq, xs, w, ws, 128, 128, bias, BF16)
+    assert got.shape == (2, 75, n)
+    assert rel(got, ref.fp8_block_gemm_reference(xq, xs, w, ws, 128, 128, bias, torch.float32)) < 1e-2
+
+
+def test_cublas_block_gemm_fp32_over_a_long_k(sm90):
+    """fp32 out over K = 14,336 against fp64, with the bound test_fp32_accumulation_over_a_long_k
+    sets the Triton kernels (< 1e-3). Expected to hold: a scale per 128-deep K step means each
+    step's partial sum leaves the tensor core and is added in fp32 (not measured yet)."""
+    n, k = SHAPES["down"]
+    w, ws = _weights(n, k, "block")
+    xq, xs = _fp8((64, k), seed=2), torch.rand(64, k // 128, device="cuda") / 50
+    got = _block_gemm_or_why(xq, xs, w, ws, 128, 128, None, torch.float32)
+    x64 = xq.double() * xs.double().repeat_interleave(128, 1)
+    w64 = w.double() * ws.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+    err = rel(got, x64 @ w64.T)
+    print(f"cuBLAS block GEMM: relative error {err:.2e}")
+    assert err < 1e-3, err
+
+
+def test_engine_block_gemm_takes_cublas_from_its_threshold(sm90, monkeypatch):
+    """The op (lowered, atomc_triton, and eager, atomc's CUDA kernel) runs scaled_mm_block from
+    CUBLAS_BLOCK_MIN_ROWS rows, and the Triton GEMM one row below."""
+    from atomc.kernels import registry
+    from atomc.kernels.triton import fp8 as backend
+    from atomc.ops import fp8 as ref
+
+    registry.ensure_registered("cuda")
+    ran = []
+    real = backend.scaled_mm_block
+
+    def counted(*args):
+        ran.append(real(*args))
+        return ran[-1]
+
+    monkeypatch.setattr(backend, "scaled_mm_block", counted)
+    n, k = DSV3_LIKE["o"]
+    w, ws = _weights(n, k, "block")
+    lo = backend.CUBLAS_BLOCK_MIN_ROWS
+    for m, taken in ((lo, True), (lo - 1, False)):
+        ran.clear()
+        xq, xs = torch.ops.atomc.fp8_quant_dynamic(torch.randn(m, k, device="cuda", dtype=BF16), 128)
+        want = ref.fp8_block_gemm_reference(xq, xs, w, ws, 128, 128, None, torch.float32)
+        for op in (torch.ops.atomc_triton.fp8_block_gemm, torch.ops.atomc.fp8_block_gemm):
+            assert rel(op(xq, xs, w, ws, 128, 128, None, BF16), want) < 1e-2
+        assert len(ran) == (2 if taken else 0) and all(out is not None for out in ran)
+
+
+def test_cublas_block_gemm_replays_in_a_cuda_graph(sm90):
+    """300 rows (padded to 304 inside), quantised by the fused norm, captured once, replayed on new input."""
+    tri = torch.ops.atomc_triton
+    from atomc.kernels import registry
+    from atomc.kernels.triton import fp8 as backend
+    from atomc.ops import fp8 as ref
+
+    registry.ensure_registered("cuda")
+    n, k = DSV3_LIKE["q_a"]
+    w, ws = _weights(n, k, "block")
+    x, nw = torch.randn(300, k, device="cuda", dtype=BF16), torch.ones(k, device="cuda", dtype=BF16)
+
+    def step():
+        q, s = tri.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, 128)
+        return tri.fp8_block_gemm(q, s, w, ws, 128, 128, None, BF16)
+
+    step()  # eager first: cuBLAS's one-time check runs here, not under capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    q, s = torch.ops.atomc.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, 128)
+    assert backend.cublas_block_applies(q, s, w, ws, 128, 128, BF16)  # what was captured is cuBLAS's
+    assert rel(out, ref.fp8_block_gemm_reference(q, s, w, ws, 128, 128, None, torch.float32)) < 1e-2

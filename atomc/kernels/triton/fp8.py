@@ -10,12 +10,16 @@ cache key, so changing it rebuilds the artifacts:
   2..TRITON_GEMM_MAX_ROWS rows: the Triton GEMM (fp8_gemm.py); more: torch._scaled_mm (cuBLASLt;
   tensorwise for [1] scales on both sides, rowwise for any row scale), and where it cannot run
   (fp32 out with row scales, N or K not a multiple of 16) the Triton GEMM.
-- `fp8_block_gemm`: one row: the Triton block GEMV; more: the Triton block GEMM.
+- `fp8_block_gemm`: one row: the Triton block GEMV; 2..CUBLAS_BLOCK_MIN_ROWS - 1 rows: the Triton
+  block GEMM; more: torch._scaled_mm with DeepSeek's recipe (cuBLASLt: 1x128 activation groups x
+  128x128 weight blocks; `scaled_mm_block`), and where it cannot run (not sm_90, a torch or cuBLAS
+  without it, blocks other than 128x128, K not a multiple of 512, N not of 16) the Triton GEMM.
 - `fp8_quant_*` and the fused norm / SiLU quants: Triton (fp8_quant.py).
 
-GEMV_ONE_ROW and TRITON_GEMM_MAX_ROWS are the rule's two settings: whether the GEMV beats
-_scaled_mm at one row, and up to which M the Triton GEMM beats it, is what benchmarks/fp8_linear.py
-measures on the H200 (until then: the GEMV at one row, _scaled_mm everywhere else). None of these
+GEMV_ONE_ROW, TRITON_GEMM_MAX_ROWS and CUBLAS_BLOCK_MIN_ROWS are the rule's settings: whether the
+GEMV beats _scaled_mm at one row, up to which M the Triton GEMM beats it, and from which M cuBLAS's
+block GEMM beats the Triton one, is what benchmarks/fp8_linear.py measures on the H200 (until then:
+the GEMV at one row, _scaled_mm everywhere else, cuBLAS's block GEMM from 128 rows). None of these
 kernels runs before sm_89 (no e4m3 there) or on ROCm: the reference bodies (atomc/ops/fp8.py,
 fp8_fused.py) run there (ROCm lowers to AITER first: atomc/kernels/aiter/fp8.py). Under
 TRITON_INTERPRET=1 the Triton kernels run on CPU tensors, which is how the tests check the bodies
@@ -28,7 +32,9 @@ import functools
 import os
 
 import torch
+import torch.nn.functional as F
 
+from atomc import compat
 from atomc.kernels.triton import fp8_quant
 from atomc.kernels.triton.fp8_gemm import fp8_gemm as triton_fp8_gemm
 from atomc.kernels.triton.fp8_gemv import fp8_gemv
@@ -40,6 +46,9 @@ from atomc.ops.norm import rms_norm_reference
 # the choice rule (table above)
 GEMV_ONE_ROW = True  # a one-row call runs the Triton FP8 GEMV
 TRITON_GEMM_MAX_ROWS = 0  # fp8_gemm calls of 2..this many rows run the Triton GEMM, not _scaled_mm
+# fp8_block_gemm calls of this many rows or more run cuBLAS's block GEMM (scaled_mm_block), fewer the
+# Triton one; a first guess until benchmarks/fp8_linear.py decides it (--dsv3-tokens at small M)
+CUBLAS_BLOCK_MIN_ROWS = 128
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -76,20 +85,98 @@ def scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype):
     return out.reshape(*xq.shape[:-1], n)
 
 
+def _blockwise_mm(xq, x_scale, weight, weight_scale, out_dtype):
+    """torch._scaled_mm with DeepSeek's recipe: xq [M, K] x weight [N, K] -> [M, N], x_scale
+    [M, K/128] fp32, weight_scale [ceil(N/128), K/128] fp32, K a multiple of 512.
+
+    Layouts (torch's checks in aten/src/ATen/native/cuda/ScaledBlas.cpp, get_joint_scaling and
+    is_blockwise_1x128 / 128x128_scaling; its test_scaled_mm_block_wise_numerics; pytorch PR
+    166752 for what cuBLAS reads): mat2 column-major (weight.t()); scale_a [M, K/128] with strides
+    (1, M), M-major; scale_b [K/128, N/128] with strides (1, L), the weight's row-major scales
+    transposed, where cuBLAS reads L as K/128 rounded up to 4. Torch versions differ in which L
+    _scaled_mm checks (the unpadded one in some, the padded one in others), and with the unpadded
+    one and K/128 not a multiple of 4 cuBLAS reads the wrong scales, silently; with K a multiple
+    of 512 both are the same, so only that is taken. M is padded to a multiple of 4 (zero rows, cut
+    off after) so that scale_a's leading dimension is 16 bytes too, as Transformer Engine pads its
+    1x128 scales for cuBLAS (and M is never 1, where scale_a would also pass for a 128x128 scale,
+    the pair torch tries first); it costs an activation copy only where M % 4 != 0."""
+    m, k = xq.shape
+    pad = -m % 4
+    if xq.stride() != (k, 1):
+        xq = xq.contiguous()
+    if pad:  # through uint8: zero bytes are e4m3 +0
+        xq = F.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(xq.dtype)
+        x_scale = F.pad(x_scale, (0, 0, 0, pad), value=1.0)
+    scale_a = x_scale.float().t().contiguous().t()
+    scale_b = weight_scale.float().contiguous().t()
+    out = torch._scaled_mm(xq, weight.t(), scale_a, scale_b, out_dtype=out_dtype)
+    return out[:m] if pad else out
+
+
+_CUBLAS_BLOCK_OUT = (torch.bfloat16, torch.float16, torch.float32)  # the dtypes cuBLAS writes here
+
+
+@functools.cache
+def _sm90(device_index: int) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def _cublas_block_device_ok(xq: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """An sm_90 CUDA device whose torch runs the recipe right (atomc/compat.py tries it once)."""
+    if not xq.is_cuda:
+        return False
+    index = xq.device.index if xq.device.index is not None else torch.cuda.current_device()
+    return _sm90(index) and bool(compat.scaled_mm_blockwise_ok(index, out_dtype, _blockwise_mm))
+
+
+def cublas_block_applies(xq, x_scale, weight, weight_scale, block_n, block_k, out_dtype) -> bool:
+    """Whether scaled_mm_block runs this call (the benchmark asks it too)."""
+    n, k = weight.shape
+    fp8 = torch.float8_e4m3fn
+    return (
+        (block_n, block_k) == (128, 128)
+        and k % 512 == 0
+        and n % 16 == 0
+        and xq.dtype == fp8
+        and weight.dtype == fp8
+        and weight.stride(-1) == 1
+        and out_dtype in _CUBLAS_BLOCK_OUT
+        and tuple(x_scale.shape) == (*xq.shape[:-1], k // 128)
+        and tuple(weight_scale.shape) == (-(-n // 128), k // 128)
+        and _cublas_block_device_ok(xq, out_dtype)
+    )
+
+
+def scaled_mm_block(xq, x_scale, weight, weight_scale, block_n, block_k, bias, out_dtype):
+    """fp8_block_gemm through cuBLASLt (torch._scaled_mm, 1x128 x 128x128; `_blockwise_mm`), or None
+    where it does not apply (cublas_block_applies)."""
+    if not cublas_block_applies(xq, x_scale, weight, weight_scale, block_n, block_k, out_dtype):
+        return None
+    n, k = weight.shape
+    x2 = xq.reshape(-1, k)
+    out = _blockwise_mm(x2, x_scale.reshape(x2.shape[0], -1), weight, weight_scale, out_dtype)
+    if bias is not None:
+        out = out + bias.to(out_dtype)
+    return out.reshape(*xq.shape[:-1], n)
+
+
 def _rows(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1] if x.shape[-1] else 0
 
 
 def pick_gemm(xq: torch.Tensor, weight: torch.Tensor, block: bool) -> str:
-    """The choice rule: "gemv", "scaled_mm" (tried first; "triton" if it declines), "triton" or
-    "reference". The benchmark and the tests call this to know what a call runs."""
+    """The choice rule: "gemv", "scaled_mm" / "scaled_mm_block" (tried first; "triton" if it
+    declines), "triton" or "reference". The benchmark and the tests call this to know what a call
+    runs."""
     if weight.stride(-1) != 1 or not kernels_run_on(xq):
         return "reference"
     rows = _rows(xq)
     if GEMV_ONE_ROW and rows == 1:
         return "gemv"
-    if not block and xq.is_cuda and rows > TRITON_GEMM_MAX_ROWS:
+    if xq.is_cuda and not block and rows > TRITON_GEMM_MAX_ROWS:
         return "scaled_mm"
+    if xq.is_cuda and block and rows >= CUBLAS_BLOCK_MIN_ROWS:
+        return "scaled_mm_block"
     return "triton"
 
 
@@ -130,6 +217,11 @@ def fp8_block_gemm(
     k = weight.shape[1]
     if route != "reference" and (k % block_k or block_k & (block_k - 1) or block_k < 16):
         route = "reference"  # the kernels step K in whole power-of-two groups
+    if route == "scaled_mm_block":
+        out = scaled_mm_block(xq, x_scale, weight, weight_scale, block_n, block_k, bias, out_dtype)
+        if out is not None:
+            return out
+        route = "triton"
     block = (block_n, block_k)
     if route == "gemv":
         return fp8_gemv(xq, x_scale, weight, weight_scale, bias, out_dtype, block=block)
