@@ -163,17 +163,42 @@ def prefill_flops(name: str | dict, isl: int) -> float:
     return 2 * matmul_params * isl + 2 * isl**2 * hq * d * n
 
 
-def decode_step_s(name: str | dict, conc: int, isl: int, osl: int, bandwidth: float) -> float:
-    return (weight_bytes(name) + conc * kv_bytes_per_token(name) * (isl + osl // 2)) / bandwidth
+WEIGHT_FORMATS = ("bf16", "fp8")
+FP8_ROW_SCALE_BYTES = 4  # atomc's per-channel scales are fp32
+FP8_MATMUL_SPEEDUP = 2.0  # Hopper's dense FP8 tensor-core peak against bf16's (1,979 / 989 TFLOP/s)
 
 
-def serving_ceiling(name: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float) -> float:
-    total_s = osl * decode_step_s(name, conc, isl, osl, bandwidth) + conc * prefill_flops(name, isl) / matmul_flops
-    return conc * osl / total_s
+def dense_weight_bytes(name: str | dict, weights: str = "bf16") -> int:
+    """A dense decode step's weight bytes; "fp8": atomc's `--quantization fp8` (every decoder linear
+    a byte a value plus an fp32 scale a row; lm_head, embeddings and norms bf16)."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights {weights!r} is not one of: {', '.join(WEIGHT_FORMATS)}")
+    if weights == "bf16":
+        return weight_bytes(name)
+    return weight_bytes(name, linear_bytes=1, row_scale_bytes=FP8_ROW_SCALE_BYTES)
 
 
-def decode_only_bound(name: str | dict, conc: int, isl: int, osl: int, bandwidth: float) -> float:
-    return conc / decode_step_s(name, conc, isl, osl, bandwidth)
+def decode_step_s(
+    name: str | dict, conc: int, isl: int, osl: int, bandwidth: float, weights: str = "bf16", kv_dtype_bytes: int = 2
+) -> float:
+    kv = conc * kv_bytes_per_token(name, kv_dtype_bytes) * (isl + osl // 2)
+    return (dense_weight_bytes(name, weights) + kv) / bandwidth
+
+
+def serving_ceiling(
+    name: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float,
+    weights: str = "bf16", kv_dtype_bytes: int = 2,
+) -> float:  # fmt: skip
+    # FP8 prefill: its GEMMs at the FP8 rate, counted as the whole prefill's (a stricter ceiling)
+    rate = matmul_flops * (FP8_MATMUL_SPEEDUP if weights == "fp8" else 1.0)
+    decode_s = osl * decode_step_s(name, conc, isl, osl, bandwidth, weights, kv_dtype_bytes)
+    return conc * osl / (decode_s + conc * prefill_flops(name, isl) / rate)
+
+
+def decode_only_bound(
+    name: str | dict, conc: int, isl: int, osl: int, bandwidth: float, weights: str = "bf16", kv_dtype_bytes: int = 2
+) -> float:
+    return conc / decode_step_s(name, conc, isl, osl, bandwidth, weights, kv_dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -343,19 +368,20 @@ def moe_kv_bytes(model: str | dict, context: int, dtype_bytes: int = 2) -> int:
     return per_layer_token * (full * context + s.sliding_layers * min(context, s.window))
 
 
-MOE_WEIGHTS = ("bf16", "fp8")
-FP8_ROW_SCALE_BYTES = 4  # atomc's per-channel scales are fp32
 
-
-def moe_step_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int = 2, weights: str = "bf16") -> float:
+def moe_step_bytes(
+    model: str | dict, conc: int, context: int, dtype_bytes: int = 2, weights: str = "bf16",
+    kv_dtype_bytes: int | None = None,
+) -> float:  # fmt: skip
     """Bytes a decode step of `conc` sequences at `context` tokens reads: the non-expert weights,
-    D(conc) experts in each sparse layer, every sequence's KV. `weights` "fp8": the linears and
-    experts at one byte a value plus a scale a row (module docstring)."""
-    if weights not in MOE_WEIGHTS:
-        raise ValueError(f"weights {weights!r} is not one of: {', '.join(MOE_WEIGHTS)}")
+    D(conc) experts in each sparse layer, every sequence's KV (at `kv_dtype_bytes` a value, default
+    `dtype_bytes`). `weights` "fp8": the linears and experts at one byte a value plus a scale a row
+    (module docstring)."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights {weights!r} is not one of: {', '.join(WEIGHT_FORMATS)}")
     s = moe_shape(model)
     experts = s.sparse_layers * expected_distinct_experts(s.experts, s.top_k, conc)
-    kv = conc * moe_kv_bytes(model, context, dtype_bytes)
+    kv = conc * moe_kv_bytes(model, context, dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes)
     if weights == "bf16":
         return dtype_bytes * (s.nonexpert_params() + experts * s.expert_params()) + kv
     if s.mla:
@@ -412,20 +438,26 @@ def moe_prefill_flops(model: str | dict, isl: int) -> float:
     return 2 * per_token * isl + 2 * s.heads * (s.qk_head_dim() + s.v_head_dim()) * keys
 
 
-def moe_decode_step_s(model: str | dict, conc: int, isl: int, osl: int, bandwidth: float) -> float:
-    return moe_step_bytes(model, conc, isl + osl // 2) / bandwidth
+def moe_decode_step_s(
+    model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, weights: str = "bf16", kv_dtype_bytes: int = 2
+) -> float:
+    return moe_step_bytes(model, conc, isl + osl // 2, weights=weights, kv_dtype_bytes=kv_dtype_bytes) / bandwidth
 
 
 def moe_serving_ceiling(
-    model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float
-) -> float:
-    decode_s = osl * moe_decode_step_s(model, conc, isl, osl, bandwidth)
-    total_s = decode_s + conc * moe_prefill_flops(model, isl) / matmul_flops
+    model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float,
+    weights: str = "bf16", kv_dtype_bytes: int = 2,
+) -> float:  # fmt: skip
+    rate = matmul_flops * (FP8_MATMUL_SPEEDUP if weights == "fp8" else 1.0)
+    decode_s = osl * moe_decode_step_s(model, conc, isl, osl, bandwidth, weights, kv_dtype_bytes)
+    total_s = decode_s + conc * moe_prefill_flops(model, isl) / rate
     return conc * osl / total_s
 
 
-def moe_decode_only_bound(model: str | dict, conc: int, isl: int, osl: int, bandwidth: float) -> float:
-    return conc / moe_decode_step_s(model, conc, isl, osl, bandwidth)
+def moe_decode_only_bound(
+    model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, weights: str = "bf16", kv_dtype_bytes: int = 2
+) -> float:
+    return conc / moe_decode_step_s(model, conc, isl, osl, bandwidth, weights, kv_dtype_bytes)
 
 
 def is_moe(model: str | dict) -> bool:
@@ -433,18 +465,23 @@ def is_moe(model: str | dict) -> bool:
     return bool(c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts"))
 
 
-def serving_bounds(model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float) -> dict:
-    """The serving ceiling and decode-only bound of a cell, by the dense or the MoE definition;
-    for a mixture of experts also D(conc), the distinct experts a layer reads a step."""
+def serving_bounds(
+    model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float,
+    weights: str = "bf16", kv_dtype_bytes: int = 2,
+) -> dict:  # fmt: skip
+    """The serving ceiling and decode-only bound of a cell, by the dense or the MoE definition, for
+    the server's weight format and KV bytes a value; for a mixture of experts also D(conc), the
+    distinct experts a layer reads a step."""
+    fmt = (weights, kv_dtype_bytes)
     if not is_moe(model):
         return {
-            "ceiling_tok_s": serving_ceiling(model, conc, isl, osl, bandwidth, matmul_flops),
-            "decode_bound_tok_s": decode_only_bound(model, conc, isl, osl, bandwidth),
+            "ceiling_tok_s": serving_ceiling(model, conc, isl, osl, bandwidth, matmul_flops, *fmt),
+            "decode_bound_tok_s": decode_only_bound(model, conc, isl, osl, bandwidth, *fmt),
         }
     s = moe_shape(model)
     return {
-        "ceiling_tok_s": moe_serving_ceiling(model, conc, isl, osl, bandwidth, matmul_flops),
-        "decode_bound_tok_s": moe_decode_only_bound(model, conc, isl, osl, bandwidth),
+        "ceiling_tok_s": moe_serving_ceiling(model, conc, isl, osl, bandwidth, matmul_flops, *fmt),
+        "decode_bound_tok_s": moe_decode_only_bound(model, conc, isl, osl, bandwidth, *fmt),
         "distinct_experts_per_layer": expected_distinct_experts(s.experts, s.top_k, conc),
         "experts": s.experts,
         "top_k": s.top_k,

@@ -47,6 +47,18 @@ def start_server(
     return proc
 
 
+def server_formats(server_args: str) -> tuple[str, int]:
+    """(weight format, KV bytes a value) that `--server-args` give the server, for its ceiling."""
+    words = server_args.replace("=", " ").split()
+
+    def flag(name: str) -> str | None:
+        return words[words.index(name) + 1] if name in words[:-1] else None
+
+    weights = "fp8" if flag("--quantization") == "fp8" else "bf16"
+    kv = 1 if flag("--kv-cache-dtype") in ("fp8", "fp8_e4m3") else 2
+    return weights, kv
+
+
 def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f} ms"
 
@@ -165,9 +177,12 @@ def main() -> None:
     result = {"model": args.model + (" (tiny)" if args.tiny else ""), "isl": args.isl, "osl": args.osl,
               "bandwidth": bw, "matmul_flops": flops}  # fmt: skip
 
+    weights, kv_dtype_bytes = server_formats(args.server_args)
+    result.update(weights=weights, kv_dtype_bytes=kv_dtype_bytes)
+
     def save(rows: list[dict]) -> None:  # after every cell: a run stopped later keeps the cells measured
         for r in rows:
-            r.update(ceilings.serving_bounds(cfg, r["conc"], args.isl, args.osl, bw, flops))
+            r.update(ceilings.serving_bounds(cfg, r["conc"], args.isl, args.osl, bw, flops, weights, kv_dtype_bytes))
             r["ceiling_pct"] = 100 * r["output_throughput"] / r["ceiling_tok_s"]
             r["decode_bound_pct"] = 100 * r["output_throughput"] / r["decode_bound_tok_s"]
         result["atomc"] = rows

@@ -36,6 +36,31 @@ def test_llama_decode_step_at_conc_64():
     assert ceilings.decode_step_s("llama-3.1-8b", 64, 1024, 1024, BW) == pytest.approx(6.49e-3, rel=0.01)
 
 
+def test_fp8_serving_ceiling_counts_the_servers_bytes():
+    # --quantization fp8: the decoder linears at a byte a value (+ fp32 row scales), lm_head bf16;
+    # --kv-cache-dtype fp8: a byte a KV value
+    bf16 = ceilings.decode_step_s("llama-3.1-8b", 64, 1024, 1024, BW)
+    fp8 = ceilings.decode_step_s("llama-3.1-8b", 64, 1024, 1024, BW, weights="fp8")
+    fp8kv = ceilings.decode_step_s("llama-3.1-8b", 64, 1024, 1024, BW, weights="fp8", kv_dtype_bytes=1)
+    linear_bf16 = 2 * 32 * (4096 * 128 * 48 + 4096 * 4096 + 3 * 4096 * 14336)
+    assert (bf16 - fp8) * BW == pytest.approx(linear_bf16 / 2 - 4 * 32 * (6144 + 4096 + 28672 + 4096))
+    assert (fp8 - fp8kv) * BW == pytest.approx(64 * 1536 * 131072 / 2)
+    cells = [ceilings.serving_bounds("llama-3.1-8b", 64, 1024, 1024, BW, FLOPS, w, kv) for w, kv in
+             (("bf16", 2), ("fp8", 2), ("fp8", 1))]  # fmt: skip
+    assert cells[0]["ceiling_tok_s"] < cells[1]["ceiling_tok_s"] < cells[2]["ceiling_tok_s"]
+    with pytest.raises(ValueError, match="int4"):
+        ceilings.serving_bounds("llama-3.1-8b", 64, 1024, 1024, BW, FLOPS, "int4")
+
+
+def test_serving_reads_the_formats_from_the_server_flags():
+    import serving
+
+    assert serving.server_formats("") == ("bf16", 2)
+    assert serving.server_formats("--quantization fp8") == ("fp8", 2)
+    assert serving.server_formats("--quantization=fp8 --kv-cache-dtype fp8_e4m3") == ("fp8", 1)
+    assert serving.server_formats("--kv-cache-dtype auto") == ("bf16", 2)
+
+
 # --- mixtures of experts ---------------------------------------------------------------------------
 
 MOE = checkpoints.MOE_MODELS
