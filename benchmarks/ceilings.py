@@ -368,7 +368,6 @@ def moe_kv_bytes(model: str | dict, context: int, dtype_bytes: int = 2) -> int:
     return per_layer_token * (full * context + s.sliding_layers * min(context, s.window))
 
 
-
 def moe_step_bytes(
     model: str | dict, conc: int, context: int, dtype_bytes: int = 2, weights: str = "bf16",
     kv_dtype_bytes: int | None = None,
