@@ -121,6 +121,8 @@ def decode_case(pool_k, pool_v, bs: int, ctx: int, sweep: bool, window: int = 0,
         print(f"  flash oracle unavailable: {e}")
         flash_us = None
     extra = dict(rel_err=round(err, 5), sdpa_gathered_us=round(ref_us, 2))
+    if kv_scales:  # the kernel's fp16 dots (its default for bf16 q) against widening the tiles to bf16
+        extra["bf16_dots_us_graph"] = round(timed(ours(fp8_f16_dots=False))[1] or 0.0, 2)
     extra["flash_contig_us"] = round(flash_us, 2) if flash_us else None
     extra["vs_flash"] = round(us / flash_us, 2) if flash_us else None
 

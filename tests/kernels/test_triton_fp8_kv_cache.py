@@ -133,7 +133,7 @@ def test_rope_and_write_kv_fp8(dtype, qk_norm):
     assert torch.equal(v_cache.view(torch.uint8), want_v.view(torch.uint8))
 
 
-def run_fp8_attention(case, dtype, num_segments, sinks=None, **kw):
+def run_fp8_attention(case, dtype, num_segments, sinks=None, f16_dots=None, **kw):
     q, k_cache, v_cache, meta, kv_scales, (k_vals, v_vals) = fp8_batch(case, dtype, **kw)
     window = WINDOW_CASES[case][2] if case in WINDOW_CASES else 0
     scale = q.shape[-1] ** -0.5
@@ -141,14 +141,15 @@ def run_fp8_attention(case, dtype, num_segments, sinks=None, **kw):
     paged_attention(
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
         meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=num_segments, kv_scales=kv_scales,
-        sliding_window=window, sinks=sinks, tile_n=16 if window else None,
+        sliding_window=window, sinks=sinks, tile_n=16 if window else None, fp8_f16_dots=f16_dots,
     )  # fmt: skip
     t = meta.query_start_loc_host[-1]
     assert not out[:t].isnan().any() and out[t:].isnan().all()
     ref = torch.zeros_like(q, dtype=torch.float32)
     paged_attention_reference(q.float(), k_cache, v_cache, ref, meta, scale, window, sinks, kv_scales)
-    assert rel_err(out[:t], ref[:t]) < TOL[dtype]
-    torch.testing.assert_close(out[:t].float(), ref[:t], atol=TOL[dtype] * 10, rtol=TOL[dtype] * 10)
+    tol = TOL[torch.float16 if f16_dots else dtype]  # fp16 dots: fp16's rounding of q and P
+    assert rel_err(out[:t], ref[:t]) < tol
+    torch.testing.assert_close(out[:t].float(), ref[:t], atol=tol * 10, rtol=tol * 10)
     # the reference's FP8 read is attention over the dequantised pages
     k_deq, v_deq = dequantize_kv(k_cache, kv_scales[0]), dequantize_kv(v_cache, kv_scales[1])
     dense = attention_reference(q, k_deq, v_deq, meta, scale, window, sinks)
@@ -177,6 +178,33 @@ def test_paged_attention_fp8_with_window_and_sinks(case, num_segments):
     """FP8 pages under the other constexpr paths (a sliding window; GPT-OSS's sinks), fp16 queries."""
     run_fp8_attention(case, torch.float16, num_segments, d=16)
     run_fp8_attention(case, torch.float16, num_segments, d=16, sinks=random_sinks(4))
+
+
+@pytest.mark.parametrize("num_segments", [1, 4])
+@pytest.mark.parametrize("case", ["decode", "mixed"])
+def test_paged_attention_fp8_f16_dots(case, num_segments):
+    """The fp16 dots bf16 queries take over FP8 pages on a GPU (F16_DOTS), forced here for fp32
+    queries (the interpreter cannot run bf16): q and P rounded to fp16, fp16's tolerance."""
+    run_fp8_attention(case, torch.float32, num_segments, f16_dots=True, hkv=1, d=16)
+
+
+def test_paged_attention_fp8_f16_dots_clamp_q_to_fp16():
+    """A query value past fp16's range is clamped to ±65504, not turned into inf (and NaN scores)."""
+    q, k_cache, v_cache, meta, kv_scales, _ = fp8_batch("decode", torch.float32, hkv=1, d=16)
+    q[0, 0, 0] = 1e6
+    t = meta.query_start_loc_host[-1]
+    out = torch.zeros_like(q)
+    paged_attention(
+        q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, 1e-4,
+        meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=1, kv_scales=kv_scales,
+        fp8_f16_dots=True,
+    )  # fmt: skip
+    assert out[:t].isfinite().all()
+    clamped = q.clone()
+    clamped[0, 0, 0] = 65504.0
+    ref = torch.zeros_like(q)
+    paged_attention_reference(clamped, k_cache, v_cache, ref, meta, 1e-4, 0, None, kv_scales)
+    assert rel_err(out[:t], ref[:t]) < TOL[torch.float16]
 
 
 def test_paged_attention_fp8_scales_are_applied():

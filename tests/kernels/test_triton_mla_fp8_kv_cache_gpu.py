@@ -4,15 +4,20 @@ the Triton MLA kernel (decode, split-KV, prefill over a prefix, mixed) against t
 over the same FP8 pages, decode replayed from a CUDA graph, and the tiny DeepSeek engines, eager and
 with CUDA graphs, against their bf16 latent cache. Skips without CUDA.
 
-NOT YET RUN ON A GPU: written beside the CPU interpreter tests (test_triton_mla_fp8_kv_cache.py),
-which pass; the tolerances below follow test_triton_fp8_kv_cache_gpu.py's and may need a look on
-the first run.
+First run on the H200 (2026-12-06): the write, the kernel against the reference over the same
+pages and the graph replay passed; two bounds written before it were too tight and are now derived:
 
 Tolerances: the write divides in fp32 and rounds with the hardware's cast (Triton's division may be
 the approximate one): at most 0.1% of the stored values one e4m3 step from the reference's. The
-kernel reads the same bytes as the reference, with bf16 dots and fp32 accumulation: relative error
-< 1e-2 (as the bf16 MLA kernel test). Against the unquantised latent the error is e4m3's, < 6%. The
-engine: tests/engine/test_fp8_kv_cache_mla.py's near-tie margin.
+kernel reads the same bytes as the reference, with fp16 dots and fp32 accumulation: relative error
+< 1e-2 (as the bf16 MLA kernel test). Against the unquantised latent the error is the format's
+(the reference over the FP8 pages against the reference over the values; 6.3% at one 8,192-key
+decode, whose averaged output is small) plus at most the kernel's: a fixed 6% failed there. The
+engine: V3 parted from its bf16-cache run at fp32 top-2 gaps of 0.45 and 0.46 (eager, graphs), over
+the CPU test's near-tie margin of 0.25: on the CPU, in fp32, one step's logprob moved by up to 0.215
+(tests/engine/test_fp8_kv_cache_mla.py), and two runs that each move a logit by that much can swap
+tokens whose gap is up to twice it, 0.43, before bf16's own rounding in both runs. GPU_MARGIN is 0.5;
+a scale skipped or applied twice moves logits by whole units.
 """
 
 import gc
@@ -31,6 +36,7 @@ DEV, BF16, FP8 = "cuda", torch.bfloat16, torch.float8_e4m3fn
 HEADS, LORA, ROPE = 128, 512, 64
 SCALE = 192**-0.5
 REL = 1e-2
+GPU_MARGIN = 0.5  # the engine's near-tie margin in bf16 (module docstring)
 
 
 def fp8_latent_batch(q_lens, seq_lens, kv_scale=0.02, seed=0):
@@ -77,8 +83,12 @@ def test_mla_fp8_pages_at_v3_widths(q_lens, seq_lens, segments):
     run(q_absorbed, q_pe, cache, meta, out, kv_scale, num_segments=segments)
     t = meta.query_start_loc_host[-1]
     assert not out[:t].isnan().any() and out[t:].isnan().all()
-    assert rel_err(out[:t], reference(q_absorbed, q_pe, cache, meta, kv_scale)[:t]) < REL
-    assert rel_err(out[:t], reference(q_absorbed, q_pe, values, meta, None)[:t]) < 0.06
+    over_pages = reference(q_absorbed, q_pe, cache, meta, kv_scale)[:t]
+    exact = reference(q_absorbed, q_pe, values, meta, None)[:t]
+    assert rel_err(out[:t], over_pages) < REL
+    fmt = rel_err(over_pages, exact)  # e4m3's own error on this batch
+    assert 1e-3 < fmt < 0.1
+    assert rel_err(out[:t], exact) < fmt + 1.05 * REL
 
 
 def test_latent_write_fp8_at_v3_widths():
@@ -126,7 +136,6 @@ def test_gpu_deepseek_fp8_latent_cache_agrees_with_bf16(family, enforce_eager, c
     from atomc import LLM, SamplingParams
     from models.loader import load_model
     from tests.engine.helpers import PROMPTS
-    from tests.engine.test_fp8_kv_cache_mla import FP8_MARGIN
     from tests.greedy import assert_greedy_agree, model_logits
 
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -151,5 +160,5 @@ def test_gpu_deepseek_fp8_latent_cache_agrees_with_bf16(family, enforce_eager, c
     logits_of = model_logits(load_model(checkpoints[family], torch.float32, "cpu"))
     for got, want in zip(runs["fp8"], runs["auto"], strict=True):
         assert_greedy_agree(
-            got.outputs[0].token_ids, want.outputs[0].token_ids, want.prompt_token_ids, logits_of, margin=FP8_MARGIN
+            got.outputs[0].token_ids, want.outputs[0].token_ids, want.prompt_token_ids, logits_of, margin=GPU_MARGIN
         )

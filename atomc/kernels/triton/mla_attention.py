@@ -47,8 +47,9 @@ it is captured in CUDA graphs like the MHA kernel. `write_latent_cache` scatters
 
 FP8 pages (`FP8`, a constexpr; `--kv-cache-dtype fp8`): the rows hold [c_kv | k_pe] / kv_scale in
 e4m3, one scale a layer (atomc/ops/mla.py). The write quantises as the MHA write does
-(`quantize_kv_value`). The attention kernel loads e4m3 tiles and widens them to the query's dtype
-(exact: every e4m3 value is an fp16/bf16 value), so the dots see the stored values; since the scores
+(`quantize_kv_value`). The attention kernel loads e4m3 tiles and widens them exactly (to fp16 when
+q is bf16, the MHA kernel's `F16_DOTS`: one instruction for two values against three for bf16; q
+rounded to fp16 once a program, clamped to its range), so the dots see the stored values; since the scores
 are q . (stored * kv_scale) over both pieces, kv_scale is folded into the logit scale, and since the
 values are the c_kv pieces, it multiplies the accumulators once after the KV loop, before the final
 store or the split-KV partials (the reduce is unchanged). Half the bytes a latent row (576 at V3's
@@ -102,7 +103,7 @@ def _mla_kernel(
     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, DV_SPLIT: tl.constexpr, DECODE: tl.constexpr, PRECISION: tl.constexpr,
-    FP8: tl.constexpr, PDL: tl.constexpr,
+    FP8: tl.constexpr, F16_DOTS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py
     # head blocks fastest: a token's run side by side (see the module docstring); one axis for
@@ -151,6 +152,11 @@ def _mla_kernel(
     qr = _rows(qr_ptr, tok * stride_qrt + head * stride_qrh, row_ok, 0, BLOCK_R, ROPE, FULL_R)
     if FP8:
         qk_scale = qk_scale * tl.load(kv_scale_ptr)  # s = q . (stored * kv_scale), c_kv and k_pe alike
+        if F16_DOTS:
+            qa = tl.clamp(qa.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            if DV_SPLIT == 2:
+                qb = tl.clamp(qb.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            qr = tl.clamp(qr.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, scaled (log2 domain)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -413,7 +419,8 @@ def mla_attention(
         HEAD_BLOCKS=head_blocks, BLOCK_M=t["block_m"], BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page,
         NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=min_seg_tiles, DV_SPLIT=t["dv_split"],
         DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32", FP8=fp8,
-        num_warps=t["num_warps"], num_stages=t["num_stages"], **pdl.launch(q_absorbed),
+        F16_DOTS=fp8 and q_absorbed.dtype == torch.bfloat16, num_warps=t["num_warps"], num_stages=t["num_stages"],
+        **pdl.launch(q_absorbed),
     )  # fmt: skip
     if split:
         red_h = max(1, min(block_h, 16 // block_q))  # about 16 rows a merge program
