@@ -13,7 +13,8 @@
 #
 # The FP8-KV ratio is taken against the FP8-weight server, so it measures the KV cache's bytes alone.
 # Each variant writes OUT/<variant>/serving.json and server.log; the summary (quant_summary.py
-# serving section) prints the ratios at the end. CONC, WARMUPS (unmeasured requests a cell, default
+# serving section) prints the ratios at the end. CONC (BF16_CONC for the bf16 server alone: 64 when
+# only the CONC-64 ratio is wanted), WARMUPS (unmeasured requests a cell, default
 # 16), BOX (seconds a variant, default 170) and PYTHON can be set; --tiny runs the same on the CPU
 # (toy model, interpreter-free torch reference) to check the script before GPU time.
 set -uo pipefail
@@ -46,7 +47,7 @@ run_variant() {  # NAME CONC FLAGS...
   [ "$rc" -eq 0 ] || { echo "== $name exited $rc" | tee -a "$OUT/fp8_serving.log"; status=1; }
 }
 
-run_variant bf16 "$CONC"
+run_variant bf16 "${BF16_CONC:-$CONC}"
 run_variant fp8 "$CONC" --quantization fp8
 run_variant fp8kv "$CONC" --quantization fp8 --kv-cache-dtype fp8
 "$PY" benchmarks/quant_summary.py "$OUT" --serving | tee "$OUT/summary.md"
