@@ -185,14 +185,19 @@ def decode_step_s(
     return (dense_weight_bytes(name, weights) + kv) / bandwidth
 
 
+def ceiling_tok_s(conc: int, osl: int, step_s: float, prompt_flops: float, matmul_flops: float, weights: str) -> float:
+    """conc x osl tokens over osl decode steps plus conc prompts' prefill; an FP8 prefill's GEMMs at
+    the FP8 rate, counted as the whole prefill's (a stricter ceiling)."""
+    rate = matmul_flops * (FP8_MATMUL_SPEEDUP if weights == "fp8" else 1.0)
+    return conc * osl / (osl * step_s + conc * prompt_flops / rate)
+
+
 def serving_ceiling(
     name: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float,
     weights: str = "bf16", kv_dtype_bytes: int = 2,
 ) -> float:  # fmt: skip
-    # FP8 prefill: its GEMMs at the FP8 rate, counted as the whole prefill's (a stricter ceiling)
-    rate = matmul_flops * (FP8_MATMUL_SPEEDUP if weights == "fp8" else 1.0)
-    decode_s = osl * decode_step_s(name, conc, isl, osl, bandwidth, weights, kv_dtype_bytes)
-    return conc * osl / (decode_s + conc * prefill_flops(name, isl) / rate)
+    step_s = decode_step_s(name, conc, isl, osl, bandwidth, weights, kv_dtype_bytes)
+    return ceiling_tok_s(conc, osl, step_s, prefill_flops(name, isl), matmul_flops, weights)
 
 
 def decode_only_bound(
@@ -447,10 +452,8 @@ def moe_serving_ceiling(
     model: str | dict, conc: int, isl: int, osl: int, bandwidth: float, matmul_flops: float,
     weights: str = "bf16", kv_dtype_bytes: int = 2,
 ) -> float:  # fmt: skip
-    rate = matmul_flops * (FP8_MATMUL_SPEEDUP if weights == "fp8" else 1.0)
-    decode_s = osl * moe_decode_step_s(model, conc, isl, osl, bandwidth, weights, kv_dtype_bytes)
-    total_s = decode_s + conc * moe_prefill_flops(model, isl) / rate
-    return conc * osl / total_s
+    step_s = moe_decode_step_s(model, conc, isl, osl, bandwidth, weights, kv_dtype_bytes)
+    return ceiling_tok_s(conc, osl, step_s, moe_prefill_flops(model, isl), matmul_flops, weights)
 
 
 def moe_decode_only_bound(
