@@ -12,7 +12,12 @@ Rows per (shape, M), each implementation checked against the dequantising refere
 check or a kernel that raises is a row with `error`, and the run goes on):
 - `bf16`: F.linear on bf16 weights (cuBLAS), what atomc runs unquantised;
 - `scaled_mm tensor` / `scaled_mm row`: torch._scaled_mm, per-tensor scales / per-token x
-  per-channel (rowwise), what atomc's fp8_gemm runs above one row today;
+  per-channel (rowwise), what atomc's fp8_gemm runs above one row (row scales: above
+  UNIT_SCALE_MAX_ROWS);
+- `scaled_mm unit+epilogue` (per-channel weights, M >= 2): tensorwise torch._scaled_mm with unit
+  scales into fp32, then atomc's Triton scale epilogue (`scaled_mm_unit`), what fp8_gemm runs with
+  row scales at 2..UNIT_SCALE_MAX_ROWS rows (atomc/kernels/triton/fp8.py); its `engine_route` is the
+  route fp8_gemm takes at that M, so the rows beside `scaled_mm row` show where the threshold belongs;
 - `triton row` / `triton block`: the Triton FP8 GEMM, per-token x per-channel / 1x128 x 128x128;
 - `scaled_mm block` (DeepSeek-V3 shapes): torch._scaled_mm with the 1x128 x 128x128 recipe
   (cuBLASLt, sm_90; atomc's `scaled_mm_block`), a row with `skipped` where it does not run;
@@ -144,7 +149,7 @@ def record(shape, m, impl, us, nbytes, flops, kind, **extra) -> dict:
     ROWS.append(row)
     flag = "" if row.get("ok", True) else f"  CHECK FAILED (rel err {row.get('rel_err')})"
     print(
-        f"{shape:13s} M={m:5d} {impl:18s} {us:9.2f} us  {row['pct_hbm']:6.1f}% HBM  "
+        f"{shape:13s} M={m:5d} {impl:23s} {us:9.2f} us  {row['pct_hbm']:6.1f}% HBM  "
         f"{row[f'pct_{kind}_peak']:6.1f}% {kind} peak  {row['pct_roofline']:6.1f}% roofline{flag}",
         flush=True,
     )
@@ -154,7 +159,7 @@ def record(shape, m, impl, us, nbytes, flops, kind, **extra) -> dict:
 def record_error(shape, m, impl, exc: BaseException) -> None:
     msg = f"{type(exc).__name__}: {str(exc)[:400]}"
     ROWS.append(dict(shape=shape, m=m, impl=impl, error=msg, trace=traceback.format_exc()[-1500:]))
-    print(f"{shape:13s} M={m:5d} {impl:18s} FAILED {msg}", flush=True)
+    print(f"{shape:13s} M={m:5d} {impl:23s} FAILED {msg}", flush=True)
 
 
 def copies(nbytes: int) -> int:
@@ -330,6 +335,20 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
         except Exception as exc:
             record_error(label, m, impl, exc)
 
+    if scheme == "channel" and m > 1:  # tensorwise _scaled_mm with unit scales + the Triton epilogue
+        impl = "scaled_mm unit+epilogue"
+        try:
+            out = backend.scaled_mm_unit(xq, xs, w0, s0, None, ACT)
+            if out is None:
+                ROWS.append(dict(shape=label, m=m, impl=impl, skipped="_scaled_mm does not run here"))
+            else:
+                check = checked(out, want)
+                us = per_call_us(lambda w: backend.scaled_mm_unit(xq, xs, w[0], w[1], None, ACT), ws)
+                engine = backend.pick_gemm(xq, w0, block=False, x_scale=xs, weight_scale=s0)
+                record(label, m, impl, us, nbytes, flops, "fp8", **check, engine_route=engine)
+        except Exception as exc:
+            record_error(label, m, impl, exc)
+
     if block and label.startswith("dsv3"):  # cuBLAS's block GEMM (torch._scaled_mm, 1x128 x 128x128)
         impl = "scaled_mm block"
         try:
@@ -499,6 +518,7 @@ def main() -> None:
         gpu=torch.cuda.get_device_name() if DEV == "cuda" else "cpu (TRITON_INTERPRET=1)", torch=torch.__version__,
         triton=triton.__version__, host=platform.machine(), activation_dtype=str(ACT), rep_ms=REP_MS,
         rule=dict(gemv_one_row=backend.GEMV_ONE_ROW, triton_gemm_max_rows=backend.TRITON_GEMM_MAX_ROWS,
+                  unit_scale_max_rows=backend.UNIT_SCALE_MAX_ROWS,
                   cublas_block_min_rows=backend.CUBLAS_BLOCK_MIN_ROWS),
     )  # fmt: skip
     for family, shape, m in steps:

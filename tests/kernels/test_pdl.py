@@ -33,6 +33,7 @@ from atomc.kernels.triton import (  # noqa: E402
     write_latent_cache,
 )
 from atomc.kernels.triton.argmax import argmax_rows  # noqa: E402
+from atomc.kernels.triton.fp8_epilogue import scale_epilogue  # noqa: E402
 from atomc.kernels.triton.fp8_gemv import fp8_gemv  # noqa: E402
 from atomc.kernels.triton.gemv import gemv  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
@@ -151,6 +152,13 @@ def test_fp8_reduce_gemv(trace):
     xs, ws = torch.rand(1, 1), torch.rand(20)
     fp8_gemv(xq, xs, w, ws, None, torch.float32, kernel="reduce", block_n=4, block_k=32)
     assert trace.check([w, ws]) == 1
+
+
+def test_fp8_scale_epilogue(trace):
+    acc, xs, ws, bias = torch.randn(19, 200), torch.rand(19, 1), torch.rand(200), torch.randn(200)
+    y = scale_epilogue(acc, xs, ws, bias, torch.float32)  # the weight's scales and bias before the wait
+    assert trace.check([ws, bias]) == 1 and len(trace.programs) == 2 * 2
+    torch.testing.assert_close(y, acc * xs * ws + bias)
 
 
 def test_rope_and_write_kv(trace):

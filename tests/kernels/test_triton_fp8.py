@@ -434,7 +434,8 @@ def test_choice_rule_for_block_scales(monkeypatch):
     assert backend.pick_gemm(_CudaRows(lo, 512), w, block=True) == "scaled_mm_block"
     assert backend.pick_gemm(_CudaRows(2, lo, 512), w, block=True) == "scaled_mm_block"  # rows over all leading dims
     assert backend.pick_gemm(_CudaRows(4096, 512), w, block=True) == "scaled_mm_block"
-    assert backend.pick_gemm(_CudaRows(lo, 512), w, block=False) == "scaled_mm"  # per-tensor / row scales
+    one = torch.ones(1)
+    assert backend.pick_gemm(_CudaRows(lo, 512), w, block=False, x_scale=one, weight_scale=one) == "scaled_mm"
     assert backend.pick_gemm(_CudaRows(lo, 512), w.t().contiguous().t(), block=True) == "reference"
     monkeypatch.setattr(backend, "kernels_run_on", lambda t: False)  # before sm_89, or ROCm without AITER
     assert backend.pick_gemm(_CudaRows(lo, 512), w, block=True) == "reference"
@@ -447,7 +448,7 @@ def test_block_gemm_runs_triton_where_cublas_declines(monkeypatch):
     xq, xs = ops.fp8_quant_dynamic(x, 128)
     want = ops.fp8_block_gemm(xq, xs, w, ws, 128, 128, None, torch.float32)
     calls = []
-    monkeypatch.setattr(backend, "pick_gemm", lambda xq, w, block: "scaled_mm_block" if block else "triton")
+    monkeypatch.setattr(backend, "pick_gemm", lambda xq, w, block, **scales: "scaled_mm_block" if block else "triton")
     monkeypatch.setattr(backend, "scaled_mm_block", lambda *a: calls.append(a) or None)
     close(tri.fp8_block_gemm(xq, xs, w, ws, 128, 128, None, torch.float32), want)  # the Triton GEMM
     assert len(calls) == 1 and calls[0][4:] == (128, 128, None, torch.float32)
@@ -575,3 +576,154 @@ def test_blockwise_probe_tells_a_misread_layout():
     assert compat._try_blockwise(cpu, torch.bfloat16, emulated) == ""
     assert compat._try_blockwise(cpu, torch.bfloat16, misread).startswith("wrong result")
     assert "Invalid scaling configuration" in compat._try_blockwise(cpu, torch.bfloat16, raises)
+
+
+# ---- scaled_mm_unit: tensorwise _scaled_mm with unit scales into fp32, then the Triton scale epilogue ----
+
+
+@pytest.mark.parametrize("m", [1, 5, 19])  # 19: a partial 16-row tile after a whole one
+@pytest.mark.parametrize("n", [64, 200])  # 200: a partial 128-column tile
+@pytest.mark.parametrize("scales", ["row x col", "tensor x col", "row x tensor", "tensor x tensor"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])  # the interpreter mishandles bf16
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_scale_epilogue_matches_torch(m, n, scales, out_dtype, has_bias):
+    from atomc.kernels.triton.fp8_epilogue import scale_epilogue
+
+    acc = _rand((m, n), 0, 300.0)
+    x_part, w_part = scales.split(" x ")
+    xs = torch.rand(m, 1, generator=torch.Generator().manual_seed(1)) / 50 if x_part == "row" else torch.tensor([0.013])
+    ws = torch.rand(n, generator=torch.Generator().manual_seed(2)) / 50 if w_part == "col" else torch.tensor([0.021])
+    bias = _rand(n, 3).to(out_dtype) if has_bias else None
+    got = scale_epilogue(acc, xs, ws, bias, out_dtype)
+    want = acc * xs.reshape(-1, 1) * ws.reshape(1, -1)
+    if bias is not None:
+        want = want + bias.float()
+    assert got.shape == (m, n) and got.dtype == out_dtype
+    # the same fp32 products in the same order, one rounding: equal
+    torch.testing.assert_close(got, want.to(out_dtype), rtol=0, atol=0)
+
+
+def test_scale_epilogue_reads_strided_scales_and_rejects_wrong_sizes():
+    from atomc.kernels.triton.fp8_epilogue import scale_epilogue
+
+    acc = _rand((6, 48), 0, 300.0)
+    xs = torch.rand(6, 2)[:, :1]  # [M, 1] with row stride 2
+    ws = torch.rand(48, 2)[:, 1]  # [N], stride 2
+    got = scale_epilogue(acc, xs, ws, None, torch.float32)
+    torch.testing.assert_close(got, acc * xs * ws, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="scale epilogue"):
+        scale_epilogue(acc, torch.rand(5, 1), ws, None, torch.float32)
+    with pytest.raises(ValueError, match="scale epilogue"):
+        scale_epilogue(acc, xs, torch.rand(47), None, torch.float32)
+
+
+def test_choice_rule_for_row_scales(monkeypatch):
+    w = _fp8((256, 512))
+    hi = backend.UNIT_SCALE_MAX_ROWS
+    assert hi >= 2
+    row = lambda rows: torch.rand(rows, 1)  # noqa: E731  # per-token activation scales
+    one, col = torch.ones(1), torch.rand(256)
+    # the interpreter: never _scaled_mm
+    assert backend.pick_gemm(_fp8((3, 512)), w, block=False, x_scale=row(3), weight_scale=col) == "triton"
+    monkeypatch.setattr(backend, "kernels_run_on", lambda t: True)  # an sm_89+ CUDA device
+
+    def route(*shape, xs, ws):
+        return backend.pick_gemm(_CudaRows(*shape, 512), w, block=False, x_scale=xs, weight_scale=ws)
+
+    assert route(1, xs=row(1), ws=col) == "gemv"
+    for rows in (2, 16, hi):
+        assert route(rows, xs=row(rows), ws=col) == "scaled_mm_unit"  # per-token x per-channel
+        assert route(rows, xs=one, ws=col) == "scaled_mm_unit"  # per-tensor x per-channel
+        assert route(rows, xs=row(rows), ws=one) == "scaled_mm_unit"  # per-token x per-tensor
+        assert route(rows, xs=one, ws=one) == "scaled_mm"  # per-tensor on both: tensorwise as is
+    assert route(2, hi // 2, xs=row(hi), ws=col) == "scaled_mm_unit"  # rows over all leading dims
+    assert route(hi + 1, xs=row(hi + 1), ws=col) == "scaled_mm"  # rowwise above the threshold
+    assert route(2, hi, xs=row(2 * hi), ws=col) == "scaled_mm"
+    assert route(4096, xs=one, ws=col) == "scaled_mm"
+    assert route(hi, xs=None, ws=None) == "scaled_mm_unit"  # scales left out: read as row scales
+    assert backend.pick_gemm(_CudaRows(2, 512), w, block=True) == "triton"  # block scales: not this route
+    monkeypatch.setattr(backend, "TRITON_GEMM_MAX_ROWS", 16)  # the Triton GEMM's rows come first
+    assert route(16, xs=row(16), ws=col) == "triton"
+    assert route(17, xs=row(17), ws=col) == "scaled_mm_unit"
+
+
+@pytest.fixture
+def unit_scaled_mm_calls(monkeypatch):
+    """torch._scaled_mm replaced by a recorder of what scaled_mm_unit hands it (tensorwise: 0-d fp32
+    scales, an fp32 output), returning the exact fp32 product; the device check passes on CPU."""
+    calls = []
+
+    def fake(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+        assert bias is None and scale_result is None and not use_fast_accum
+        calls.append(dict(a=a, b=b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype))
+        return (a.float() @ b.float()) * scale_a * scale_b
+
+    monkeypatch.setattr(torch, "_scaled_mm", fake)
+    monkeypatch.setattr(backend, "_scaled_mm_device_ok", lambda xq: True)
+    return calls
+
+
+@pytest.mark.parametrize("lead", [(2,), (19,), (2, 3)])
+@pytest.mark.parametrize("scales", ["row x col", "tensor x col", "row x tensor"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_scaled_mm_unit_hands_cublas_unit_scales(unit_scaled_mm_calls, lead, scales, out_dtype, has_bias):
+    n, k = 208, 256
+    x = _rand((*lead, k), 0, 2)
+    xq, xs = ops.fp8_quant_dynamic(x, 0 if scales.startswith("tensor") else k)
+    w = _fp8((n, k), 1)
+    ws = torch.rand(n) / 100 if scales.endswith("col") else torch.tensor([0.007])
+    bias = _rand(n, 2).to(out_dtype) if has_bias else None
+    got = backend.scaled_mm_unit(xq, xs, w, ws, bias, out_dtype)
+    assert got.shape == (*lead, n) and got.dtype == out_dtype
+    want = ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32)
+    close(got, want, rel=1e-5 if out_dtype == torch.float32 else 1e-3)
+    (call,) = unit_scaled_mm_calls
+    rows = int(torch.tensor(lead).prod())
+    assert call["a"].shape == (rows, k) and call["a"].dtype == FP8
+    assert call["b"].shape == (k, n) and call["b"].stride() == (1, k) and call["b"].data_ptr() == w.data_ptr()
+    assert call["out_dtype"] == torch.float32  # the raw product: the epilogue rounds once
+    for s in (call["scale_a"], call["scale_b"]):
+        assert s.shape == () and s.dtype == torch.float32 and s.item() == 1.0
+
+
+def test_scaled_mm_unit_keeps_one_unit_scale_per_device(unit_scaled_mm_calls, monkeypatch):
+    monkeypatch.setattr(backend, "_UNIT_SCALES", {})
+    xq, xs = ops.fp8_quant_dynamic(_rand((4, 128), 0), 128)
+    w, ws = _fp8((64, 128), 1), torch.rand(64) / 100
+    backend.scaled_mm_unit(xq, xs, w, ws, None, torch.float32)
+    backend.scaled_mm_unit(xq, xs, w, ws, None, torch.float32)
+    first, second = unit_scaled_mm_calls
+    assert first["scale_a"] is first["scale_b"] is second["scale_a"]  # made once, kept
+    assert list(backend._UNIT_SCALES) == [torch.device("cpu")]
+
+
+def test_scaled_mm_unit_declines_what_scaled_mm_cannot_run(unit_scaled_mm_calls, monkeypatch):
+    xq, xs = ops.fp8_quant_dynamic(_rand((4, 256), 0), 256)
+    assert backend.scaled_mm_unit(xq, xs, _fp8((200, 256)), torch.rand(200), None, torch.float32) is None  # N % 16
+    xq2, xs2 = ops.fp8_quant_dynamic(_rand((4, 200), 0), 200)
+    assert backend.scaled_mm_unit(xq2, xs2, _fp8((64, 200)), torch.rand(64), None, torch.float32) is None  # K % 16
+    assert not unit_scaled_mm_calls
+    monkeypatch.undo()  # the real device check: CPU tensors are no CUDA device
+    assert backend.scaled_mm_unit(xq, xs, _fp8((64, 256)), torch.rand(64), None, torch.float32) is None
+
+
+def test_fp8_gemm_takes_the_unit_route_and_falls_back_to_triton(unit_scaled_mm_calls, monkeypatch):
+    tri = torch.ops.atomc_triton
+    registry.ensure_registered("cuda")
+    x, w, ws = _rand((5, 256), 0, 2), _fp8((160, 256), 1), torch.rand(160) / 100
+    xq, xs = ops.fp8_quant_dynamic(x, 256)
+    bias = _rand(160, 3)
+    want = ops.fp8_gemm(xq, xs, w, ws, bias, torch.float32)
+    seen = []
+
+    def pick(xq, w, block, x_scale=None, weight_scale=None):
+        seen.append((x_scale, weight_scale))
+        return "scaled_mm_unit"
+
+    monkeypatch.setattr(backend, "pick_gemm", pick)
+    close(tri.fp8_gemm(xq, xs, w, ws, bias, torch.float32), want)  # through _scaled_mm + the epilogue
+    assert len(unit_scaled_mm_calls) == 1 and seen[0][0] is xs and seen[0][1] is ws  # the rule saw the scales
+    monkeypatch.setattr(backend, "scaled_mm_unit", lambda *a: None)  # where it declines: the Triton GEMM
+    close(tri.fp8_gemm(xq, xs, w, ws, bias, torch.float32), want)
+    assert len(unit_scaled_mm_calls) == 1

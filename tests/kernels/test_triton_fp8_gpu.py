@@ -184,7 +184,13 @@ def test_choice_rule_on_cuda(monkeypatch):
     registry.ensure_registered("cuda")
     w, ws = _weights(4096, 4096, "channel")
     assert backend.pick_gemm(_fp8((1, 4096)), w, block=False) == "gemv"
-    assert backend.pick_gemm(_fp8((8, 4096)), w, block=False) == "scaled_mm"
+    xs8 = torch.rand(8, 1, device="cuda")
+    assert backend.pick_gemm(_fp8((8, 4096)), w, block=False, x_scale=xs8, weight_scale=ws) == "scaled_mm_unit"
+    big = backend.UNIT_SCALE_MAX_ROWS + 1
+    xs_big = torch.rand(big, 1, device="cuda")
+    assert backend.pick_gemm(_fp8((big, 4096)), w, block=False, x_scale=xs_big, weight_scale=ws) == "scaled_mm"
+    one = torch.ones(1, device="cuda")
+    assert backend.pick_gemm(_fp8((8, 4096)), w, block=False, x_scale=one, weight_scale=one) == "scaled_mm"
     assert backend.pick_gemm(_fp8((8, 4096)), w, block=True) == "triton"
     assert backend.pick_gemm(_fp8((backend.CUBLAS_BLOCK_MIN_ROWS, 4096)), w, block=True) == "scaled_mm_block"
     calls = []
@@ -234,6 +240,90 @@ def test_fp8_ops_replay_in_a_cuda_graph():
         qb, sb = torch.ops.atomc.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, 128)
         want = ref.fp8_block_gemm_reference(qb, sb, wb, wsb, 128, 128, None, torch.float32)
         assert rel(outs[2 * i + 1], want) < 1e-2
+
+
+# ---- scaled_mm_unit: tensorwise _scaled_mm with unit scales into fp32, then the Triton scale epilogue ----
+
+
+@pytest.mark.parametrize("m", [2, 16, 64, 128])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_scaled_mm_unit_at_8b_shapes(m, shape, monkeypatch):
+    from atomc.kernels import registry
+    from atomc.kernels.triton import fp8 as backend
+    from atomc.ops import fp8 as ref
+
+    registry.ensure_registered("cuda")
+    n, k = SHAPES[shape]
+    w, ws = _weights(n, k, "channel")
+    xq, xs = _fp8((m, k), 2), torch.rand(m, 1, device="cuda") / 50
+    bias = torch.randn(n, device="cuda", dtype=BF16)
+    want = ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32)
+    got = backend.scaled_mm_unit(xq, xs, w, ws, bias, BF16)
+    assert got is not None and got.dtype == BF16 and got.shape == (m, n)
+    assert rel(got, want) < 1e-2
+    got32 = backend.scaled_mm_unit(xq, xs, w, ws, bias, torch.float32)  # no bf16 rounding: fp32 sums only
+    assert rel(got32, want) < 1e-4
+    if m <= backend.UNIT_SCALE_MAX_ROWS:  # the op takes this route here
+        assert backend.pick_gemm(xq, w, block=False, x_scale=xs, weight_scale=ws) == "scaled_mm_unit"
+        ran = []
+        real = backend.scaled_mm_unit
+        monkeypatch.setattr(backend, "scaled_mm_unit", lambda *a: ran.append(1) or real(*a))
+        assert rel(torch.ops.atomc_triton.fp8_gemm(xq, xs, w, ws, bias, BF16), want) < 1e-2
+        assert ran == [1]
+
+
+@pytest.mark.parametrize("scales", ["tensor x col", "row x tensor"])
+def test_scaled_mm_unit_broadcasts_a_per_tensor_scale(scales):
+    from atomc.kernels.triton import fp8 as backend
+    from atomc.ops import fp8 as ref
+
+    n, k = SHAPES["qkv"]
+    w, ws = _weights(n, k, "channel" if scales.endswith("col") else "tensor")
+    xq = _fp8((3, 5, k), 2)  # leading dims: 15 rows
+    xs = torch.rand(1, device="cuda") / 50 if scales.startswith("tensor") else torch.rand(3, 5, 1, device="cuda") / 50
+    got = backend.scaled_mm_unit(xq, xs, w, ws, None, torch.float16)
+    assert got is not None and got.shape == (3, 5, n)
+    assert rel(got, ref.fp8_gemm_reference(xq, xs, w, ws, None, torch.float32)) < 1e-2
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_scaled_mm_unit_replays_in_a_cuda_graph(warm, monkeypatch):
+    """Quantised by the fused norm, captured once, replayed on new input. warm: an eager call first
+    (the unit scale is made then and kept, as the runtime's warm-up does); not warm: the unit scale is
+    first asked for under capture, where it is made for that graph alone and not kept."""
+    tri = torch.ops.atomc_triton
+    from atomc.kernels import registry
+    from atomc.kernels.triton import fp8 as backend
+    from atomc.ops import fp8 as ref
+
+    registry.ensure_registered("cuda")
+    n, k = SHAPES["qkv"]
+    w, ws = _weights(n, k, "channel")
+    bias = torch.randn(n, device="cuda", dtype=BF16)
+    x, nw = torch.randn(16, k, device="cuda", dtype=BF16), torch.ones(k, device="cuda", dtype=BF16)
+
+    def step():
+        q, s = tri.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, k)
+        return tri.fp8_gemm(q, s, w, ws, bias, BF16)
+
+    step()  # eager: the Triton kernels compile outside the capture
+    torch.cuda.synchronize()
+    monkeypatch.setattr(backend, "_UNIT_SCALES", {})
+    if warm:
+        step()
+        torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    assert len(backend._UNIT_SCALES) == (1 if warm else 0)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        q, s = torch.ops.atomc.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, k)
+        assert backend.pick_gemm(q, w, block=False, x_scale=s, weight_scale=ws) == "scaled_mm_unit"
+        assert rel(out, ref.fp8_gemm_reference(q, s, w, ws, bias, torch.float32)) < 1e-2
+    assert rel(step(), ref.fp8_gemm_reference(q, s, w, ws, bias, torch.float32)) < 1e-2  # eager after it
 
 
 # ---- cuBLAS's block GEMM: torch._scaled_mm with DeepSeek's recipe (scaled_mm_block) ----

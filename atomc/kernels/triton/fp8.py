@@ -7,23 +7,29 @@ graph), by the rule below. It is written here, in a module the lowering hashes i
 cache key, so changing it rebuilds the artifacts:
 
 - `fp8_gemm`: one row (decode at batch 1, when GEMV_ONE_ROW): the Triton FP8 GEMV (fp8_gemv.py);
-  2..TRITON_GEMM_MAX_ROWS rows: the Triton GEMM (fp8_gemm.py); more: torch._scaled_mm (cuBLASLt;
-  tensorwise for [1] scales on both sides, rowwise for any row scale), and where it cannot run
-  (fp32 out with row scales, N or K not a multiple of 16) the Triton GEMM.
+  2..TRITON_GEMM_MAX_ROWS rows: the Triton GEMM (fp8_gemm.py); more: torch._scaled_mm (cuBLASLt).
+  [1] scales on both sides: tensorwise, at any row count. A row scale on either side (per-token x
+  and/or per-channel weight): up to UNIT_SCALE_MAX_ROWS rows `scaled_mm_unit` (tensorwise with unit
+  scales into fp32, then the Triton scale epilogue, fp8_epilogue.py: the row scales, the bias and
+  one rounding), above it rowwise (`scaled_mm`). Where _scaled_mm cannot run (N or K not a multiple
+  of 16; rowwise: an out dtype other than bf16) the Triton GEMM.
 - `fp8_block_gemm`: one row: the Triton block GEMV; 2..CUBLAS_BLOCK_MIN_ROWS - 1 rows: the Triton
   block GEMM; more: torch._scaled_mm with DeepSeek's recipe (cuBLASLt: 1x128 activation groups x
   128x128 weight blocks; `scaled_mm_block`), and where it cannot run (not sm_90, a torch or cuBLAS
   without it, blocks other than 128x128, K not a multiple of 512, N not of 16) the Triton GEMM.
 - `fp8_quant_*` and the fused norm / SiLU quants: Triton (fp8_quant.py).
 
-GEMV_ONE_ROW, TRITON_GEMM_MAX_ROWS and CUBLAS_BLOCK_MIN_ROWS are the rule's settings: whether the
-GEMV beats _scaled_mm at one row, up to which M the Triton GEMM beats it, and from which M cuBLAS's
-block GEMM beats the Triton one, is what benchmarks/fp8_linear.py measures on the H200 (until then:
-the GEMV at one row, _scaled_mm everywhere else, cuBLAS's block GEMM from 128 rows). None of these
-kernels runs before sm_89 (no e4m3 there) or on ROCm: the reference bodies (atomc/ops/fp8.py,
-fp8_fused.py) run there (ROCm lowers to AITER first: atomc/kernels/aiter/fp8.py). Under
-TRITON_INTERPRET=1 the Triton kernels run on CPU tensors, which is how the tests check the bodies
-without a GPU.
+GEMV_ONE_ROW, TRITON_GEMM_MAX_ROWS, UNIT_SCALE_MAX_ROWS and CUBLAS_BLOCK_MIN_ROWS are the rule's
+settings: whether the GEMV beats _scaled_mm at one row, up to which M the Triton GEMM beats it, up to
+which M tensorwise-plus-epilogue beats rowwise, and from which M cuBLAS's block GEMM beats the Triton
+one, is what benchmarks/fp8_linear.py measures on the H200 (until then: the GEMV at one row,
+_scaled_mm everywhere else, the unit-scale route up to 128 rows, cuBLAS's block GEMM from 128 rows).
+The unit-scale route exists because on the H200 (torch 2.11) rowwise _scaled_mm took 1.25-2x the
+time of tensorwise on Llama-3.1-8B's linears at 16 and 64 rows (benchmarks/fp8_linear.py); the
+route itself has not run on a GPU yet, and its threshold is a first guess. None of these kernels
+runs before sm_89 (no e4m3 there) or on ROCm: the reference bodies (atomc/ops/fp8.py, fp8_fused.py)
+run there (ROCm lowers to AITER first: atomc/kernels/aiter/fp8.py). Under TRITON_INTERPRET=1 the
+Triton kernels run on CPU tensors, which is how the tests check the bodies without a GPU.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch.nn.functional as F
 
 from atomc import compat
 from atomc.kernels.triton import fp8_quant
+from atomc.kernels.triton.fp8_epilogue import scale_epilogue
 from atomc.kernels.triton.fp8_gemm import fp8_gemm as triton_fp8_gemm
 from atomc.kernels.triton.fp8_gemv import fp8_gemv
 from atomc.kernels.triton.ops import custom
@@ -46,6 +53,10 @@ from atomc.ops.norm import rms_norm_reference
 # the choice rule (table above)
 GEMV_ONE_ROW = True  # a one-row call runs the Triton FP8 GEMV
 TRITON_GEMM_MAX_ROWS = 0  # fp8_gemm calls of 2..this many rows run the Triton GEMM, not _scaled_mm
+# fp8_gemm calls with a row scale of 2..this many rows run scaled_mm_unit (tensorwise + the Triton
+# epilogue), more run rowwise _scaled_mm; a first guess until benchmarks/fp8_linear.py decides it
+# (its `scaled_mm unit+epilogue` rows against `scaled_mm row`)
+UNIT_SCALE_MAX_ROWS = 128
 # fp8_block_gemm calls of this many rows or more run cuBLAS's block GEMM (scaled_mm_block), fewer the
 # Triton one; a first guess until benchmarks/fp8_linear.py decides it (--dsv3-tokens at small M)
 CUBLAS_BLOCK_MIN_ROWS = 128
@@ -64,10 +75,15 @@ def kernels_run_on(t: torch.Tensor) -> bool:
     return _INTERPRETED and t.device.type == "cpu"
 
 
+def _scaled_mm_device_ok(xq: torch.Tensor) -> bool:
+    """A CUDA device whose _scaled_mm takes e4m3 (sm_89+, not ROCm)."""
+    return xq.is_cuda and _scaled_mm_supported(xq.device.index or 0)
+
+
 def scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype):
     """torch._scaled_mm for [..., K] x [N, K], or None where it does not apply."""
     n, k = weight.shape
-    if not xq.is_cuda or not _scaled_mm_supported(xq.device.index or 0) or n % 16 or k % 16:
+    if not _scaled_mm_device_ok(xq) or n % 16 or k % 16:
         return None
     x2 = xq.reshape(-1, k)
     m = x2.shape[0]
@@ -82,6 +98,38 @@ def scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype):
     out = torch._scaled_mm(x2, weight.t(), sa, sb, out_dtype=out_dtype)
     if bias is not None:
         out = out + bias.to(out_dtype)
+    return out.reshape(*xq.shape[:-1], n)
+
+
+_UNIT_SCALES: dict[torch.device, torch.Tensor] = {}  # per device: the fp32 1.0 scaled_mm_unit hands cuBLAS
+
+
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    """A 0-d fp32 one on `device`, made on the first eager call and kept. A CUDA graph capture that
+    comes first (no eager warm-up) gets a fresh one that is not kept: made under capture, its fill
+    runs only when the graph replays, so outside that graph its value is undefined."""
+    one = _UNIT_SCALES.get(device)
+    if one is None:
+        one = torch.ones((), dtype=torch.float32, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return one
+        _UNIT_SCALES[device] = one
+    return one
+
+
+def scaled_mm_unit(xq, x_scale, weight, weight_scale, bias, out_dtype):
+    """fp8_gemm with row scales through tensorwise torch._scaled_mm: unit scales and an fp32 output
+    (the raw fp32-accumulated dot), then the Triton epilogue (fp8_epilogue.py) applies x_scale ([1]
+    or one per row) and weight_scale ([1] or one per output row) in fp32, adds the bias and rounds
+    once to out_dtype: rowwise _scaled_mm's math. None where _scaled_mm does not apply (not an
+    sm_89+ CUDA device, N or K not a multiple of 16)."""
+    n, k = weight.shape
+    if not _scaled_mm_device_ok(xq) or n % 16 or k % 16:
+        return None
+    x2 = xq.reshape(-1, k)
+    one = _unit_scale(xq.device)
+    acc = torch._scaled_mm(x2, weight.t(), one, one, out_dtype=torch.float32)
+    out = scale_epilogue(acc, x_scale, weight_scale, bias, out_dtype)
     return out.reshape(*xq.shape[:-1], n)
 
 
@@ -164,16 +212,29 @@ def _rows(x: torch.Tensor) -> int:
     return x.numel() // x.shape[-1] if x.shape[-1] else 0
 
 
-def pick_gemm(xq: torch.Tensor, weight: torch.Tensor, block: bool) -> str:
-    """The choice rule: "gemv", "scaled_mm" / "scaled_mm_block" (tried first; "triton" if it
-    declines), "triton" or "reference". The benchmark and the tests call this to know what a call
-    runs."""
+def _per_tensor(x_scale: torch.Tensor | None, weight_scale: torch.Tensor | None) -> bool:
+    return x_scale is not None and weight_scale is not None and x_scale.numel() == weight_scale.numel() == 1
+
+
+def pick_gemm(
+    xq: torch.Tensor,
+    weight: torch.Tensor,
+    block: bool,
+    x_scale: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
+) -> str:
+    """The choice rule: "gemv", "scaled_mm" / "scaled_mm_unit" / "scaled_mm_block" (tried first;
+    "triton" if it declines), "triton" or "reference". fp8_gemm's scales pick between tensorwise /
+    rowwise "scaled_mm" and "scaled_mm_unit" (a scale left out counts as a row scale). The benchmark
+    and the tests call this to know what a call runs."""
     if weight.stride(-1) != 1 or not kernels_run_on(xq):
         return "reference"
     rows = _rows(xq)
     if GEMV_ONE_ROW and rows == 1:
         return "gemv"
     if xq.is_cuda and not block and rows > TRITON_GEMM_MAX_ROWS:
+        if 2 <= rows <= UNIT_SCALE_MAX_ROWS and not _per_tensor(x_scale, weight_scale):
+            return "scaled_mm_unit"
         return "scaled_mm"
     if xq.is_cuda and block and rows >= CUBLAS_BLOCK_MIN_ROWS:
         return "scaled_mm_block"
@@ -189,9 +250,14 @@ def fp8_gemm(
     bias: torch.Tensor | None,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    route = pick_gemm(xq, weight, block=False)
+    route = pick_gemm(xq, weight, block=False, x_scale=x_scale, weight_scale=weight_scale)
     if route == "gemv":
         return fp8_gemv(xq, x_scale, weight, weight_scale, bias, out_dtype)
+    if route == "scaled_mm_unit":
+        out = scaled_mm_unit(xq, x_scale, weight, weight_scale, bias, out_dtype)
+        if out is not None:
+            return out
+        route = "triton"
     if route == "scaled_mm":
         out = scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype)
         if out is not None:
