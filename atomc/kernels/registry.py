@@ -71,6 +71,7 @@ MODULES = {
         "atomc.kernels.aiter.ops",
         "atomc.kernels.aiter.attention",
         "atomc.kernels.aiter.moe",
+        "atomc.kernels.aiter.moe_quant",
         "atomc.kernels.aiter.mla",
         "atomc.kernels.aiter.fp8",
     ),
@@ -183,10 +184,11 @@ for _op in OPS:
 # ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----
 @functools.cache
 def _aiter_ops():
-    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write; MoE; MLA; FP8
+    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV cache; MoE; MLA; FP8
         importlib.import_module(module)
     importlib.import_module("atomc.kernels.aiter.attention").set_next_backend(_rocm_after_aiter)
     importlib.import_module("atomc.kernels.aiter.moe").set_next_backend(_rocm_moe_after_aiter)
+    importlib.import_module("atomc.kernels.aiter.moe_quant").set_next_backend(_rocm_moe_quant_after_aiter)
     importlib.import_module("atomc.kernels.aiter.mla").set_next_backend(_rocm_mla_after_aiter)
     importlib.import_module("atomc.kernels.aiter.fp8").set_next_backend(_rocm_fp8_after_aiter)
     return torch.ops.atomc_aiter
@@ -211,6 +213,12 @@ def _rocm_moe_after_aiter(*args) -> torch.Tensor:
     return _after_aiter("moe")(*args)
 
 
+def _rocm_moe_quant_after_aiter(*args) -> torch.Tensor:
+    """atomc::moe_quant on ROCm's first available backend after AITER: experts the loader did not lay
+    out for AITER (Triton runs them), and the calls AITER declines."""
+    return _after_aiter("moe_quant")(*args)
+
+
 def _rocm_mla_after_aiter(*args) -> None:
     """atomc::mla_attention on ROCm's first available backend after AITER: what AITER's MLA kernels
     do not take (fp16/fp32, head counts or widths they are not built for, no cache)."""
@@ -233,6 +241,7 @@ AITER_OPS = (
     "attention",
     "paged_attention",
     "moe",
+    "moe_quant",
     "mla_attention",
     "fp8_quant_static",
     "fp8_quant_dynamic",
