@@ -1,7 +1,17 @@
-"""Quantised experts laid out once at load for AITER's pre-shuffled kernels, on a ROCm GPU that runs
+"""Quantised weights laid out once at load for AITER's pre-shuffled kernels, on a ROCm GPU that runs
 AITER (atomc.platforms.uses_aiter) and nowhere else: CPU, CUDA and ROCm without AITER load exactly
 as before. UNTESTED ON AMD HARDWARE: the layouts are AITER's as its source writes them
 (atomc/ops/aiter_layout.py), checked only against the CPU stand-in.
+
+`linear_for_aiter(layer, block)` runs at the end of an FP8 linear method's
+process_weights_after_loading (models/quant/fp8.py), after the move to the GPU's e4m3: where AITER's
+pre-shuffled GEMMs take the layer it rewrites `weight` [N, K] in shuffle_weight's (16, 16) order
+(scales unchanged) and says so; the method then emits atomc::fp8_gemm_shuffled /
+fp8_block_gemm_shuffled (atomc/ops/fp8_shuffled.py) instead of the row-major GEMMs, so the graph
+names what the weight holds. Taken: fp16/bf16 models (the GEMMs write only those), N % 16 == 0 and
+K % 32 == 0 (shuffle_weight asserts it; ATOM checks the same before shuffling, its
+_can_use_a8w8_preshuffle), and for blocks 128 x 128 ones over whole 128-groups of K. Other layers
+keep row-major weights and the row-major GEMMs (gemm_a8w8 / gemm_a8w8_blockscale on AITER).
 
 `experts_for_aiter(layer, method)` runs at the end of an MoE method's process_weights_after_loading.
 When AITER's fused_moe takes the layer (atomc.ops.aiter_layout.moe_declines: dtype, activation,
@@ -27,7 +37,7 @@ import torch
 from torch import nn
 
 from atomc import platforms
-from atomc.ops.aiter_layout import MXFP4_PAD, fits_16x16, moe_declines, shuffle_16x16, shuffle_e8m0
+from atomc.ops.aiter_layout import HALF_DTYPES, MXFP4_PAD, fits_16x16, moe_declines, shuffle_16x16, shuffle_e8m0
 from atomc.ops.fp8 import FNUZ_DTYPE, fn_to_fnuz
 from atomc.ops.moe_quant import E8M0_BIAS, FP8_BLOCK
 
@@ -108,3 +118,24 @@ def _pad_mxfp4(layer, w13, s13, w2, s2):
         pad(w2, hp, ip // 2, 0, False),
         pad(s2, hp, ip // 32, E8M0_BIAS, False),
     )
+
+
+def linear_declines(layer: nn.Module, block: tuple[int, int] | None) -> str | None:
+    """Why an FP8 linear's weight stays row-major on a GPU that runs AITER (None: it is shuffled)."""
+    n, k = layer.weight.shape
+    if layer.params_dtype not in HALF_DTYPES:
+        return f"dtype {layer.params_dtype}: AITER's FP8 GEMMs write fp16/bf16"
+    if not fits_16x16(n, k):
+        return f"weight [{n}, {k}]: shuffle_weight needs N % 16 == 0 and K % 32 == 0"
+    if block is not None and (tuple(block) != (FP8_BLOCK, FP8_BLOCK) or k % FP8_BLOCK):
+        return f"blocks {tuple(block)} over K {k}: gemm_a8w8_blockscale_bpreshuffle takes 128 x 128 over whole groups"
+    return None
+
+
+def linear_for_aiter(layer: nn.Module, block: tuple[int, int] | None = None) -> bool:
+    """Shuffle `layer`'s FP8 weight for AITER when its device runs AITER and the GEMM takes it (module
+    docstring); True when it did (the linear must then emit the `_shuffled` GEMM)."""
+    if not platforms.uses_aiter(layer.weight.device) or linear_declines(layer, block) is not None:
+        return False
+    _set(layer, "weight", shuffle_16x16(layer.weight.data))
+    return True

@@ -217,9 +217,58 @@ def with_quantised_experts(unquantised, qt, at):
     return fused_moe
 
 
+# ---- aiter/ops/gemm_op_a8w8.py: GEMMs over pre-shuffled weights ----
+
+
+def _shuffled_fp8_weight(XQ, WQ):
+    fp8 = fake_aiter_fp8.fp8()
+    assert XQ.dim() == WQ.dim() == 2 and XQ.dtype == WQ.dtype == fp8, f"XQ [M, K], WQ [N, K] in dtypes.fp8 ({fp8})"
+    assert WQ.shape[1] >= XQ.shape[1], "gemm_a8w8_bpreshuffle requires WQ K >= XQ K"
+    assert WQ.shape[1] == XQ.shape[1], "the stand-in reads unpadded weights"
+    return unshuffle_weight(WQ).view(fp8).float()
+
+
+def gemm_a8w8_bpreshuffle(*, XQ, WQ, x_scale, w_scale, bias=None, dtype=torch.bfloat16, check=False):
+    """gemm_a8w8_bpreshuffle (gemm_op_a8w8.py:695): WQ in shuffle_weight(layout=(16, 16)) order,
+    per-row scales x_scale [M, 1], w_scale [N, 1] fp32; bf16/fp16 out; no bias."""
+    CALLS.append("gemm_a8w8_bpreshuffle")
+    assert dtype in HALF, f"Output {dtype=} is currently not supported in gemm_a8w8"
+    assert bias is None, "gemm_a8w8_bpreshuffle does not support bias now"
+    w = _shuffled_fp8_weight(XQ, WQ)
+    m, n = XQ.shape[0], WQ.shape[0]
+    assert x_scale.shape == (m, 1) and w_scale.shape == (n, 1), f"{x_scale.shape} {w_scale.shape}"
+    assert x_scale.dtype == w_scale.dtype == torch.float32 and x_scale.is_contiguous() and w_scale.is_contiguous()
+    return ((XQ.float() * x_scale) @ (w * w_scale).T).to(dtype)
+
+
+def gemm_a8w8_blockscale_bpreshuffle(*, XQ, WQ, x_scale, w_scale, dtype=torch.bfloat16, out=None):
+    """gemm_a8w8_blockscale_bpreshuffle (gemm_op_a8w8.py:909): WQ shuffled as above, 128 x 128 weight
+    blocks w_scale [ceil(N/128), K/128] fp32, and x_scale column-major: [K/128, M] in memory viewed as
+    [M, K/128] (ATOM allocates it so for this GEMM; AITER's quant writes it with transpose_scale)."""
+    CALLS.append("gemm_a8w8_blockscale_bpreshuffle")
+    assert dtype in HALF, f"Output {dtype=} is currently not supported in gemm_a8w8"
+    w = _shuffled_fp8_weight(XQ, WQ)
+    (m, k), n = XQ.shape, WQ.shape[0]
+    assert k % 128 == 0, "activation groups of 128"
+    sk = k // 128
+    assert x_scale.shape == (m, sk) and x_scale.is_contiguous() and x_scale.dtype == torch.float32
+    assert w_scale.shape == (-(-n // 128), sk) and w_scale.dtype == torch.float32
+    xs = x_scale.reshape(-1).view(sk, m).T  # column-major
+    x = XQ.float() * xs.repeat_interleave(128, 1)
+    w = w * w_scale.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+    y = (x @ w.T).to(dtype)
+    if out is not None:
+        assert out.shape == (m, n) and out.dtype == dtype
+        out.copy_(y)
+        return out
+    return y
+
+
 def extend(mod) -> None:
     """Put these on the stand-in module `mod` (fake_aiter.module())."""
     mod.dtypes.fp4x2, mod.dtypes.fp8_e8m0 = FP4X2, FP8_E8M0
+    mod.gemm_a8w8_bpreshuffle = gemm_a8w8_bpreshuffle
+    mod.gemm_a8w8_blockscale_bpreshuffle = gemm_a8w8_blockscale_bpreshuffle
     sub = mod.fused_moe
     sub.fused_moe = with_quantised_experts(sub.fused_moe, mod.QuantType, mod.ActivationType)
     sub._SWIGLU_MXFP4_BF16_BOUND = SWIGLU_MXFP4_BF16_BOUND

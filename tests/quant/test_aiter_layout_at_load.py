@@ -1,9 +1,9 @@
-"""The load-time layout of quantised experts for AITER (models/quant/aiter.py), on CPU with the loader
-told the device runs AITER: which layers are laid out (and in which format), what the tensors hold
-(the stand-in's own unshuffle of AITER's permutations reads back the row-major experts; MXFP4
-padded to 256 with zero experts and 2^0 scales, biases fp32; FP8 in float8_e4m3fnuz on MI300 with
-doubled scales), which stay row-major and why, and that nothing changes where AITER does not run.
-None of this has run on AMD hardware."""
+"""The load-time layout of quantised weights for AITER (models/quant/aiter.py), on CPU with the loader
+told the device runs AITER: which experts and FP8 linears are laid out (and in which format, or
+behind which GEMM op), what the tensors hold (the stand-in's own unshuffle of AITER's permutations
+reads back the row-major values; MXFP4 padded to 256 with zero experts and 2^0 scales, biases fp32;
+FP8 in float8_e4m3fnuz on MI300 with doubled scales), which stay row-major and why, and that
+nothing changes where AITER does not run. None of this has run on AMD hardware."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from atomc import platforms
+from atomc.ops.fp8 import fn_to_fnuz
 from atomc.ops.moe_quant import dequantize_experts
+from models.layers.linear import ReplicatedLinear
 from models.layers.moe import FusedMoE, MoESpec
-from models.quant.aiter import experts_decline
-from models.quant.fp8 import quantize_per_row
+from models.quant.aiter import experts_decline, linear_declines
+from models.quant.fp8 import FP8BlockLinearMethod, FP8LinearMethod, quantize_per_row
 from models.quant.fp8_moe import Fp8MoEMethod
 from models.quant.mxfp4 import Mxfp4MoEMethod, quantize_mxfp4
 from models.quant.spec import FP8Scheme
@@ -147,3 +149,54 @@ def test_nothing_changes_where_aiter_does_not_run(gpu):
     layer.moe_method.process_weights_after_loading(layer)
     assert layer.moe_method.weight_format == "fp8_channel" and layer.w13_weight.dtype == FN
     assert all(torch.equal(a, b) for a, b in zip(row_major(layer), before, strict=True))
+
+
+# ---- FP8 linears ----
+
+
+def linear_with(method, n, k, dtype=torch.bfloat16, seed=0):
+    """A ReplicatedLinear of `method`, loaded with a random row-major e4m3 weight and its scales."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        layer = ReplicatedLinear(k, n, linear_method=method)
+    finally:
+        torch.set_default_dtype(old)
+    g = torch.Generator().manual_seed(seed)
+    layer.weight.data.copy_((torch.randn(n, k, generator=g) * 4).to(FN))
+    scale = layer.weight_scale if hasattr(layer, "weight_scale") else layer.weight_scale_inv
+    scale.data.copy_(torch.rand(scale.shape, generator=g) + 0.5)
+    return layer
+
+
+@pytest.mark.parametrize("fp8", [FN, FNUZ], ids=["mi350", "mi300"])
+@pytest.mark.parametrize("block", [False, True])
+def test_fp8_linear_weights_are_shuffled_and_the_gemm_says_so(gpu, fp8, block):
+    gpu(fp8)
+    if block:
+        method, n, k = FP8BlockLinearMethod(FP8Scheme(weight="block", activation="group", block=(128, 128))), 256, 384
+    else:
+        method, n, k = FP8LinearMethod(FP8Scheme(weight="channel", activation="token")), 96, 64
+    layer = linear_with(method, n, k)
+    w = layer.weight.data.clone()
+    method.process_weights_after_loading(layer)
+    assert method.shuffled and layer.weight.shape == (n, k) and layer.weight.dtype == fp8
+    moved = fn_to_fnuz(w, torch.ones(1))[0] if fp8 == FNUZ else w
+    assert torch.equal(fs.unshuffle_weight(layer.weight), moved.view(torch.uint8))
+    graph = torch.fx.symbolic_trace(layer).graph
+    gemms = [n.target for n in graph.nodes if n.op == "call_function" and "gemm" in str(n.target)]
+    want = torch.ops.atomc.fp8_block_gemm_shuffled if block else torch.ops.atomc.fp8_gemm_shuffled
+    assert gemms == [want]
+
+
+@pytest.mark.parametrize("case,why", [("width", "K % 32"), ("float32", "fp16/bf16"), ("no_aiter", None)])
+def test_fp8_linears_aiter_does_not_take_stay_row_major(gpu, case, why):
+    gpu(FN, aiter=case != "no_aiter")
+    method = FP8LinearMethod(FP8Scheme(weight="channel", activation="token"))
+    k = 48 if case == "width" else 64
+    layer = linear_with(method, 64, k, dtype=torch.float32 if case == "float32" else torch.bfloat16)
+    w = layer.weight.data.clone()
+    if why:
+        assert why in linear_declines(layer, None)
+    method.process_weights_after_loading(layer)
+    assert not method.shuffled and torch.equal(layer.weight.data.view(torch.uint8), w.view(torch.uint8))
