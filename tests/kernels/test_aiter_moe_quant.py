@@ -20,6 +20,7 @@ import fake_aiter_shuffled as fs
 import pytest
 import torch
 
+from atomc import platforms
 from atomc.kernels import registry
 from atomc.ops import aiter_layout as al
 from atomc.ops.fp8 import fn_to_fnuz
@@ -119,6 +120,18 @@ def test_e8m0_shuffle_is_aiters_shuffle_scale():
     assert not torch.equal(al.shuffle_e8m0(s), s)
     with pytest.raises(ValueError, match="256"):
         al.shuffle_e8m0(s[:480])  # AITER would pad it: atomc lays out only what needs no padding
+
+
+@pytest.mark.skipif(not platforms.aiter_importable(), reason="the installed AITER: ROCm only")
+def test_layouts_are_the_installed_aiters():
+    """On a machine with AITER: atomc's permutations against AITER's own functions (the stand-in's
+    copies are from its source at one commit; this pins them to the installed release)."""
+    from aiter.ops.shuffle import shuffle_scale, shuffle_weight
+
+    w = torch.randint(0, 256, (3, 48, 96), dtype=torch.uint8)
+    assert torch.equal(al.shuffle_16x16(w), shuffle_weight(w, layout=(16, 16)).view(torch.uint8))
+    s = torch.randint(0, 256, (512, 24), dtype=torch.uint8)
+    assert torch.equal(al.shuffle_e8m0(s), shuffle_scale(s).view(torch.uint8))
 
 
 @pytest.mark.parametrize("fmt", ["fp8_channel", "fp8_block", "mxfp4"])
