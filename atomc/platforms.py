@@ -3,6 +3,7 @@ backends per platform, and the platform is a compile-cache factor."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported where it is needed (see gpu_device_nodes_present)
@@ -27,6 +28,27 @@ def gpu_device_nodes_present() -> bool:
     import os
 
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
+
+
+@functools.cache
+def aiter_importable() -> bool:
+    """ROCm torch and an importable aiter (the import JIT-builds modules and fails without ROCm)."""
+    import torch
+
+    if torch.version.hip is None:
+        return False
+    try:
+        import aiter  # noqa: F401
+    except Exception:  # ImportError, or AITER's own errors when ROCm pieces are missing
+        return False
+    return True
+
+
+def uses_aiter(device) -> bool:
+    """Whether `device` runs atomc's AITER backend: a ROCm GPU where `import aiter` works, the
+    platform whose graphs the kernel registry lowers to AITER first. Quantised weights loaded onto
+    such a device are laid out once for AITER's pre-shuffled kernels (models/quant/aiter.py)."""
+    return platform_of(device) == "rocm" and aiter_importable()
 
 
 def fp8_dtype(device) -> torch.dtype:

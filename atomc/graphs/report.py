@@ -18,7 +18,7 @@ from atomc.kernels.registry import NAMESPACES
 
 _MATMULS = {"linear", "mm", "addmm", "matmul", "bmm"}
 # atomc's FP8 GEMMs (models/quant/fp8.py): args (xq [..., K], x_scale, weight [N, K], ...)
-_FP8_GEMMS = {"fp8_gemm", "fp8_block_gemm"}
+_FP8_GEMMS = {"fp8_gemm", "fp8_block_gemm", "fp8_gemm_shuffled", "fp8_block_gemm_shuffled"}
 REF_CONTEXT = 1024
 
 
@@ -69,8 +69,8 @@ def moe_node(node: torch.fx.Node) -> dict | None:
     else:
         w13, w2, top_k = _shape(_arg(node, 2, "w13")), _shape(_arg(node, 4, "w2")), _arg(node, 10, "top_k")
         fmt = _arg(node, 11, "weight_format")
-        if fmt == "mxfp4" and w13 and w2:  # two values a byte along the input dim
-            w13, w2 = [*w13[:2], w13[2] * 2], [*w2[:2], w2[2] * 2]
+        if fmt in ("mxfp4", "mxfp4_shuffled") and w13 and w2:  # two values a byte along the input dim
+            w13, w2 = [*w13[:2], w13[2] * 2], [*w2[:2], w2[2] * 2]  # (AITER's layout: padded to 256)
     tokens = (_shape(_arg(node, 0, "x")) or [1])[0]
     if not (w13 and w2 and isinstance(top_k, int)):
         return None

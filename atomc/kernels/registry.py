@@ -42,6 +42,8 @@ OPS = (
     "fp8_quant_dynamic",
     "fp8_gemm",
     "fp8_block_gemm",
+    "fp8_gemm_shuffled",
+    "fp8_block_gemm_shuffled",
     *FUSED_QUANT_OPS,
     "all_reduce",
     "all_gather",
@@ -57,6 +59,9 @@ OPS = (
 # the Triton add + norm; a one-shot kernel over symmetric memory on CUDA when asked for) and no
 # AITER one: on ROCm it lowers to Triton.
 TORCH_ONLY = ("silu_mul", "all_reduce", "all_gather")
+# ops over AITER's pre-shuffled weight layout (atomc/ops/fp8_shuffled.py): the loader writes that
+# layout only on ROCm with AITER, so only AITER and the torch reference (which unshuffles) run them
+AITER_LAYOUT_OPS = ("fp8_gemm_shuffled", "fp8_block_gemm_shuffled")
 # The one list of ops that read the forward context (KV cache, batch metadata): the graph is cut
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
 # an op reads the context and is missing here. rope_and_write_kv and qk_norm_rope_and_write_kv write
@@ -71,6 +76,7 @@ MODULES = {
         "atomc.kernels.aiter.ops",
         "atomc.kernels.aiter.attention",
         "atomc.kernels.aiter.moe",
+        "atomc.kernels.aiter.moe_quant",
         "atomc.kernels.aiter.mla",
         "atomc.kernels.aiter.fp8",
     ),
@@ -176,17 +182,18 @@ def _triton_ops():
 
 
 for _op in OPS:
-    if _op not in TORCH_ONLY:
+    if _op not in TORCH_ONLY and _op not in AITER_LAYOUT_OPS:
         register(_op, "triton")(functools.partial(lambda name: getattr(_triton_ops(), name).default, _op))
 
 
 # ---- aiter: custom ops around AITER (ROCm only; untested on AMD hardware) ----
 @functools.cache
 def _aiter_ops():
-    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV-cache write; MoE; MLA; FP8
+    for module in MODULES["aiter"]:  # norms, activation, RoPE; attention and the KV cache; MoE; MLA; FP8
         importlib.import_module(module)
     importlib.import_module("atomc.kernels.aiter.attention").set_next_backend(_rocm_after_aiter)
     importlib.import_module("atomc.kernels.aiter.moe").set_next_backend(_rocm_moe_after_aiter)
+    importlib.import_module("atomc.kernels.aiter.moe_quant").set_next_backend(_rocm_moe_quant_after_aiter)
     importlib.import_module("atomc.kernels.aiter.mla").set_next_backend(_rocm_mla_after_aiter)
     importlib.import_module("atomc.kernels.aiter.fp8").set_next_backend(_rocm_fp8_after_aiter)
     return torch.ops.atomc_aiter
@@ -211,6 +218,12 @@ def _rocm_moe_after_aiter(*args) -> torch.Tensor:
     return _after_aiter("moe")(*args)
 
 
+def _rocm_moe_quant_after_aiter(*args) -> torch.Tensor:
+    """atomc::moe_quant on ROCm's first available backend after AITER: experts the loader did not lay
+    out for AITER (Triton runs them), and the calls AITER declines."""
+    return _after_aiter("moe_quant")(*args)
+
+
 def _rocm_mla_after_aiter(*args) -> None:
     """atomc::mla_attention on ROCm's first available backend after AITER: what AITER's MLA kernels
     do not take (fp16/fp32, head counts or widths they are not built for, no cache)."""
@@ -218,8 +231,9 @@ def _rocm_mla_after_aiter(*args) -> None:
 
 
 def _rocm_fp8_after_aiter(op: str, *args) -> torch.Tensor:
-    """atomc::fp8_gemm / fp8_block_gemm on ROCm's first available backend after AITER: the calls its
-    FP8 GEMMs do not take (fp32 outputs, blocks other than 128 x 128)."""
+    """atomc::fp8_gemm / fp8_block_gemm (and their `_shuffled` twins, whose next backend is the
+    reference) on ROCm's first available backend after AITER: the calls its FP8 GEMMs do not take
+    (fp32 outputs, blocks other than 128 x 128)."""
     return _after_aiter(op)(*args)
 
 
@@ -233,11 +247,13 @@ AITER_OPS = (
     "attention",
     "paged_attention",
     "moe",
+    "moe_quant",
     "mla_attention",
     "fp8_quant_static",
     "fp8_quant_dynamic",
     "fp8_gemm",
     "fp8_block_gemm",
+    *AITER_LAYOUT_OPS,
     *FUSED_QUANT_OPS,
 )
 for _op in AITER_OPS:

@@ -19,6 +19,10 @@ from atomc.ops import mla, mla_latent  # noqa: F401
 from atomc.ops import fp8, fp8_fused  # noqa: F401
 
 # isort: split
+# the FP8 GEMMs over AITER's pre-shuffled weight layout (weights laid out so on ROCm with AITER only)
+from atomc.ops import fp8_shuffled  # noqa: F401
+
+# isort: split
 # MoE blocks with quantised experts (MXFP4, FP8)
 from atomc.ops import moe_quant  # noqa: F401
 

@@ -16,6 +16,20 @@ given as (packed weight, scale) in the layout `weight_format` names:
 FP8 experts run weight-only here (activations stay in x's dtype): the weights dequantised, as the
 MXFP4 ones are; no activation quantisation.
 
+Each format has a `_shuffled` twin ("mxfp4_shuffled", "fp8_channel_shuffled", "fp8_block_shuffled"):
+the same values in the layouts AITER's fused_moe reads (atomc/ops/aiter_layout.py), which the loader
+writes once on a ROCm GPU that runs AITER (models/quant/aiter.py) and only there:
+- the weights in shuffle_weight(layout=(16, 16)) order, same shapes; FP8 ones may be
+  float8_e4m3fnuz (MI300: same bits, scales doubled, atomc.ops.fp8.fn_to_fnuz);
+- "mxfp4_shuffled" also: each scale tensor in shuffle_scale's (e8m0_shuffle) order over its rows
+  [E * N, K/32], and H and I padded with zero weights (scales 2^0) to multiples of 256, so w13 is
+  [E, 2 * I_pad, H_pad/2] (gate rows, zeros, up rows, zeros) and w2 [E, H_pad, I_pad/2]; the biases
+  are padded to match (and fp32, as AITER takes them). x stays [T, H]: the padded experts read zeros
+  past H and write outputs past H that are dropped, and padded intermediate rows (zero weights, zero
+  biases) give zero activations for both activations, so the values are the unpadded experts'.
+The reference reads them back through the inverse layouts; the Triton kernels read only the
+row-major formats (their binding hands a `_shuffled` call to this reference).
+
 Rows are FusedMoE's: w13 holds each expert's gate rows then its up rows. The reference dequantises
 the experts to x's dtype and runs `experts_reference` (every MXFP4 value is exact in bf16/fp16/fp32
 within their exponent ranges); kernels dequantise in registers (atomc/kernels/triton/moe_quant.py).
@@ -25,10 +39,14 @@ One op with a format argument, not one op per format, so FP8 experts join it wit
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from atomc.ops.aiter_layout import FP8_E4M3, unshuffle_16x16, unshuffle_e8m0
 from atomc.ops.moe import experts_reference, select_experts
 
-WEIGHT_FORMATS = ("mxfp4", "fp8_channel", "fp8_block")
+WEIGHT_FORMATS = ("mxfp4", "fp8_channel", "fp8_block")  # row-major: what every backend reads
+SHUFFLED_FORMATS = {f"{f}_shuffled": f for f in WEIGHT_FORMATS}  # AITER's layouts -> the values' format
+ALL_FORMATS = (*WEIGHT_FORMATS, *SHUFFLED_FORMATS)
 FP8_BLOCK = 128  # the fp8_block format's weight block (rows and columns)
 MXFP4_GROUP = 32  # values per e8m0 scale
 E8M0_BIAS = 127
@@ -56,10 +74,10 @@ def dequantize_fp8_experts(w: torch.Tensor, scale: torch.Tensor, block: bool, dt
     """fp8 [E, N, K] with per-row scales [E, N] or 128x128 block scales [E, ceil(N/128), ceil(K/128)]."""
     e, n, k = w.shape
     want = (e, -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)) if block else (e, n)
-    if w.dtype != torch.float8_e4m3fn or tuple(scale.shape) != want:
+    if w.dtype not in FP8_E4M3 or tuple(scale.shape) != want:
         raise ValueError(
             f"fp8 experts: weight {w.dtype} {tuple(w.shape)} with scale {tuple(scale.shape)} "
-            f"(want float8_e4m3fn and scale {want})"
+            f"(want float8_e4m3fn or float8_e4m3fnuz and scale {want})"
         )
     if block:
         scale = scale.repeat_interleave(FP8_BLOCK, 1)[:, :n].repeat_interleave(FP8_BLOCK, 2)[:, :, :k]
@@ -68,13 +86,25 @@ def dequantize_fp8_experts(w: torch.Tensor, scale: torch.Tensor, block: bool, dt
     return (w.float() * scale.float()).to(dtype)
 
 
+def unshuffle_experts(w: torch.Tensor, scale: torch.Tensor, weight_format: str):
+    """(w, scale) of a `_shuffled` format -> (w, scale) of its row-major format (module docstring)."""
+    w = unshuffle_16x16(w)
+    if weight_format == "mxfp4_shuffled":
+        e, n = w.shape[:2]
+        scale = unshuffle_e8m0(scale.reshape(e * n, -1)).view(e, n, -1)
+    return w, scale
+
+
 def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, weight_format: str, dtype: torch.dtype) -> torch.Tensor:
-    """A stacked quantised expert weight -> [E, N, K] in `dtype`."""
+    """A stacked quantised expert weight -> [E, N, K] in `dtype` (padded ones with their padding)."""
+    if weight_format in SHUFFLED_FORMATS:
+        w, scale = unshuffle_experts(w, scale, weight_format)
+        weight_format = SHUFFLED_FORMATS[weight_format]
     if weight_format == "mxfp4":
         return dequantize_mxfp4(w, scale, dtype)
     if weight_format in ("fp8_channel", "fp8_block"):
         return dequantize_fp8_experts(w, scale, weight_format == "fp8_block", dtype)
-    raise ValueError(f"MoE weight format {weight_format!r} is not supported (supported: {', '.join(WEIGHT_FORMATS)})")
+    raise ValueError(f"MoE weight format {weight_format!r} is not supported (supported: {', '.join(ALL_FORMATS)})")
 
 
 @torch.library.custom_op("atomc::moe_quant", mutates_args=())
@@ -107,8 +137,11 @@ def moe_quant(
     )  # fmt: skip
     w13_dense = dequantize_experts(w13, w13_scale, weight_format, x.dtype)
     w2_dense = dequantize_experts(w2, w2_scale, weight_format, x.dtype)
-    return experts_reference(x, weights, ids, w13_dense, w2_dense, w13_bias, w2_bias, expert_map, activation,
-                             swiglu_alpha, swiglu_limit)  # fmt: skip
+    h, padded = x.shape[1], w13_dense.shape[2]  # padded past H: "mxfp4_shuffled" (module docstring)
+    w13_bias, w2_bias = (None if b is None else b.to(x.dtype) for b in (w13_bias, w2_bias))
+    out = experts_reference(F.pad(x, (0, padded - h)) if padded > h else x, weights, ids, w13_dense, w2_dense,
+                            w13_bias, w2_bias, expert_map, activation, swiglu_alpha, swiglu_limit)  # fmt: skip
+    return out[:, :h].contiguous() if padded > h else out
 
 
 @moe_quant.register_fake

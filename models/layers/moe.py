@@ -141,7 +141,7 @@ class FusedMoE(nn.Module):
         self.intermediate_size = spec.intermediate_size
         self.local_intermediate = tp.split(spec.intermediate_size, "MoE intermediate size")
         e, i, h = self.num_local_experts, self.local_intermediate, hidden_size
-        dtype = torch.get_default_dtype()
+        self.params_dtype = dtype = torch.get_default_dtype()  # the model's: the block's activations
         shapes = {"w13_weight": (e, 2 * i, h), "w2_weight": (e, h, i)}
         if spec.expert_bias:
             shapes.update(w13_bias=(e, 2 * i), w2_bias=(e, h))

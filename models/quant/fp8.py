@@ -24,6 +24,12 @@ apply emits `atomc::fp8_quant_*` then `atomc::fp8_gemm` / `fp8_block_gemm` (atom
 On a device whose FP8 is float8_e4m3fnuz (MI300: `atomc.platforms.fp8_dtype`) the weights are moved
 to it once after loading, exactly (atomc.ops.fp8.fn_to_fnuz: same bits, -0 -> 0, weight and static
 input scales doubled), as AITER's GEMMs take them; every backend reads (q, scale) by value.
+
+On a ROCm GPU that runs AITER the weight is then, where AITER's pre-shuffled GEMMs take the layer,
+rewritten once in shuffle_weight's (16, 16) order (models/quant/aiter.py) and the method emits
+`atomc::fp8_gemm_shuffled` / `fp8_block_gemm_shuffled` (atomc/ops/fp8_shuffled.py) instead: on that
+platform `layer.weight` holds the same e4m3 bytes in AITER's order (same shape), and the graph's op
+says so. Everywhere else nothing changes.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from torch import nn
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.fp8_*)
 from atomc import platforms
 from atomc.ops.fp8 import FNUZ_DTYPE, expand_block_scale, fn_to_fnuz
+from models.quant.aiter import linear_for_aiter
 from models.quant.base import LinearMethod, set_weight_attrs
 from models.quant.spec import FP8_MAX, FP8Scheme, QuantConfigError
 
@@ -83,6 +90,8 @@ def to_device_fp8(layer: nn.Module, weight_scale: str) -> None:
 class FP8LinearMethod(LinearMethod):
     """Per-tensor or per-channel weights; static per-tensor, dynamic per-tensor or per-token inputs."""
 
+    shuffled = False  # the weight in AITER's pre-shuffled layout (set after loading; module docstring)
+
     def __init__(self, scheme: FP8Scheme):
         if scheme.weight not in ("tensor", "channel") or scheme.online:
             raise QuantConfigError(f"FP8LinearMethod cannot run {scheme.describe()}")
@@ -112,6 +121,7 @@ class FP8LinearMethod(LinearMethod):
         if self.scheme.activation == "static":
             _replace(layer, "input_scale", layer.input_scale.data.amax().reshape(1))
         to_device_fp8(layer, "weight_scale")
+        self.shuffled = linear_for_aiter(layer)
 
     def apply(self, layer, x, bias):
         if self.scheme.activation == "static":
@@ -119,13 +129,15 @@ class FP8LinearMethod(LinearMethod):
         else:
             group = 0 if self.scheme.activation == "tensor" else layer.input_size_per_partition
             xq, x_scale = torch.ops.atomc.fp8_quant_dynamic(x, group)
-        return torch.ops.atomc.fp8_gemm(xq, x_scale, layer.weight, layer.weight_scale, bias, x.dtype)
+        gemm = torch.ops.atomc.fp8_gemm_shuffled if self.shuffled else torch.ops.atomc.fp8_gemm
+        return gemm(xq, x_scale, layer.weight, layer.weight_scale, bias, x.dtype)
 
 
 class FP8BlockLinearMethod(LinearMethod):
     """Block-scaled weights (`weight_scale_inv` per bn x bk block), activations per token group of bk."""
 
     quantizes_inputs = True  # the input features must then be whole groups of bk
+    shuffled = False  # the weight in AITER's pre-shuffled layout (set after loading; module docstring)
 
     def __init__(self, scheme: FP8Scheme):
         if scheme.weight != "block":
@@ -162,12 +174,12 @@ class FP8BlockLinearMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer):
         to_device_fp8(layer, "weight_scale_inv")
+        self.shuffled = linear_for_aiter(layer, (self.block_n, self.block_k))
 
     def apply(self, layer, x, bias):
         xq, x_scale = torch.ops.atomc.fp8_quant_dynamic(x, self.block_k)
-        return torch.ops.atomc.fp8_block_gemm(
-            xq, x_scale, layer.weight, layer.weight_scale_inv, self.block_n, self.block_k, bias, x.dtype
-        )
+        gemm = torch.ops.atomc.fp8_block_gemm_shuffled if self.shuffled else torch.ops.atomc.fp8_block_gemm
+        return gemm(xq, x_scale, layer.weight, layer.weight_scale_inv, self.block_n, self.block_k, bias, x.dtype)
 
 
 class DequantizedFP8BlockLinearMethod(FP8BlockLinearMethod):
@@ -220,6 +232,7 @@ class OnlineFP8LinearMethod(FP8LinearMethod):
         _replace(layer, "weight", weight)
         layer.register_parameter("weight_scale", nn.Parameter(scale, requires_grad=False))
         to_device_fp8(layer, "weight_scale")
+        self.shuffled = linear_for_aiter(layer)
 
 
 def method_for(scheme: FP8Scheme, dense_weight: bool = False) -> LinearMethod | None:

@@ -21,8 +21,10 @@ Static input scales (`input_scale` / `activation_scale`, activation_scheme stati
 activation quant the weight-only MoE does not do, and leaving the activations unquantised only
 removes rounding the checkpoint's authors accepted. Dynamic schemes have none to read.
 
-Experts stay float8_e4m3fn on every device (no fnuz move as the linears get on MI300): nothing
-multiplies them in FP8, the kernels only dequantise them.
+Experts stay float8_e4m3fn (nothing multiplies them in FP8: the kernels only dequantise them),
+except on a ROCm GPU that runs AITER, where the experts AITER's fused_moe takes are laid out for it
+after loading (models/quant/aiter.py: float8_e4m3fnuz on MI300, pre-shuffled; the "_shuffled"
+formats), and run there W8A8 (atomc/kernels/aiter/moe_quant.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from atomc.ops.moe_quant import FP8_BLOCK
+from models.quant.aiter import experts_for_aiter
 from models.quant.base import set_weight_attrs
 from models.quant.fp8 import FP8_DTYPE, quantize_per_row
 from models.quant.mxfp4 import MoEMethod
@@ -122,6 +125,7 @@ class Fp8MoEMethod(MoEMethod):
                     raise QuantConfigError(f"FP8 experts: a {name.removeprefix('w13_').removeprefix('w2_')} "
                                            "of the checkpoint is not a finite positive number")  # fmt: skip
                 delattr(layer, name)
+        experts_for_aiter(layer, self)  # a no-op except on a ROCm GPU that runs AITER
 
 
 def _input_scale_loader(layer):

@@ -30,6 +30,7 @@ from torch import nn
 
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.moe_quant)
 from atomc.ops.moe_quant import E8M0_BIAS, MXFP4_GROUP
+from models.quant.aiter import experts_for_aiter
 from models.quant.base import set_weight_attrs
 from models.quant.spec import QuantConfigError
 
@@ -49,6 +50,7 @@ class MoEMethod:
         return None
 
     # set by each method: its atomc::moe_quant format and the layer's four packed expert parameters
+    # (a method laying its experts out for AITER at load moves to the format's "_shuffled" twin)
     weight_format: str
     params: tuple[str, str, str, str]  # (w13, w13 scale, w2, w2 scale)
 
@@ -94,6 +96,9 @@ class Mxfp4MoEMethod(MoEMethod):
             set_weight_attrs(p, {"weight_loader": weight_loader, "moe_param": name, "k_pack": pack,
                                  "shard_ids": layer.shard_ids_of(name)})  # fmt: skip
             layer.register_parameter(name, p)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        experts_for_aiter(layer, self)  # a no-op except on a ROCm GPU that runs AITER (models/quant/aiter.py)
 
 
 MOE_METHODS = {"mxfp4": Mxfp4MoEMethod}  # quantization spec's experts format -> MoE method

@@ -4,7 +4,8 @@ aiter/fused_moe.py and aiter/mla.py), so a wrapper that passes an argument posit
 each asserts the layouts AITER expects and computes the reference in plain torch, written out here
 rather than calling atomc's. `install(monkeypatch)` puts it in sys.modules as `aiter`,
 `aiter.fused_moe` and `aiter.mla`; `install(monkeypatch, fp8=torch.float8_e4m3fnuz)` makes it an MI300
-(`aiter.dtypes.fp8`; the FP8 functions are fake_aiter_fp8.py)."""
+(`aiter.dtypes.fp8`; the FP8 functions are fake_aiter_fp8.py; quantised experts and the GEMMs over
+pre-shuffled weights fake_aiter_shuffled.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import torch
 import torch.nn.functional as F
 
 if __package__:  # imported as tests.kernels.fake_aiter (tests/passes does)
-    from . import fake_aiter_fp8
+    from . import fake_aiter_fp8, fake_aiter_shuffled
 else:  # as fake_aiter, from tests/kernels
     import fake_aiter_fp8
+    import fake_aiter_shuffled
 
 CALLS: list[str] = fake_aiter_fp8.CALLS  # one record of calls, the FP8 functions' too
 
@@ -419,6 +421,7 @@ def module(fp8: torch.dtype = torch.float8_e4m3fn) -> types.ModuleType:
     mla = types.ModuleType("aiter.mla")  # MLA decode and prefill live in aiter/mla.py
     mla.mla_decode_fwd, mla.mla_prefill_fwd = mla_decode_fwd, mla_prefill_fwd
     mod.mla = mla
+    fake_aiter_shuffled.extend(mod)  # quantised experts and the pre-shuffled GEMMs
     return mod
 
 

@@ -3,8 +3,11 @@ stand-in `aiter` installed, the "rocm" pass pipeline forced, Triton marked unava
 either an MI350 (float8_e4m3fn) or an MI300 (float8_e4m3fnuz: the weights move to fnuz at load and
 AITER's kernels quantise into it). Each format's compiled generation must make the AITER FP8 calls
 it is built for and give the greedy tokens of the eager engine on the same platform (the reference
-ops, reading the same weights by value). This checks the wiring, not AMD hardware: none of the AITER
-path has run there.
+ops, reading the same weights by value). Each runs twice: with the weights laid out as the loader
+lays them out on a ROCm GPU that runs AITER (pre-shuffled: AITER's gemm_a8w8_bpreshuffle and
+gemm_a8w8_blockscale_bpreshuffle; the eager run's references unshuffle them), and row-major (the
+layout of layers those GEMMs do not take: gemm_a8w8 and gemm_a8w8_blockscale). This checks the
+wiring, not AMD hardware: none of the AITER path has run there.
 
 Why tokens can be compared exactly: the stand-in's quants are atomc's arithmetic (amax / max, x /
 scale, round to e4m3). On MI300 they round onto fnuz's grid at amax / 240, which is not fn's grid at
@@ -96,11 +99,21 @@ UNFUSED = {("block", FN), ("block", FNUZ), ("online", FNUZ)}  # run without FP8_
 UNFUSED_CALLS = GEMM_CALLS | {"per_token_quant_hip"}
 
 
+# the layout the loader writes on a ROCm GPU with AITER (models/quant/aiter.py): every linear of these
+# models is pre-shuffled there, so AITER's pre-shuffled GEMMs run instead of the row-major ones
+# (which run for the layers shuffle_weight does not take, the "row-major" runs here)
+SHUFFLED_GEMMS = {"gemm_a8w8": "gemm_a8w8_bpreshuffle", "gemm_a8w8_blockscale": "gemm_a8w8_blockscale_bpreshuffle"}
+
+
+@pytest.mark.parametrize("layout", ["shuffled", "row-major"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_fp8_generation_through_the_aiter_lowering(rocm_fp8, checkpoints, case, tmp_path):
+def test_fp8_generation_through_the_aiter_lowering(rocm_fp8, checkpoints, case, layout, tmp_path, monkeypatch):
     model_dir, quantization = checkpoints(case)
     unfused = (case, rocm_fp8) in UNFUSED
     expected = UNFUSED_CALLS if (case == "online" and unfused) else CASES[case]
+    monkeypatch.setattr(platforms, "uses_aiter", lambda device: layout == "shuffled")
+    if layout == "shuffled":
+        expected = {SHUFFLED_GEMMS.get(c, c) for c in expected}
     kw = dict(model=str(model_dir), dtype="float16", device="cpu", block_size=128, cache_dir=str(tmp_path))
     if quantization:
         kw["quantization"] = quantization
@@ -112,10 +125,13 @@ def test_fp8_generation_through_the_aiter_lowering(rocm_fp8, checkpoints, case, 
     llm = LLM(config=config())
     qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.dtype == rocm_fp8  # moved to the GPU's e4m3 at load
+    assert qkv.linear_method.shuffled == (layout == "shuffled")
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
     calls = set(fake_aiter.CALLS)
     assert expected <= calls, calls
-    with aiter_grid(rocm_fp8):
+    if layout == "shuffled":  # every linear of these models pre-shuffled: no row-major GEMM left
+        assert not {"gemm_a8w8", "gemm_a8w8_blockscale"} & calls, calls
+    with aiter_grid(rocm_fp8):  # eager: the references, on the same (shuffled or row-major) weights
         want = [o.outputs[0].token_ids for o in LLM(config=config(enforce_eager=True)).generate(PROMPTS, params)]
     assert got == want
     assert len(got[0]) == 12

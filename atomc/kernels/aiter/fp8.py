@@ -17,6 +17,10 @@ float8_e4m3fn on MI350 (gfx950, max 448). A pair (q, scale) means q.float() * sc
     fp8_gemm                         gemm_a8w8 (x_scale [M, 1], w_scale [N, 1]; bias added after:
                                      AITER's CK FP8 kernel is run without one)
     fp8_block_gemm                   gemm_a8w8_blockscale (128 x 128 blocks, x_scale [M, K/128])
+    fp8_gemm_shuffled                gemm_a8w8_bpreshuffle (the weight in shuffle_weight's (16, 16)
+                                     order; scales as gemm_a8w8's; it takes no bias: added after)
+    fp8_block_gemm_shuffled          gemm_a8w8_blockscale_bpreshuffle (the weight shuffled so;
+                                     x_scale column-major: [K/128, M] in memory, viewed [M, K/128])
     rms_norm_fp8_quant_dynamic       rmsnorm2d_fwd_with_dynamicquant (group_size 0 = per token)
     fused_add_rms_norm_..._dynamic   rmsnorm2d_fwd_with_add_dynamicquant
     silu_and_mul_fp8_quant_dynamic   silu_and_mul_quant (a power-of-two group dividing the row)
@@ -27,7 +31,16 @@ float8_e4m3fn on MI350 (gfx950, max 448). A pair (q, scale) means q.float() * sc
 What no AITER kernel takes (fp32 activations or outputs, other groups or blocks, rows past 8192 for
 the grouped and fused kernels) runs here in torch for the quants (writing AITER's dtype, so a graph's
 dtypes do not depend on the call), and on ROCm's next backend (Triton, else the reference) for the
-GEMMs, which read any e4m3 dtype by value.
+GEMMs, which read any e4m3 dtype by value; for the `_shuffled` GEMMs that is the reference, which
+unshuffles the weight (atomc/ops/fp8_shuffled.py: the loader shuffles a linear's weight only where
+these take it, so that is a call with no rows or an fp32 output, which the loader avoids too).
+
+The block GEMM over shuffled weights is gemm_a8w8_blockscale_bpreshuffle (what ATOM runs by
+default, ATOM_FP8_BLOCKSCALE_WEIGHT_PRESHUFFLE=1), not gemm_a8w8_blockscale(isBpreshuffled=True):
+AITER's source runs the latter only on gfx950 for M >= 16, K >= 512 and bf16 outputs and asserts
+otherwise (aiter/ops/gemm_op_a8w8.py, gemm_a8w8_blockscale). Its column-major x_scale is a transpose
+of the row-major scales atomc's quants write (one small copy a call; AITER's quants could write it
+so directly: per_group_quant_hip(transpose_scale=True), not wired).
 """
 
 from __future__ import annotations
@@ -205,6 +218,41 @@ def fp8_block_gemm(*args) -> torch.Tensor:
     rows = xq.reshape(-1, k).contiguous()
     x_scale = x_scale.float().reshape(rows.shape[0], k // a.block_k).contiguous()  # row-major, [M, K/128]
     out = _aiter().gemm_a8w8_blockscale(
+        XQ=rows, WQ=weight, x_scale=x_scale, w_scale=w_scale.float().contiguous(), dtype=a.out_dtype
+    )
+    return _add_bias(out, a.bias).view(*a.xq.shape[:-1], n)
+
+
+@bind_as_atomc("atomc_aiter", "fp8_gemm_shuffled")
+def fp8_gemm_shuffled(*args) -> torch.Tensor:
+    a = named_args("fp8_gemm_shuffled", args)
+    if gemm_declines(a.xq, a.weight, a.out_dtype) is not None:
+        return next_backend("fp8_gemm_shuffled", *args)
+    n, k = a.weight.shape
+    xq, x_scale = as_aiter_fp8(a.xq, a.x_scale)
+    weight, w_scale = as_aiter_fp8(a.weight, a.weight_scale)  # bytewise, so the shuffled layout stays
+    rows = xq.reshape(-1, k).contiguous()
+    m = rows.shape[0]
+    x_scale = x_scale.float().reshape(-1, 1).expand(m, 1).contiguous()
+    w_scale = w_scale.float().reshape(-1, 1).expand(n, 1).contiguous()
+    out = _aiter().gemm_a8w8_bpreshuffle(XQ=rows, WQ=weight, x_scale=x_scale, w_scale=w_scale, bias=None,
+                                         dtype=a.out_dtype)  # fmt: skip
+    return _add_bias(out, a.bias).view(*a.xq.shape[:-1], n)
+
+
+@bind_as_atomc("atomc_aiter", "fp8_block_gemm_shuffled")
+def fp8_block_gemm_shuffled(*args) -> torch.Tensor:
+    a = named_args("fp8_block_gemm_shuffled", args)
+    n, k = a.weight.shape
+    if gemm_declines(a.xq, a.weight, a.out_dtype) is not None or (a.block_n, a.block_k) != BLOCK or k % a.block_k:
+        return next_backend("fp8_block_gemm_shuffled", *args)
+    xq, x_scale = as_aiter_fp8(a.xq, a.x_scale)
+    weight, w_scale = as_aiter_fp8(a.weight, a.weight_scale)
+    rows = xq.reshape(-1, k).contiguous()
+    m, groups = rows.shape[0], k // a.block_k
+    # column-major: [K/128, M] in memory, viewed [M, K/128] (as per_group_quant_hip(transpose_scale=True) writes)
+    x_scale = x_scale.float().reshape(m, groups).t().contiguous().view(m, groups)
+    out = _aiter().gemm_a8w8_blockscale_bpreshuffle(
         XQ=rows, WQ=weight, x_scale=x_scale, w_scale=w_scale.float().contiguous(), dtype=a.out_dtype
     )
     return _add_bias(out, a.bias).view(*a.xq.shape[:-1], n)

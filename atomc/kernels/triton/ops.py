@@ -15,10 +15,11 @@ import torch
 
 from atomc.forward_context import layer_cache, layer_kv_scales
 from atomc.kernels import triton as tk
-from atomc.kernels.binding import bind_as_atomc
+from atomc.kernels.binding import bind_as_atomc, named_args
 from atomc.kernels.triton.moe_quant import fused_moe_quant
 from atomc.ops.attention import attention_without_cache
 from atomc.ops.mla import mla_without_cache
+from atomc.ops.moe_quant import SHUFFLED_FORMATS
 
 
 def custom(name: str, mutates=()):
@@ -164,6 +165,9 @@ def moe(*args) -> torch.Tensor:
 
 @custom("moe_quant")
 def moe_quant(*args) -> torch.Tensor:
+    if named_args("moe_quant", args).weight_format in SHUFFLED_FORMATS:
+        # AITER's layouts (laid out at load only where AITER runs; here a call it declined): the reference
+        return torch.ops.atomc.moe_quant.default(*args)
     return fused_moe_quant(*args)  # atomc::moe_quant's arguments as the dispatcher passes them
 
 
