@@ -261,8 +261,11 @@ def test_scaled_mm_unit_at_8b_shapes(m, shape, monkeypatch):
     got = backend.scaled_mm_unit(xq, xs, w, ws, bias, BF16)
     assert got is not None and got.dtype == BF16 and got.shape == (m, n)
     assert rel(got, want) < 1e-2
-    got32 = backend.scaled_mm_unit(xq, xs, w, ws, bias, torch.float32)  # no bf16 rounding: fp32 sums only
-    assert rel(got32, want) < 1e-4
+    # no bf16 rounding, so what is left is the tensor cores' accumulation: 1.26-1.30e-4 at every
+    # shape on an H100 (2026-12-06), as section 9 of docs/performance.md measured for the other
+    # FP8 GEMMs on sm_90 (1.3e-4 at K = 14,336)
+    got32 = backend.scaled_mm_unit(xq, xs, w, ws, bias, torch.float32)
+    assert rel(got32, want) < 2e-4
     if m <= backend.UNIT_SCALE_MAX_ROWS:  # the op takes this route here
         assert backend.pick_gemm(xq, w, block=False, x_scale=xs, weight_scale=ws) == "scaled_mm_unit"
         ran = []

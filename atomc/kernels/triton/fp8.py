@@ -54,9 +54,10 @@ from atomc.ops.norm import rms_norm_reference
 GEMV_ONE_ROW = True  # a one-row call runs the Triton FP8 GEMV
 TRITON_GEMM_MAX_ROWS = 0  # fp8_gemm calls of 2..this many rows run the Triton GEMM, not _scaled_mm
 # fp8_gemm calls with a row scale of 2..this many rows run scaled_mm_unit (tensorwise + the Triton
-# epilogue), more run rowwise _scaled_mm; a first guess until benchmarks/fp8_linear.py decides it
-# (its `scaled_mm unit+epilogue` rows against `scaled_mm row`)
-UNIT_SCALE_MAX_ROWS = 128
+# epilogue), more run rowwise _scaled_mm. benchmarks/fp8_linear.py on an H100 (2026-12-06), a Llama
+# layer's four GEMMs: 98 against 123 us at 16 rows, 105 against 118 at 64, 115 against 113 at 128
+# (the epilogue's fp32 round trip grows with M x N: gate_up loses from 64 rows)
+UNIT_SCALE_MAX_ROWS = 64
 # fp8_block_gemm calls of this many rows or more run cuBLAS's block GEMM (scaled_mm_block), fewer the
 # Triton one; a first guess until benchmarks/fp8_linear.py decides it (--dsv3-tokens at small M)
 CUBLAS_BLOCK_MIN_ROWS = 128
