@@ -314,6 +314,14 @@ def _pick_segments(device: torch.device, num_seqs: int, num_kv_heads: int, max_s
     return max(1, min(want, most, MAX_SEGMENTS))
 
 
+def default_num_warps(block_m: int, block_d: int, fp8: bool) -> int:
+    """8 warps for a 64x128 fp32 accumulator plus the S tile (it spills less over 8, sm_90 ptxas),
+    and for FP8 pages at any tile: there the widened K and V operands are held whole, and at 4 warps
+    a decode program takes 186 registers a thread against bf16's 96 (half the programs an SM;
+    benchmarks/attention_compile_check.py), at 8 warps 103. Not yet timed on a GPU."""
+    return 8 if block_m * block_d >= 64 * 128 or fp8 else 4
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -370,8 +378,7 @@ def paged_attention(
     if tile_n is None:
         tile_n = 64  # measured on the H200: 64 beat 32 for decode too (bs 8-64, ctx 1k-16k)
     if num_warps is None:
-        # a 64x128 fp32 accumulator plus the S tile spills less over 8 warps (sm_90 ptxas)
-        num_warps = 8 if block_m * block_d >= 64 * 128 else 4
+        num_warps = default_num_warps(block_m, block_d, fp8)
     # upper bound on q blocks (see _find_seq); empty programs exit at once
     q_blocks = num_tokens // block_q + num_seqs
 

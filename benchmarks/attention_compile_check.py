@@ -1,0 +1,71 @@
+"""Compile the Triton paged-attention decode kernel for a Hopper GPU (sm_90) without one, over bf16
+and over FP8 (e4m3) pages, and print what each costs: shared memory, registers and spilled bytes a
+thread (from the cubin), the dots' kind and the async copies (mla_compile_check.resources).
+
+    python benchmarks/attention_compile_check.py
+
+Llama-3.1-8B's decode (32 query heads, 8 KV heads, head dim 128, pages of 16, split-KV): the
+engine's default knobs (`paged_attention.default_num_warps`), then FP8 pages at the other warp
+count. Why it exists: at 4 warps the FP8 kernel holds its widened K and V operands whole, 186
+registers a thread against bf16's 96, which halves the programs an SM keeps in flight.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from mla_compile_check import resources  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+pa = importlib.import_module("atomc.kernels.triton.paged_attention")
+HQ, HKV, D, PAGE, TILE_N, SEGMENTS = 32, 8, 128, 16, 64, 8
+POINTERS = {
+    "q_ptr": "*bf16", "out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+    "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "sinks_ptr": "*bf16",
+    "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+}  # fmt: skip
+
+
+def compile_decode(fp8: bool, num_warps: int | None = None, num_stages: int = 2):
+    """The compiled _attn_kernel as a bf16 decode step launches it (the wrapper's block sizes)."""
+    group = HQ // HKV
+    block_m = max(16, triton.next_power_of_2(group))
+    warps = num_warps or pa.default_num_warps(block_m, D, fp8)
+    consts = dict(
+        HEAD_DIM=D, BLOCK_D=D, GROUP=group, NUM_Q_HEADS=HQ, BLOCK_M=block_m, BLOCK_Q=block_m // group,
+        TILE_N=TILE_N, PAGE=PAGE, NUM_SEGMENTS=SEGMENTS, SPLIT=True, MIN_SEG_TILES=pa.MIN_SEG_TILES, IEEE=False,
+        WINDOW=0, SINKS=False, FP8=fp8, F16_DOTS=fp8, PDL=True,
+    )  # fmt: skip
+    kv = "*fp8e4nv" if fp8 else "*bf16"
+    pointers = {**POINTERS, "k_cache_ptr": kv, "v_cache_ptr": kv}
+    names = pa._attn_kernel.arg_names
+    sig = {n: pointers.get(n) or ("constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32") for n in names}
+    # what a launch specialises: pointers and strides divisible by 16 (num_seqs, stride_bt are not)
+    aligned = [i for i, n in enumerate(names) if n in pointers or (n.startswith("stride") and n != "stride_bt")]
+    src = ASTSource(
+        pa._attn_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
+    )  # fmt: skip
+    opts = dict(num_warps=warps, num_stages=num_stages, launch_pdl=True)
+    return warps, triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def main() -> None:
+    for fp8, warps in ((False, None), (True, None), (True, 4), (True, 8)):
+        used, kernel = compile_decode(fp8, warps)
+        r = resources(kernel)
+        label = f"{'fp8' if fp8 else 'bf16'} pages, {used} warps{' (default)' if warps is None else ''}"
+        print(f"{label}: {r['shared'] // 1024} KiB shared, {r['registers']} registers, {r['spill_bytes']} B spilled,"
+              f" {r['mma_sync']} mma.sync / {r['wgmma']} wgmma dots, {r['async_copies']} async copies")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
