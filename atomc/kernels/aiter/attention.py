@@ -30,12 +30,11 @@ Graph capture of these kernels has not been run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
 from atomc.forward_context import AttentionMetadata, layer_cache
+from atomc.kernels.aiter.fallback import NextBackend
 from atomc.kernels.aiter.ops import rope_rows
 from atomc.kernels.binding import bind_as_atomc
 from atomc.ops.attention import attention_without_cache
@@ -120,21 +119,10 @@ def varlen(q, k_cache, v_cache, out, meta: AttentionMetadata, scale: float, slid
     )
 
 
-# ROCm's next backend for what AITER cannot run; the kernel registry, which owns the backends'
-# order, sets it when it loads these ops (this module never imports the registry)
-_next_backend: Callable | None = None
-
-
-def set_next_backend(fn: Callable) -> None:
-    global _next_backend
-    _next_backend = fn
-
-
-def next_backend(q, k, v, out, layer_idx: int, scale: float, sliding_window: int, sinks=None) -> None:
-    """ROCm's next backend for atomc::paged_attention (the cache write, if any, is done)."""
-    if _next_backend is None:
-        raise RuntimeError("atomc_aiter attention is loaded through atomc.kernels.registry, which sets its fallback")
-    return _next_backend(q, k, v, out, layer_idx, scale, sliding_window, sinks)
+# ROCm's next backend for atomc::paged_attention (fallback.py; the cache write, if any, is done):
+# next_backend(q, k, v, out, layer_idx, scale, sliding_window, sinks)
+next_backend = NextBackend("atomc_aiter attention")
+set_next_backend = next_backend.set
 
 
 def attend(q, k, v, out, layer_idx, scale, sliding_window, sinks=None) -> None:

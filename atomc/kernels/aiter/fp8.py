@@ -45,11 +45,10 @@ so directly: per_group_quant_hip(transpose_scale=True), not wired).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from atomc.kernels.aiter import ops as bf16_ops  # AITER's RMSNorm and SiLU·mul, as the bf16 ops call them
+from atomc.kernels.aiter.fallback import NextBackend
 from atomc.kernels.binding import bind_as_atomc, named_args
 from atomc.ops.fp8 import FNUZ_DTYPE, FP8_DTYPE, MIN_SCALE, fn_to_fnuz
 from atomc.ops.fp8_fused import FUSED_QUANT_OPS, silu_and_mul_reference
@@ -158,21 +157,10 @@ def fp8_quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, t
 
 # ---- GEMMs ----
 
-# ROCm's next backend for the GEMM calls AITER declines; the kernel registry, which owns the
-# backends' order, sets it when it loads these ops (this module never imports the registry)
-_next_backend: Callable | None = None
-
-
-def set_next_backend(fn: Callable) -> None:
-    """fn(op_name, *args): atomc::<op_name> on ROCm's first available backend after AITER."""
-    global _next_backend
-    _next_backend = fn
-
-
-def next_backend(op: str, *args) -> torch.Tensor:
-    if _next_backend is None:
-        raise RuntimeError(f"atomc_aiter::{op} is loaded through atomc.kernels.registry, which sets its fallback")
-    return _next_backend(op, *args)
+# ROCm's next backend for what AITER declines (fallback.py)
+# next_backend(op_name, *args): atomc::<op_name> on ROCm's first available backend after AITER
+next_backend = NextBackend("atomc_aiter's FP8 ops")
+set_next_backend = next_backend.set
 
 
 def gemm_declines(xq: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> str | None:

@@ -41,12 +41,12 @@ has not been run.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from atomc.forward_context import AttentionMetadata, layer_cache
+from atomc.kernels.aiter.fallback import NextBackend
 from atomc.kernels.binding import bind_as_atomc
 
 MLA_DTYPES = (torch.bfloat16,)
@@ -125,22 +125,9 @@ def attend(q: torch.Tensor, latent_cache: torch.Tensor, out: torch.Tensor, meta:
         _mla().mla_prefill_fwd(**args)
 
 
-# ROCm's next backend for what AITER declines; the kernel registry, which owns the backends' order,
-# sets it when it loads these ops (this module never imports the registry)
-_next_backend: Callable | None = None
-
-
-def set_next_backend(fn: Callable) -> None:
-    global _next_backend
-    _next_backend = fn
-
-
-def next_backend(*args) -> None:
-    if _next_backend is None:
-        raise RuntimeError(
-            "atomc_aiter::mla_attention is loaded through atomc.kernels.registry, which sets its fallback"
-        )
-    return _next_backend(*args)
+# ROCm's next backend for what AITER declines (fallback.py)
+next_backend = NextBackend("atomc_aiter::mla_attention")
+set_next_backend = next_backend.set
 
 
 @bind_as_atomc("atomc_aiter", "mla_attention")

@@ -26,11 +26,11 @@ here), expert biases, and dtypes other than fp16/bf16 (fused_moe asserts them).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from atomc.kernels.aiter.fallback import NextBackend
 from atomc.kernels.binding import bind_as_atomc, named_args
 from atomc.ops.moe import select_experts
 
@@ -142,20 +142,9 @@ def experts(x, weights, ids, w13, w2, expert_map) -> torch.Tensor:
     )
 
 
-# ROCm's next backend for the calls AITER declines; the kernel registry, which owns the backends'
-# order, sets it when it loads these ops (this module never imports the registry)
-_next_backend: Callable | None = None
-
-
-def set_next_backend(fn: Callable) -> None:
-    global _next_backend
-    _next_backend = fn
-
-
-def next_backend(*args) -> torch.Tensor:
-    if _next_backend is None:
-        raise RuntimeError("atomc_aiter::moe is loaded through atomc.kernels.registry, which sets its fallback")
-    return _next_backend(*args)
+# ROCm's next backend for what AITER declines (fallback.py)
+next_backend = NextBackend("atomc_aiter::moe")
+set_next_backend = next_backend.set
 
 
 @bind_as_atomc("atomc_aiter", "moe")

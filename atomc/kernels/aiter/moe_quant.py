@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from atomc.kernels.aiter.fallback import NextBackend
 from atomc.kernels.aiter.moe import local_ids_and_mask, route
 from atomc.kernels.binding import bind_as_atomc, named_args
 from atomc.ops.aiter_layout import moe_declines
@@ -129,20 +129,9 @@ def experts(a, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out[:, :h].contiguous() if out.shape[1] > h else out
 
 
-# ROCm's next backend for the calls AITER declines; the kernel registry, which owns the backends'
-# order, sets it when it loads these ops (this module never imports the registry)
-_next_backend: Callable | None = None
-
-
-def set_next_backend(fn: Callable) -> None:
-    global _next_backend
-    _next_backend = fn
-
-
-def next_backend(*args) -> torch.Tensor:
-    if _next_backend is None:
-        raise RuntimeError("atomc_aiter::moe_quant is loaded through atomc.kernels.registry, which sets its fallback")
-    return _next_backend(*args)
+# ROCm's next backend for what AITER declines (fallback.py)
+next_backend = NextBackend("atomc_aiter::moe_quant")
+set_next_backend = next_backend.set
 
 
 @bind_as_atomc("atomc_aiter", "moe_quant")
