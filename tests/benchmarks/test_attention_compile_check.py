@@ -3,15 +3,8 @@ machine without a GPU: FP8 pages at 4 warps hold their widened operands whole (f
 a thread than bf16 pages), and the default for FP8 pages (8 warps) brings them back near bf16's.
 In a child process (no interpreter there)."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from compile_probe import run_probe
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, sys
 sys.path.insert(0, "benchmarks")
@@ -23,16 +16,7 @@ print(json.dumps([dict(resources(k), warps=w) for w, k in runs]))
 
 
 def test_fp8_pages_default_warps_keep_registers_near_bf16():
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
-        pytest.skip("this Triton has no CUDA tools")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    bf16, fp8, fp8_4 = json.loads(proc.stdout.strip().splitlines()[-1])
+    bf16, fp8, fp8_4 = run_probe(PROBE)
     assert bf16["warps"] == 4 and fp8["warps"] == 8
     for r in (bf16, fp8, fp8_4):
         assert r["async_copies"] > 0 and r["mma_sync"] == 2 and 0 < r["registers"] <= 255

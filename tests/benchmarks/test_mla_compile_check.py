@@ -3,15 +3,8 @@ a GPU: the new default tiles become warpgroup MMAs fed by async copies within an
 memory (over a bf16 and over an e4m3 latent cache), the tiling before stays on mma.sync. In a
 child process (no interpreter there)."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from compile_probe import run_probe
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, sys
 sys.path.insert(0, "benchmarks")
@@ -23,16 +16,7 @@ print(json.dumps([c.resources(k) for k in configs]))
 
 
 def test_default_tiles_compile_to_warpgroup_mmas():
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
-        pytest.skip("this Triton has no CUDA tools")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    new, old, fp8 = json.loads(proc.stdout.strip().splitlines()[-1])
+    new, old, fp8 = run_probe(PROBE)
     assert new["wgmma"] >= 3 and new["mma_sync"] == 0 and new["async_copies"] > 0
     assert new["shared"] <= 227 * 1024 and 0 < new["registers"] <= 255
     assert [4, 2] in new["mma_warps"]  # the PV accumulator split over two warpgroups
