@@ -73,6 +73,7 @@ from atomc.kernels.triton.paged_attention import (
     _find_seq,
     _num_sms,
     _seg_len,
+    to_f16_clamped,
 )
 from atomc.kernels.triton.pdl import after_producer
 from atomc.kv_spec import FP8_KV_DTYPE
@@ -153,10 +154,10 @@ def _mla_kernel(
     if FP8:
         qk_scale = qk_scale * tl.load(kv_scale_ptr)  # s = q . (stored * kv_scale), c_kv and k_pe alike
         if F16_DOTS:
-            qa = tl.clamp(qa.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            qa = to_f16_clamped(qa)
             if DV_SPLIT == 2:
-                qb = tl.clamp(qb.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-            qr = tl.clamp(qr.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+                qb = to_f16_clamped(qb)
+            qr = to_f16_clamped(qr)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, scaled (log2 domain)
     l_i = tl.zeros([BLOCK_M], tl.float32)

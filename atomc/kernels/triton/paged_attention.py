@@ -114,7 +114,7 @@ def _attn_kernel(
     if FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)  # s = q . (stored * k_scale) * scale
         if F16_DOTS:
-            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            q = to_f16_clamped(q)
 
     kv_lo, kv_end = _block_keys(seq_len, prefix, q_block_local, BLOCK_Q, TILE_N, WINDOW)
     kv_begin = kv_lo
@@ -191,6 +191,12 @@ def _attn_kernel(
             o.to(out_ptr.dtype.element_ty),
             mask=row_ok[:, None] & d_ok[None, :],
         )
+
+
+@triton.jit
+def to_f16_clamped(x):
+    """x rounded to fp16 for the dots over FP8 pages (F16_DOTS), clamped to fp16's range, not inf."""
+    return tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
 
 @triton.jit
