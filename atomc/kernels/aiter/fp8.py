@@ -178,72 +178,63 @@ def _add_bias(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return out if bias is None else out + bias.to(out.dtype)
 
 
-@bind_as_atomc("atomc_aiter", "fp8_gemm")
-def fp8_gemm(*args) -> torch.Tensor:
-    a = named_args("fp8_gemm", args)
+def _row_scaled_gemm(op: str, args: tuple, kernel: str) -> torch.Tensor:
+    """fp8_gemm (or its shuffled twin) on AITER's `kernel`, gemm_a8w8 or gemm_a8w8_bpreshuffle: the
+    same keywords, one scale per row of each operand (a per-tensor [1] is spread to them)."""
+    a = named_args(op, args)
     if gemm_declines(a.xq, a.weight, a.out_dtype) is not None:
-        return next_backend("fp8_gemm", *args)
+        return next_backend(op, *args)
     n, k = a.weight.shape
     xq, x_scale = as_aiter_fp8(a.xq, a.x_scale)
-    weight, w_scale = as_aiter_fp8(a.weight, a.weight_scale)
-    rows = xq.reshape(-1, k).contiguous()
-    m = rows.shape[0]
-    # gemm_a8w8 reads one scale per row of each operand: a per-tensor [1] is spread to them
-    x_scale = x_scale.float().reshape(-1, 1).expand(m, 1).contiguous()
-    w_scale = w_scale.float().reshape(-1, 1).expand(n, 1).contiguous()
-    out = _aiter().gemm_a8w8(XQ=rows, WQ=weight, x_scale=x_scale, w_scale=w_scale, bias=None, dtype=a.out_dtype)
-    return _add_bias(out, a.bias).view(*a.xq.shape[:-1], n)
-
-
-@bind_as_atomc("atomc_aiter", "fp8_block_gemm")
-def fp8_block_gemm(*args) -> torch.Tensor:
-    a = named_args("fp8_block_gemm", args)
-    n, k = a.weight.shape
-    if gemm_declines(a.xq, a.weight, a.out_dtype) is not None or (a.block_n, a.block_k) != BLOCK or k % a.block_k:
-        return next_backend("fp8_block_gemm", *args)
-    xq, x_scale = as_aiter_fp8(a.xq, a.x_scale)
-    weight, w_scale = as_aiter_fp8(a.weight, a.weight_scale)
-    rows = xq.reshape(-1, k).contiguous()
-    x_scale = x_scale.float().reshape(rows.shape[0], k // a.block_k).contiguous()  # row-major, [M, K/128]
-    out = _aiter().gemm_a8w8_blockscale(
-        XQ=rows, WQ=weight, x_scale=x_scale, w_scale=w_scale.float().contiguous(), dtype=a.out_dtype
-    )
-    return _add_bias(out, a.bias).view(*a.xq.shape[:-1], n)
-
-
-@bind_as_atomc("atomc_aiter", "fp8_gemm_shuffled")
-def fp8_gemm_shuffled(*args) -> torch.Tensor:
-    a = named_args("fp8_gemm_shuffled", args)
-    if gemm_declines(a.xq, a.weight, a.out_dtype) is not None:
-        return next_backend("fp8_gemm_shuffled", *args)
-    n, k = a.weight.shape
-    xq, x_scale = as_aiter_fp8(a.xq, a.x_scale)
-    weight, w_scale = as_aiter_fp8(a.weight, a.weight_scale)  # bytewise, so the shuffled layout stays
+    weight, w_scale = as_aiter_fp8(a.weight, a.weight_scale)  # bytewise, so a shuffled layout stays
     rows = xq.reshape(-1, k).contiguous()
     m = rows.shape[0]
     x_scale = x_scale.float().reshape(-1, 1).expand(m, 1).contiguous()
     w_scale = w_scale.float().reshape(-1, 1).expand(n, 1).contiguous()
-    out = _aiter().gemm_a8w8_bpreshuffle(XQ=rows, WQ=weight, x_scale=x_scale, w_scale=w_scale, bias=None,
-                                         dtype=a.out_dtype)  # fmt: skip
+    out = getattr(_aiter(), kernel)(XQ=rows, WQ=weight, x_scale=x_scale, w_scale=w_scale, bias=None, dtype=a.out_dtype)
     return _add_bias(out, a.bias).view(*a.xq.shape[:-1], n)
 
 
-@bind_as_atomc("atomc_aiter", "fp8_block_gemm_shuffled")
-def fp8_block_gemm_shuffled(*args) -> torch.Tensor:
-    a = named_args("fp8_block_gemm_shuffled", args)
+def _block_scaled_gemm(op: str, args: tuple, kernel: str, x_scale_column_major: bool) -> torch.Tensor:
+    """fp8_block_gemm (or its shuffled twin) on AITER's `kernel`, gemm_a8w8_blockscale (x_scale
+    row-major [M, K/128]) or gemm_a8w8_blockscale_bpreshuffle (column-major: [K/128, M] in memory,
+    viewed [M, K/128], as per_group_quant_hip(transpose_scale=True) writes)."""
+    a = named_args(op, args)
     n, k = a.weight.shape
     if gemm_declines(a.xq, a.weight, a.out_dtype) is not None or (a.block_n, a.block_k) != BLOCK or k % a.block_k:
-        return next_backend("fp8_block_gemm_shuffled", *args)
+        return next_backend(op, *args)
     xq, x_scale = as_aiter_fp8(a.xq, a.x_scale)
     weight, w_scale = as_aiter_fp8(a.weight, a.weight_scale)
     rows = xq.reshape(-1, k).contiguous()
     m, groups = rows.shape[0], k // a.block_k
-    # column-major: [K/128, M] in memory, viewed [M, K/128] (as per_group_quant_hip(transpose_scale=True) writes)
-    x_scale = x_scale.float().reshape(m, groups).t().contiguous().view(m, groups)
-    out = _aiter().gemm_a8w8_blockscale_bpreshuffle(
+    x_scale = x_scale.float().reshape(m, groups)
+    x_scale = x_scale.t().contiguous().view(m, groups) if x_scale_column_major else x_scale.contiguous()
+    out = getattr(_aiter(), kernel)(
         XQ=rows, WQ=weight, x_scale=x_scale, w_scale=w_scale.float().contiguous(), dtype=a.out_dtype
     )
     return _add_bias(out, a.bias).view(*a.xq.shape[:-1], n)
+
+
+@bind_as_atomc("atomc_aiter", "fp8_gemm")
+def fp8_gemm(*args) -> torch.Tensor:
+    return _row_scaled_gemm("fp8_gemm", args, "gemm_a8w8")
+
+
+@bind_as_atomc("atomc_aiter", "fp8_block_gemm")
+def fp8_block_gemm(*args) -> torch.Tensor:
+    return _block_scaled_gemm("fp8_block_gemm", args, "gemm_a8w8_blockscale", x_scale_column_major=False)
+
+
+@bind_as_atomc("atomc_aiter", "fp8_gemm_shuffled")
+def fp8_gemm_shuffled(*args) -> torch.Tensor:
+    return _row_scaled_gemm("fp8_gemm_shuffled", args, "gemm_a8w8_bpreshuffle")
+
+
+@bind_as_atomc("atomc_aiter", "fp8_block_gemm_shuffled")
+def fp8_block_gemm_shuffled(*args) -> torch.Tensor:
+    return _block_scaled_gemm(
+        "fp8_block_gemm_shuffled", args, "gemm_a8w8_blockscale_bpreshuffle", x_scale_column_major=True
+    )
 
 
 # ---- the fused quants ----
