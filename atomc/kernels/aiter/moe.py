@@ -115,6 +115,14 @@ def route(
     return weights, ids
 
 
+def route_block(a) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route` for an atomc::moe / moe_quant call's named arguments (binding.named_args)."""
+    return route(
+        a.router_logits, a.top_k, a.scoring, a.renormalize, a.correction_bias, a.num_expert_group, a.topk_group,
+        a.routed_scaling_factor,
+    )  # fmt: skip
+
+
 def local_ids_and_mask(ids: torch.Tensor, expert_map: torch.Tensor, num_local: int):
     """(ids in fused_moe's id space, expert_mask): local rows 0..E_local-1, off-rank choices E_local."""
     local = expert_map[ids.long()]
@@ -154,8 +162,5 @@ def moe(*args) -> torch.Tensor:
         return next_backend(*args)
     if a.x.shape[0] == 0:
         return torch.empty_like(a.x)
-    weights, ids = route(
-        a.router_logits, a.top_k, a.scoring, a.renormalize, a.correction_bias, a.num_expert_group, a.topk_group,
-        a.routed_scaling_factor,
-    )  # fmt: skip
+    weights, ids = route_block(a)
     return experts(a.x, weights, ids, a.w13, a.w2, a.expert_map)

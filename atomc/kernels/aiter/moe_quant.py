@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from atomc.kernels.aiter.fallback import NextBackend
-from atomc.kernels.aiter.moe import local_ids_and_mask, route
+from atomc.kernels.aiter.moe import local_ids_and_mask, route_block
 from atomc.kernels.binding import bind_as_atomc, named_args
 from atomc.ops.aiter_layout import moe_declines
 from atomc.ops.moe_quant import SHUFFLED_FORMATS
@@ -141,8 +141,5 @@ def moe_quant(*args) -> torch.Tensor:
         return next_backend(*args)
     if a.x.shape[0] == 0:
         return torch.empty_like(a.x)
-    weights, ids = route(
-        a.router_logits, a.top_k, a.scoring, a.renormalize, a.correction_bias, a.num_expert_group, a.topk_group,
-        a.routed_scaling_factor,
-    )  # fmt: skip
+    weights, ids = route_block(a)
     return experts(a, weights, ids)
