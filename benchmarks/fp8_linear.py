@@ -326,47 +326,38 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
     nbytes = n * k + m * k + m * n * 2 + s0.numel() * 4  # e4m3 weight and x, 16-bit out, scales
     route = {"engine_route": engine_block_route(xq, xs, w0, s0)} if block else {}
 
+    def optional(impl, call, why_not, **extra):  # a _scaled_mm route: a row, or a skipped row where it declines
+        try:
+            out = call(w0, s0)
+            if out is None:
+                ROWS.append(dict(shape=label, m=m, impl=impl, skipped=why_not()))
+            else:
+                check = checked(out, want)
+                us = per_call_us(lambda w: call(w[0], w[1]), ws)
+                record(label, m, impl, us, nbytes, flops, "fp8", **check, **extra)
+        except Exception as exc:
+            record_error(label, m, impl, exc)
+
+    def not_here():
+        return "_scaled_mm does not run here"
+
     if not block:  # _scaled_mm: tensorwise and rowwise (at one row: what GEMV_ONE_ROW is decided against)
         impl = "scaled_mm tensor" if scheme == "tensor" else "scaled_mm row"
-        try:
-            out = backend.scaled_mm(xq, xs, w0, s0, None, ACT)
-            if out is None:
-                ROWS.append(dict(shape=label, m=m, impl=impl, skipped="_scaled_mm does not run here"))
-            else:
-                check = checked(out, want)
-                us = per_call_us(lambda w: backend.scaled_mm(xq, xs, w[0], w[1], None, ACT), ws)
-                record(label, m, impl, us, nbytes, flops, "fp8", **check)
-        except Exception as exc:
-            record_error(label, m, impl, exc)
+        optional(impl, lambda w, s: backend.scaled_mm(xq, xs, w, s, None, ACT), not_here)
 
     if scheme == "channel" and m > 1:  # tensorwise _scaled_mm with unit scales + the Triton epilogue
-        impl = "scaled_mm unit+epilogue"
-        try:
-            out = backend.scaled_mm_unit(xq, xs, w0, s0, None, ACT)
-            if out is None:
-                ROWS.append(dict(shape=label, m=m, impl=impl, skipped="_scaled_mm does not run here"))
-            else:
-                check = checked(out, want)
-                us = per_call_us(lambda w: backend.scaled_mm_unit(xq, xs, w[0], w[1], None, ACT), ws)
-                engine = backend.pick_gemm(xq, w0, block=False, x_scale=xs, weight_scale=s0)
-                record(label, m, impl, us, nbytes, flops, "fp8", **check, engine_route=engine)
-        except Exception as exc:
-            record_error(label, m, impl, exc)
+        engine = backend.pick_gemm(xq, w0, block=False, x_scale=xs, weight_scale=s0)
+        optional("scaled_mm unit+epilogue", lambda w, s: backend.scaled_mm_unit(xq, xs, w, s, None, ACT), not_here,
+                 engine_route=engine)  # fmt: skip
 
     if block and label.startswith("dsv3"):  # cuBLAS's block GEMM (torch._scaled_mm, 1x128 x 128x128)
-        impl = "scaled_mm block"
-        try:
-            out = backend.scaled_mm_block(xq, xs, w0, s0, 128, 128, None, ACT)
-            if out is None:
-                why = compat.scaled_mm_blockwise_why(xq.device.index or 0, ACT) if xq.is_cuda else "not CUDA"
-                why = why or "declined: not sm_90, or the shape (K a multiple of 512, N of 16)"
-                ROWS.append(dict(shape=label, m=m, impl=impl, skipped=why))
-            else:
-                check = checked(out, want)
-                us = per_call_us(lambda w: backend.scaled_mm_block(xq, xs, w[0], w[1], 128, 128, None, ACT), ws)
-                record(label, m, impl, us, nbytes, flops, "fp8", **check, **route)
-        except Exception as exc:
-            record_error(label, m, impl, exc)
+
+        def why_block():
+            why = compat.scaled_mm_blockwise_why(xq.device.index or 0, ACT) if xq.is_cuda else "not CUDA"
+            return why or "declined: not sm_90, or the shape (K a multiple of 512, N of 16)"
+
+        optional("scaled_mm block", lambda w, s: backend.scaled_mm_block(xq, xs, w, s, 128, 128, None, ACT),
+                 why_block, **route)  # fmt: skip
 
     def gemm(w, cfg):
         return fp8_gemm(xq, xs, w[0], w[1], None, ACT, block=block, config=cfg)
@@ -400,7 +391,6 @@ def bench_scheme(label, n, k, m, scheme, xq, xs, count, sweep) -> None:
                 keep_best("block_gemv" if block else "gemv", n, k, 1, cfg, default)
         except Exception as exc:
             record_error(label, m, impl, exc)
-    del ws
 
 
 BLOCK_IMPLS = {"triton": "triton block", "cublas": "scaled_mm block"}  # the block GEMMs, by targets' prefix
