@@ -293,14 +293,7 @@ def fused_moe(
     assert w1.dtype == w2.dtype == hidden_states.dtype and hidden_states.is_contiguous()
     assert topk_weight.dtype == torch.float32 and topk_ids.dtype == torch.int32
     assert topk_weight.shape == topk_ids.shape and topk_ids.shape[0] == m
-    if expert_mask is None:
-        rows = topk_ids.long()
-        assert int(rows.min()) >= 0 and int(rows.max()) < e
-    else:
-        assert expert_mask.dim() == 1 and expert_mask.dtype == torch.int32 and int(expert_mask.sum()) == e
-        assert int(topk_ids.min()) >= 0 and int(topk_ids.max()) < expert_mask.numel()
-        row_of = torch.where(expert_mask > 0, expert_mask.cumsum(0) - 1, -1)
-        rows = row_of[topk_ids.long()]
+    rows = fake_aiter_shuffled.expert_rows(topk_ids, expert_mask, e)
     out = torch.zeros(m, dim, dtype=torch.float32)
     token, slot = torch.nonzero(rows >= 0, as_tuple=True)
     for t, s in zip(token.tolist(), slot.tolist(), strict=True):  # one (token, expert) pair at a time

@@ -38,6 +38,19 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of the low three bi
 # ---- aiter/ops/shuffle.py ----
 
 
+def expert_rows(topk_ids, expert_mask, e):
+    """fused_moe's weight row of each (token, slot): the id itself, or with `expert_mask` (a 0/1
+    int32 vector over the ids, E ones) the count of ones before it, -1 where the mask is 0."""
+    if expert_mask is None:
+        rows = topk_ids.long()
+        assert int(rows.min()) >= 0 and int(rows.max()) < e
+        return rows
+    assert expert_mask.dim() == 1 and expert_mask.dtype == torch.int32 and int(expert_mask.sum()) == e
+    assert int(topk_ids.min()) >= 0 and int(topk_ids.max()) < expert_mask.numel()
+    row_of = torch.where(expert_mask > 0, expert_mask.cumsum(0) - 1, -1)
+    return row_of[topk_ids.long()]
+
+
 def _shuffle_grid(x: torch.Tensor, elem_bytes: int) -> torch.Tensor:
     """shuffle_weight's permutation with layout (16, 16) for elements of `elem_bytes` bytes."""
     in_, ik = 16, 16
@@ -172,13 +185,7 @@ def fused_moe_quantised(qt, at, *, hidden_states, w1, w2, topk_weight, topk_ids,
     else:
         assert activation == at.Silu and bias1 is None and bias2 is None and swiglu_limit is None
         w1f, w2f, inter, groups = _fp8_experts(quant_type, qt, w1, w2, w1_scale, w2_scale, dim)
-    if expert_mask is None:
-        rows = topk_ids.long()
-        assert int(rows.min()) >= 0 and int(rows.max()) < e
-    else:
-        assert expert_mask.dim() == 1 and expert_mask.dtype == torch.int32 and int(expert_mask.sum()) == e
-        row_of = torch.where(expert_mask > 0, expert_mask.cumsum(0) - 1, -1)
-        rows = row_of[topk_ids.long()]
+    rows = expert_rows(topk_ids, expert_mask, e)
     out = torch.zeros(m, dim, dtype=torch.float32)
     token, slot = torch.nonzero(rows >= 0, as_tuple=True)
     for t, s in zip(token.tolist(), slot.tolist(), strict=True):  # one (token, expert) pair at a time
