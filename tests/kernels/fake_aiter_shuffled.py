@@ -38,19 +38,6 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of the low three bi
 # ---- aiter/ops/shuffle.py ----
 
 
-def expert_rows(topk_ids, expert_mask, e):
-    """fused_moe's weight row of each (token, slot): the id itself, or with `expert_mask` (a 0/1
-    int32 vector over the ids, E ones) the count of ones before it, -1 where the mask is 0."""
-    if expert_mask is None:
-        rows = topk_ids.long()
-        assert int(rows.min()) >= 0 and int(rows.max()) < e
-        return rows
-    assert expert_mask.dim() == 1 and expert_mask.dtype == torch.int32 and int(expert_mask.sum()) == e
-    assert int(topk_ids.min()) >= 0 and int(topk_ids.max()) < expert_mask.numel()
-    row_of = torch.where(expert_mask > 0, expert_mask.cumsum(0) - 1, -1)
-    return row_of[topk_ids.long()]
-
-
 def _shuffle_grid(x: torch.Tensor, elem_bytes: int) -> torch.Tensor:
     """shuffle_weight's permutation with layout (16, 16) for elements of `elem_bytes` bytes."""
     in_, ik = 16, 16
@@ -98,6 +85,19 @@ def unshuffle_scale(s: torch.Tensor) -> torch.Tensor:
 
 
 # ---- aiter/fused_moe.py: quantised experts ----
+
+
+def expert_rows(topk_ids, expert_mask, e):
+    """fused_moe's weight row of each (token, slot): the id itself, or with `expert_mask` (a 0/1
+    int32 vector over the ids, E ones) the count of ones before it, -1 where the mask is 0."""
+    if expert_mask is None:
+        rows = topk_ids.long()
+        assert int(rows.min()) >= 0 and int(rows.max()) < e
+        return rows
+    assert expert_mask.dim() == 1 and expert_mask.dtype == torch.int32 and int(expert_mask.sum()) == e
+    assert int(topk_ids.min()) >= 0 and int(topk_ids.max()) < expert_mask.numel()
+    row_of = torch.where(expert_mask > 0, expert_mask.cumsum(0) - 1, -1)
+    return row_of[topk_ids.long()]
 
 
 def _e2m1_e8m0(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
