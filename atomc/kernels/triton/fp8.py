@@ -81,10 +81,16 @@ def _scaled_mm_device_ok(xq: torch.Tensor) -> bool:
     return xq.is_cuda and _scaled_mm_supported(xq.device.index or 0)
 
 
+def _scaled_mm_applies(xq: torch.Tensor, weight: torch.Tensor) -> bool:
+    """_scaled_mm runs this call: such a device, and N and K multiples of 16."""
+    n, k = weight.shape
+    return _scaled_mm_device_ok(xq) and not (n % 16 or k % 16)
+
+
 def scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype):
     """torch._scaled_mm for [..., K] x [N, K], or None where it does not apply."""
     n, k = weight.shape
-    if not _scaled_mm_device_ok(xq) or n % 16 or k % 16:
+    if not _scaled_mm_applies(xq, weight):
         return None
     x2 = xq.reshape(-1, k)
     m = x2.shape[0]
@@ -125,7 +131,7 @@ def scaled_mm_unit(xq, x_scale, weight, weight_scale, bias, out_dtype):
     once to out_dtype: rowwise _scaled_mm's math. None where _scaled_mm does not apply (not an
     sm_89+ CUDA device, N or K not a multiple of 16)."""
     n, k = weight.shape
-    if not _scaled_mm_device_ok(xq) or n % 16 or k % 16:
+    if not _scaled_mm_applies(xq, weight):
         return None
     x2 = xq.reshape(-1, k)
     one = _unit_scale(xq.device)
@@ -254,16 +260,12 @@ def fp8_gemm(
     route = pick_gemm(xq, weight, block=False, x_scale=x_scale, weight_scale=weight_scale)
     if route == "gemv":
         return fp8_gemv(xq, x_scale, weight, weight_scale, bias, out_dtype)
-    if route == "scaled_mm_unit":
-        out = scaled_mm_unit(xq, x_scale, weight, weight_scale, bias, out_dtype)
+    cublas = {"scaled_mm_unit": scaled_mm_unit, "scaled_mm": scaled_mm}.get(route)
+    if cublas is not None:
+        out = cublas(xq, x_scale, weight, weight_scale, bias, out_dtype)
         if out is not None:
             return out
-        route = "triton"
-    if route == "scaled_mm":
-        out = scaled_mm(xq, x_scale, weight, weight_scale, bias, out_dtype)
-        if out is not None:
-            return out
-        route = "triton"
+        route = "triton"  # _scaled_mm declined
     if route == "triton":
         return triton_fp8_gemm(xq, x_scale, weight, weight_scale, bias, out_dtype)
     return ref.fp8_gemm_reference(xq, x_scale, weight, weight_scale, bias, out_dtype)
