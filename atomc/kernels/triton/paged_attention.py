@@ -320,12 +320,25 @@ def _pick_segments(device: torch.device, num_seqs: int, num_kv_heads: int, max_s
     return max(1, min(want, most, MAX_SEGMENTS))
 
 
-def default_num_warps(block_m: int, block_d: int, fp8: bool) -> int:
+def default_tile_n(decode: bool, fp8: bool) -> int:
+    """KV tokens an inner step reads. 64 (H200: 64 beat 32 for decode too, bs 8-64, ctx 1k-16k); 128
+    for decode over FP8 pages, the bytes of a 64-key bf16 tile. H100, Llama-3.1-8B's heads, in CUDA
+    graphs (benchmarks/kernels_bench.py --kv-fp8 --sweep): bs 64 / ctx 1,536 97.8 us at 128 keys and
+    4 warps against 119.5 at 64 keys and 8 warps, bs 128 178.2 against 232.9, bs 8 / ctx 4,096 40.7
+    against 49.6."""
+    return 128 if decode and fp8 else 64
+
+
+def default_num_warps(block_m: int, block_d: int, tile_n: int, fp8: bool) -> int:
     """8 warps for a 64x128 fp32 accumulator plus the S tile (it spills less over 8, sm_90 ptxas),
-    and for FP8 pages at any tile: there the widened K and V operands are held whole, and at 4 warps
-    a decode program takes 186 registers a thread against bf16's 96 (half the programs an SM;
-    benchmarks/attention_compile_check.py), at 8 warps 103. Not yet timed on a GPU."""
-    return 8 if block_m * block_d >= 64 * 128 or fp8 else 4
+    and for FP8 pages at 64-key tiles (prefill), where 4 warps hold the widened K and V operands in
+    186 registers a thread against 103 at 8 (benchmarks/attention_compile_check.py). FP8 decode's
+    128-key tiles take 4 warps although they then hold 255 registers and spill 24 bytes: in the H100
+    sweep of `default_tile_n` they ran in 97.8 us against 108.4 at 8 warps (157 registers), so the
+    register count is not what limits this kernel."""
+    if block_m * block_d >= 64 * 128:
+        return 8
+    return 8 if fp8 and tile_n < 128 else 4
 
 
 def paged_attention(
@@ -382,9 +395,9 @@ def paged_attention(
     block_m = max(16 if max_query_len == 1 else 64, triton.next_power_of_2(group))
     block_q = block_m // group
     if tile_n is None:
-        tile_n = 64  # measured on the H200: 64 beat 32 for decode too (bs 8-64, ctx 1k-16k)
+        tile_n = default_tile_n(max_query_len == 1, fp8)
     if num_warps is None:
-        num_warps = default_num_warps(block_m, block_d, fp8)
+        num_warps = default_num_warps(block_m, block_d, tile_n, fp8)
     # upper bound on q blocks (see _find_seq); empty programs exit at once
     q_blocks = num_tokens // block_q + num_seqs
 
