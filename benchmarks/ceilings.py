@@ -116,6 +116,24 @@ def measure() -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+# the copy rate `bandwidth()` measured on each GPU atomc has run on (GB/s), for the kernel
+# benchmarks' "% of HBM" when they do not measure it themselves: H200 2026-12-01, H100 SXM
+# 2026-12-06 (decode_bs1.py's call, `bs1.json` in benchmarks/results/2026-12-06/)
+COPY_GBPS = {"H200": 4300.0, "H100": 3030.0}
+
+
+def copy_gbps(device_name: str, default: float = 4300.0) -> float:
+    """COPY_GBPS for a GPU named `device_name` (torch.cuda.get_device_name()), else `default`."""
+    return next((gbps for key, gbps in COPY_GBPS.items() if key in device_name), default)
+
+
+def local_copy_gbps() -> float:
+    """copy_gbps of this process's GPU (the H200's without one)."""
+    import torch
+
+    return copy_gbps(torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+
+
 # dense bf16 tensor-core peaks (datasheets, FLOP/s), matched against torch.cuda.get_device_name()
 DENSE_BF16_PEAK = {"H200": 989.4e12, "H100": 989.4e12, "H800": 989.4e12, "H20": 148e12, "A100": 312e12}
 

@@ -34,7 +34,7 @@ The GEMM rows take an already quantised activation, as atomc's fp8_gemm does.
 Timing: CUDA-graph replays of back-to-back calls over enough copies of the weight (>= 320 MiB in
 all) that none is in L2, as in a model, which streams every other layer between two uses of one
 weight; the median µs of one call. `pct_hbm` = bytes (weight + x + out, each read or written once)
-/ µs against 4.3 TB/s (the H200's measured copy rate, as kernels_bench.py); `pct_fp8_peak` /
+/ µs against the GPU's copy rate (`ceilings.copy_gbps`, as kernels_bench.py); `pct_fp8_peak` /
 `pct_bf16_peak` = FLOPs / µs against the dense peak (989 TFLOP/s bf16, 1,979 fp8);
 `pct_roofline` takes the larger of the two times, so it is the share of what the shape allows.
 The JSON (rewritten after every (shape, M), so a crash or a timeout keeps what finished) ends with
@@ -76,6 +76,7 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import ceilings  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
@@ -90,7 +91,7 @@ from atomc.kernels.triton.fp8_gemm import fp8_gemm  # noqa: E402
 from atomc.kernels.triton.fp8_gemv import fp8_gemv  # noqa: E402
 from atomc.ops import fp8 as ref  # noqa: E402
 
-PEAK_GBPS = 4300.0
+PEAK_GBPS = ceilings.local_copy_gbps()
 PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}
 COLD_BYTES = 320 * 2**20
 FP8 = torch.float8_e4m3fn

@@ -6,7 +6,8 @@ Each case is checked against a torch reference before it is timed. Times are med
 `us` from triton.testing.do_bench (L2 flushed before every call), `us_graph` from CUDA-graph
 replay (launch overhead removed, L2 warm: small working sets fit in the 60 MB L2, so treat those
 GB/s as optimistic). GB/s counts every input read once and every output written once; for
-attention the context's K/V bytes plus q and out. % is of PEAK_GBPS, the measured copy bandwidth.
+attention the context's K/V bytes plus q and out. % is of PEAK_GBPS,
+the GPU's measured copy rate (`ceilings.copy_gbps`).
 Writes the JSON to --out and a markdown table next to it (.md).
 """
 
@@ -18,6 +19,7 @@ import json
 import platform
 from pathlib import Path
 
+import ceilings
 import torch
 import torch.nn.functional as F
 import triton
@@ -28,7 +30,7 @@ from atomc.kernels.triton import fused_add_rms_norm, paged_attention, rope_and_w
 from atomc.kernels.triton.argmax import argmax_rows
 from atomc.kernels.triton.gemv import gemv
 
-PEAK_GBPS = 4300.0
+PEAK_GBPS = ceilings.local_copy_gbps()
 HQ, HKV, D, HIDDEN, INTER, PAGE = 32, 8, 128, 4096, 14336, 16
 BF16 = torch.bfloat16
 DEV = "cuda"

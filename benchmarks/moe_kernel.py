@@ -38,6 +38,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import ceilings  # noqa: E402
 import graph_timing  # noqa: E402
 import torch  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
@@ -48,7 +49,7 @@ from atomc.kernels.triton.tuned_files import tile_device  # noqa: E402
 from atomc.ops.moe import apply_activation, experts_reference, select_experts  # noqa: E402
 from atomc.ops.moe_quant import WEIGHT_FORMATS  # noqa: E402
 
-PEAK_GBPS = 4300.0
+PEAK_GBPS = ceilings.local_copy_gbps()
 BF16 = torch.bfloat16  # the activation dtype (--tiny: float32, the interpreter has no bf16)
 DEV = "cuda"
 # name: (experts, hidden, intermediate, top_k, activation, biases)
