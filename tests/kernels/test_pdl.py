@@ -39,6 +39,7 @@ from atomc.kernels.triton.gemv import gemv  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
 from atomc.kernels.triton.moe_quant import fused_experts_quant  # noqa: E402
 from atomc.kernels.triton.moe_routing import softmax_topk  # noqa: E402
+from atomc.ops import fp8 as ref  # noqa: E402
 from atomc.ops.moe import select_experts  # noqa: E402
 from models.quant.mxfp4 import quantize_mxfp4  # noqa: E402
 
@@ -152,6 +153,28 @@ def test_fp8_reduce_gemv(trace):
     xs, ws = torch.rand(1, 1), torch.rand(20)
     fp8_gemv(xq, xs, w, ws, None, torch.float32, kernel="reduce", block_n=4, block_k=32)
     assert trace.check([w, ws]) == 1
+
+
+@pytest.mark.parametrize("block", [None, (16, 32)])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_fp8_dot_gemv_loads_its_first_weight_tile_early(trace, block, split_k):
+    fp8 = torch.float8_e4m3fn
+    k = 96 if block is None else 128  # per-row: a masked tail (96 = 32 + 64); block: 4 groups of 32
+    xq = (torch.randn(1, k) * 8).to(fp8)
+    w = (torch.randn(40, k) * 8).to(fp8)
+    xs = torch.rand(1, 1) if block is None else torch.rand(1, k // 32)
+    ws = torch.rand(40) if block is None else torch.rand(3, k // 32)  # 40 rows: 3 blocks of 16
+    y = fp8_gemv(xq, xs, w, ws, None, torch.float32, block=block, kernel="dot", block_n=16, block_k=64,
+                 split_k=split_k)  # fmt: skip
+    assert trace.check([w, ws]) == 1 and len(trace.programs) == 3 * split_k
+    for events in [e for e in trace.programs.values() if "wait" in e]:
+        assert events[0][0] == "load", "the first weight tile streams in before the wait"
+    want = (
+        ref.fp8_gemm_reference(xq, xs, w, ws, None, torch.float32)
+        if block is None
+        else ref.fp8_block_gemm_reference(xq, xs, w, ws, *block, None, torch.float32)
+    )
+    torch.testing.assert_close(y, want, atol=1e-3, rtol=1e-3)
 
 
 def test_fp8_scale_epilogue(trace):

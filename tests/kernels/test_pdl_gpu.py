@@ -1,5 +1,6 @@
 """PDL on the GPU (Hopper and later): a decode-like chain of the PDL-aware kernels (norm, reduce GEMV,
-RoPE + KV write, paged attention, router top-k, fused experts at one token), captured in a CUDA
+RoPE + KV write, paged attention, router top-k, fused experts at one token, FP8 quant and the FP8
+tensor-core GEMV), captured in a CUDA
 graph and replayed on fresh inputs, gives the same bits with PDL on as with it off. A kernel that
 read its producer's output before the producer finished would read the previous replay's values."""
 
@@ -17,6 +18,7 @@ pytestmark = [
 from triton_kernel_cases import cos_sin_cache, make_batch, make_moe  # noqa: E402
 
 from atomc.kernels.triton import (  # noqa: E402
+    fp8_quant,
     fused_add_rms_norm,
     paged_attention,
     pdl,
@@ -24,6 +26,7 @@ from atomc.kernels.triton import (  # noqa: E402
     rope_and_write_kv,
     silu_and_mul,
 )
+from atomc.kernels.triton.fp8_gemv import fp8_gemv  # noqa: E402
 from atomc.kernels.triton.gemv import linear  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
 from atomc.kernels.triton.moe_routing import softmax_topk  # noqa: E402
@@ -44,7 +47,9 @@ def model():
         _, _, w13, w2, _, _ = make_moe(1, E, H, INTER, TOPK, BF16, DEV, seed=i)
         layers.append(dict(norm=1 + w(H), qkv=w((HQ + 2 * HKV) * D, H), o=w(H, HQ * D), post=1 + w(H),
                            router=w(E, H, scale=0.1), w13=w13, w2=w2,
-                           gate_up=w(2 * 1024, H), down=w(H, 1024)))  # fmt: skip
+                           gate_up=w(2 * 1024, H), down=w(H, 1024),
+                           fp8=torch.randn(H, H, generator=g, device=DEV).to(torch.float8_e4m3fn),
+                           fp8_scale=torch.full((H,), H**-0.5, device=DEV)))  # fmt: skip
     # one sequence at 300 cached tokens plus this step's; the cache is shared by the layers
     q, k_cache, v_cache, meta = make_batch([1], [301], HQ, HKV, D, BF16, DEV, pad_tokens=0)
     return dict(layers=layers, k_cache=k_cache, v_cache=v_cache, meta=meta, cs=cos_sin_cache(4096, D, DEV).to(BF16))
@@ -69,6 +74,9 @@ def step(m, x, positions, slots):
         h, res = fused_add_rms_norm(y, res, lw["norm"], 1e-6)
         # a dense MLP's activation between two GEMVs (Llama's layer)
         h = linear(silu_and_mul(linear(h, lw["gate_up"])), lw["down"])
+        # an FP8 linear at one row on the tensor-core GEMV (the gate_up of FP8 Llama on Hopper)
+        hq, hs = fp8_quant.quant_dynamic(h, H)
+        h = fp8_gemv(hq, hs, lw["fp8"], lw["fp8_scale"], None, BF16, kernel="dot", block_n=32, block_k=256)
     return h
 
 

@@ -1,8 +1,8 @@
 """The PDL kernels as the H200 gets them, checked on any machine: a subprocess compiles a few of them
 for sm_90 with the triton wheel's ptxas (off the interpreter, which other kernel tests turn on
 process-wide) and reads the PTX. With PDL on each has one `griddepcontrol.wait` and one
-`griddepcontrol.launch_dependents`, the reduce GEMV issues its first weight loads before the wait,
-and with PDL off neither instruction is there."""
+`griddepcontrol.launch_dependents`, the GEMVs (bf16 reduce, FP8 dot) and the norm issue their first
+weight loads before the wait, and with PDL off neither instruction is there."""
 
 import json
 import os
@@ -21,12 +21,19 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from atomc.kernels.triton.fp8_gemv import _fp8_gemv_dot_kernel
 from atomc.kernels.triton.gemv import _gemv_reduce_kernel
 from atomc.kernels.triton.moe_gemv import moe_gate_up_gemv_kernel
 from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel
 from atomc.kernels.triton.rmsnorm import _rms_norm_kernel
 
+FP8_DOT = dict(x_ptr="*fp8e4nv", xs_ptr="*fp32", w_ptr="*fp8e4nv", ws_ptr="*fp32", b_ptr="*bf16", y_ptr="*bf16",
+               N="i32", K="i32", k_per_split="i32", stride_wn="i32", stride_wsn="i32", SCALE_ROWS="i32")
 KERNELS = {
+    "fp8_dot_gemv": (_fp8_gemv_dot_kernel, FP8_DOT, dict(WS_ROWS=True, BLOCK_SCALES=False, HAS_BIAS=False,
+                     ATOMIC=False, EVEN_K=True, GROUP_K=256, BLOCK_N=32, BLOCK_K=256)),
+    "fp8_block_dot_gemv": (_fp8_gemv_dot_kernel, FP8_DOT, dict(WS_ROWS=True, BLOCK_SCALES=True, HAS_BIAS=False,
+                           ATOMIC=True, EVEN_K=False, GROUP_K=128, BLOCK_N=16, BLOCK_K=128)),
     "gemv": (_gemv_reduce_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", N="i32",
              K="i32", stride_wn="i32"), dict(HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024)),
     "rms_norm": (_rms_norm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16",
@@ -73,7 +80,9 @@ def ptx() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kernel", ["gemv", "rms_norm", "moe_gate_up_gemv", "mxfp4_down_combine_gemv"])
+@pytest.mark.parametrize(
+    "kernel", ["gemv", "fp8_dot_gemv", "fp8_block_dot_gemv", "rms_norm", "moe_gate_up_gemv", "mxfp4_down_combine_gemv"]
+)
 def test_one_wait_and_one_release_with_pdl_and_none_without(ptx, kernel):
     on, off = ptx[f"{kernel} on"], ptx[f"{kernel} off"]
     assert on.count("griddepcontrol.wait") == 1 and on.count("griddepcontrol.launch_dependents") == 1, on
@@ -81,7 +90,7 @@ def test_one_wait_and_one_release_with_pdl_and_none_without(ptx, kernel):
     assert not any(op.startswith("griddepcontrol") for op in off), off
 
 
-@pytest.mark.parametrize("kernel", ["gemv", "rms_norm"])
+@pytest.mark.parametrize("kernel", ["gemv", "fp8_dot_gemv", "fp8_block_dot_gemv", "rms_norm"])
 def test_weights_stream_in_before_the_wait(ptx, kernel):
     on = ptx[f"{kernel} on"]
     assert any(op.startswith("ld.global") for op in on[: on.index("griddepcontrol.wait")]), on

@@ -40,6 +40,7 @@ import triton.language as tl
 
 from atomc.kernels.triton import fp8_config, pdl, tuned_files
 from atomc.kernels.triton.gemv import row_dot
+from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
@@ -102,12 +103,14 @@ def _fp8_gemv_dot_kernel(
     N, K, k_per_split, stride_wn, stride_wsn, SCALE_ROWS,
     WS_ROWS: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr,
     EVEN_K: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """Tensor cores: the row padded to 16 (rows 1-15 masked to zeros: no memory traffic) times a
     [BLOCK_N, BLOCK_K] weight tile per step, fp32 accumulation; split K over program_id(1) adds
     fp32 partial sums with atomics (ATOMIC). Block scales: a step lies inside one group (BLOCK_K
     divides GROUP_K) and BLOCK_N inside one weight block, so a step's dot is scaled by one scalar
-    x_scale[g] * w_scale[n // bn, g], loaded a step ahead."""
+    x_scale[g] * w_scale[n // bn, g], loaded a step ahead. PDL: the first step is peeled, its weight
+    tile loaded before `after_producer` (pdl.py), as the reduce GEMV's row_dot does."""
     pid_n = tl.program_id(0)
     k_lo = tl.program_id(1) * k_per_split
     offs_m = tl.arange(0, 16)
@@ -118,29 +121,22 @@ def _fp8_gemv_dot_kernel(
     x_ptrs = x_ptr + k_lo + offs_m[:, None] * 0 + offs_k[None, :]
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + k_lo + offs_k[None, :]
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    w = _dot_gemv_w_tile(w_ptrs, k_lo, k_hi, offs_k, EVEN_K)
+    after_producer(PDL)
+    x = _dot_gemv_x_tile(x_ptrs, k_lo, k_hi, offs_k, x_row, EVEN_K)
+    last_group = K // GROUP_K - 1
+    ws_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_ROWS) * stride_wsn
+    s = 1.0
     if BLOCK_SCALES:
-        last_group = K // GROUP_K - 1
-        ws_row = ws_ptr + ((pid_n * BLOCK_N) // SCALE_ROWS) * stride_wsn
         s = tl.load(xs_ptr + k_lo // GROUP_K) * tl.load(ws_row + k_lo // GROUP_K)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        if EVEN_K:
-            x = tl.load(x_ptrs, mask=x_row, other=0.0)
-            w = tl.load(w_ptrs)
-        else:
-            k_ok = (k0 + offs_k) < k_hi
-            x = tl.load(x_ptrs, mask=x_row & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-        if BLOCK_SCALES:
-            g_next = tl.minimum((k0 + BLOCK_K) // GROUP_K, last_group)
-            s_next = tl.load(xs_ptr + g_next) * tl.load(ws_row + g_next)
-            acc += tl.dot(x, tl.trans(w)) * s
-            s = s_next
-        else:
-            # promote the fp8 products to fp32 once a step: Triton's sm_90 default never does
-            acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K)
+    acc, s = _dot_gemv_step(tl.zeros((16, BLOCK_N), dtype=tl.float32), x, w, s, xs_ptr, ws_row, k_lo, last_group,
+                            BLOCK_SCALES, GROUP_K, BLOCK_K)  # fmt: skip
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+        w = _dot_gemv_w_tile(w_ptrs, k0, k_hi, offs_k, EVEN_K)
+        x = _dot_gemv_x_tile(x_ptrs, k0, k_hi, offs_k, x_row, EVEN_K)
+        acc, s = _dot_gemv_step(acc, x, w, s, xs_ptr, ws_row, k0, last_group, BLOCK_SCALES, GROUP_K, BLOCK_K)
     if not BLOCK_SCALES:
         acc = acc * tl.load(xs_ptr)
         if WS_ROWS:
@@ -156,6 +152,35 @@ def _fp8_gemv_dot_kernel(
         tl.atomic_add(y_ptrs, acc, mask=ok)
     else:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _dot_gemv_w_tile(w_ptrs, k0, k_hi, offs_k, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(w_ptrs)
+    return tl.load(w_ptrs, mask=((k0 + offs_k) < k_hi)[None, :], other=0.0)
+
+
+@triton.jit
+def _dot_gemv_x_tile(x_ptrs, k0, k_hi, offs_k, x_row, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(x_ptrs, mask=x_row, other=0.0)
+    return tl.load(x_ptrs, mask=x_row & ((k0 + offs_k) < k_hi)[None, :], other=0.0)
+
+
+@triton.jit
+def _dot_gemv_step(
+    acc, x, w, s, xs_ptr, ws_row, k0, last_group,
+    BLOCK_SCALES: tl.constexpr, GROUP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One K step of the dot GEMV: (acc, the next step's block scale)."""
+    if BLOCK_SCALES:
+        g_next = tl.minimum((k0 + BLOCK_K) // GROUP_K, last_group)
+        s_next = tl.load(xs_ptr + g_next) * tl.load(ws_row + g_next)
+        acc += tl.dot(x, tl.trans(w)) * s
+        return acc, s_next
+    # promote the fp8 products to fp32 once a step: Triton's sm_90 default never does
+    return tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K), s
 
 
 def gemv_config(n: int, k: int, block: bool) -> dict:
@@ -244,7 +269,7 @@ def fp8_gemv(
         block[0] if block is not None else 1,
         WS_ROWS=ws.numel() > 1, BLOCK_SCALES=block is not None, HAS_BIAS=bias is not None, ATOMIC=atomic,
         EVEN_K=k % step == 0, GROUP_K=block[1] if block is not None else step, BLOCK_N=bn_tile, BLOCK_K=step,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl.launch(xq),
     )  # fmt: skip
     y = y.to(out_dtype) if atomic else y
     return y.view(*xq.shape[:-1], n)
