@@ -14,7 +14,8 @@ judged by the sweep's own rule (thresholds.evaluate). A task with no entry, or `
 only. A gated metric the task did not produce FAILs, naming the ones it did: lm-eval's metric
 set is fixed by the task, so a missing one is a typo, not a missing measurement.
 
-Offline task data: `atomc_arith` (GSM8K-style problems, arith.py) ships in lm_eval_tasks/, which
+Offline task data: `atomc_arith` (GSM8K-style problems, arith.py) and `atomc_agreement` (minimal
+pairs scored by log-likelihood, agreement.py) ship in lm_eval_tasks/, which
 is always on the include path; any task the user has locally is usable by name, lm-eval's own
 (whose data must then be in the local `datasets` cache) or one under the task's `include_path`.
 
