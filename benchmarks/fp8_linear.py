@@ -95,8 +95,16 @@ PEAK_GBPS = ceilings.local_copy_gbps()
 PEAK_TFLOPS = {"bf16": 989.0, "fp8": 1979.0}
 COLD_BYTES = 320 * 2**20
 FP8 = torch.float8_e4m3fn
-# Llama-3.1-8B, one GPU: (N, K)
+# Llama-3.1-8B, one GPU: (N, K); the default --shapes
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+LLAMA_DEFAULT = ",".join(SHAPES)
+# the one-row dense linears of the MoE models `--quantization fp8` serves (their configs in
+# checkpoints.py), with no tuned entry until swept: `--shapes qwen3_qkv,qwen3_o,...`
+SHAPES.update({
+    "qwen3_qkv": (5120, 2048), "qwen3_o": (2048, 4096),  # Qwen3-30B-A3B: 32 + 2 x 4 heads of 128, hidden 2048
+    "v2lite_q_kv_a": (3648, 2048),  # DeepSeek-V2-Lite: q (16 heads x 192) and kv_a (512 + 64) as one GEMM
+    "v2lite_o": (2048, 2048), "v2lite_shared_gate_up": (5632, 2048), "v2lite_shared_down": (2048, 2816),
+})  # fmt: skip
 # DeepSeek-V3 / R1 (hidden 7168, q_lora 1536, kv_lora 512, 128 heads of 128 + 64 rope, dense MLP
 # 18432 in its first 3 layers): the block-FP8 linears as the checkpoint ships them, one GPU
 DSV3_SHAPES = {
@@ -443,7 +451,7 @@ def plan(args) -> list[tuple[str, str, int]]:
     dsv3_tokens = [int(t) for t in args.dsv3_tokens.split(",") if t]
     for s in llama:
         if s not in SHAPES:
-            raise SystemExit(f"unknown Llama shape {s!r} (known: {', '.join(SHAPES)})")
+            raise SystemExit(f"unknown shape {s!r} (known: {', '.join(SHAPES)})")
     for s in dsv3:
         if s not in DSV3_SHAPES:
             raise SystemExit(f"unknown DeepSeek-V3 shape {s!r} (known: {', '.join(DSV3_SHAPES)})")
@@ -457,8 +465,12 @@ def main() -> None:
     global DEV, ACT, REP_MS, BLOCK_TARGET_M, SWEEP_DEADLINE, ROW_BUDGET_S, SWEEP_SCHEMES
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("results/fp8_linear.json"))
-    ap.add_argument("--shapes", default=None, help=f"Llama-3.1-8B shapes ({', '.join(SHAPES)}; '' for none)")
-    ap.add_argument("--tokens", default=None, help="M for the Llama shapes (default " + ",".join(map(str, TOKENS)))
+    ap.add_argument(
+        "--shapes",
+        default=None,
+        help=f"(N, K) shapes ({', '.join(SHAPES)}; default Llama-3.1-8B's {LLAMA_DEFAULT}; '' for none)",
+    )
+    ap.add_argument("--tokens", default=None, help="M for those shapes (default " + ",".join(map(str, TOKENS)))
     ap.add_argument("--dsv3-shapes", default=None, help=f"DeepSeek-V3 shapes ({', '.join(DSV3_SHAPES)}; '' for none)")
     ap.add_argument("--dsv3-tokens", default=None, help="M for them (default " + ",".join(map(str, DSV3_TOKENS)))
     ap.add_argument("--rep-ms", type=float, default=REP_MS, help="do_bench_cudagraph's rep (ms) per timing")
@@ -499,7 +511,7 @@ def main() -> None:
     else:
         if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
             raise SystemExit("fp8_linear.py needs a CUDA GPU with e4m3 support (sm_89+), or --tiny")
-        defaults = (",".join(SHAPES), ",".join(map(str, TOKENS)), DSV3_DEFAULT, DSV3_TOKENS)
+        defaults = (LLAMA_DEFAULT, ",".join(map(str, TOKENS)), DSV3_DEFAULT, DSV3_TOKENS)
     args.shapes = defaults[0] if args.shapes is None else args.shapes
     args.tokens = defaults[1] if args.tokens is None else args.tokens
     args.dsv3_shapes = defaults[2] if args.dsv3_shapes is None else args.dsv3_shapes

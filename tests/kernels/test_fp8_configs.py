@@ -71,3 +71,27 @@ def test_shipped_file_is_a_valid_table(path):
                     assert knob not in cfg or _pow2(cfg[knob]) or knob == "split_k", (kernel, n, k, cfg)
                 assert cfg.get("num_warps", 4) in (1, 2, 4, 8, 16)
                 assert cfg.get("kernel", "dot") in ("dot", "reduce")
+
+
+def test_gemv_defaults_take_the_cuda_core_kernel_up_to_8192_rows():
+    from atomc.kernels.triton import fp8_gemv
+
+    o, qkv, gate_up = (fp8_gemv.gemv_config(n, 4096, False) for n in (4096, 6144, 28672))
+    assert (o["kernel"], o["block_n"], o["block_k"]) == ("reduce", 4, 1024)  # the H100 sweep's winners
+    assert (qkv["kernel"], qkv["block_n"], qkv["block_k"]) == ("reduce", 2, 2048)
+    assert (gate_up["kernel"], gate_up["block_n"], gate_up["block_k"]) == ("dot", 32, 256)
+    assert fp8_gemv.gemv_config(2048, 4096, True) == fp8_gemv.dot_config(True)  # block scales: the dot
+
+
+def test_a_tuned_gemv_entry_fills_in_from_its_own_kernels_defaults(table_dir, monkeypatch):
+    import torch
+
+    from atomc.kernels.triton import fp8_gemv
+
+    monkeypatch.setattr(fp8_config, "CONFIG_DIR", table_dir)
+    found = {"gemv": {(2048, 4096): {1: dict(kernel="dot", block_n=32)}, (2048, 2048): {1: dict(block_k=512)}}}
+    fp8_config.merge_into_file(found, "cpu", {}, table_dir)
+    cpu = torch.device("cpu")
+    assert fp8_gemv.pick_config(2048, 4096, False, cpu) == {**fp8_gemv.dot_config(False), "block_n": 32}
+    assert fp8_gemv.pick_config(2048, 2048, False, cpu) == {**fp8_gemv.gemv_config(2048, 2048, False), "block_k": 512}
+    assert fp8_gemv.pick_config(1024, 2048, False, cpu) == fp8_gemv.gemv_config(1024, 2048, False)  # no entry

@@ -82,11 +82,13 @@ def test_interpreter_handles_e4m3():
 # ---- GEMV (one row) ----
 
 
-# the dot kernel (the default: tensor cores, 16-row tiles) and its split-K, and the reduce kernel
+# the dot kernel (tensor cores, 16-row tiles) and its split-K, the reduce kernel, and the default
+# for these small N (gemv_config: the reduce kernel, 4 rows x 1,024)
 GEMV_KNOBS = {
-    "dot": dict(block_n=16, block_k=64),
-    "dot split": dict(block_n=16, block_k=32, split_k=3),
+    "dot": dict(kernel="dot", block_n=16, block_k=64),
+    "dot split": dict(kernel="dot", block_n=16, block_k=32, split_k=3),
     "reduce": dict(kernel="reduce", block_n=4, block_k=64),
+    "default": dict(),
 }
 
 
@@ -138,7 +140,7 @@ def test_block_gemv_with_blocks_under_16_rows_runs_the_reduce_kernel():
 def test_gemv_rejects_bad_knobs():
     xq, w, s = _fp8((1, 64)), _fp8((32, 64), 1), torch.ones(1)
     with pytest.raises(ValueError, match="block_n >= 16"):
-        fp8_gemv(xq, s, w, s, None, torch.float32, block_n=8)
+        fp8_gemv(xq, s, w, s, None, torch.float32, kernel="dot", block_n=8)
     with pytest.raises(ValueError, match="unknown kernel"):
         fp8_gemv(xq, s, w, s, None, torch.float32, kernel="cublas")
 

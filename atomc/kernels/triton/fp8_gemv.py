@@ -2,9 +2,9 @@
 
 At one row a linear is its weight reads, and e4m3 weights are half the bytes of bf16: this kernel
 is where FP8 pays at batch 1. Two kernels, picked per (N, K) by the tile table (fp8_config.py;
-default "dot"):
+without an entry `gemv_config`: "reduce" up to 8,192 rows, "dot" above, and for block scales):
 
-- "dot" (default): tensor cores. The row padded to 16 (masked: no extra traffic) times a
+- "dot": tensor cores. The row padded to 16 (masked: no extra traffic) times a
   [BLOCK_N >= 16, BLOCK_K] e4m3 weight tile per step into fp32. Why not the bf16 GEMV's CUDA-core
   loop: at one e4m3 byte a weight value, that loop pays an e4m3 -> fp32 conversion (two
   instructions on Hopper: e4m3x2 -> f16x2 -> f32) and a multiply-add per byte, 2.6x the
@@ -15,7 +15,9 @@ default "dot"):
   at M = 8 read gate_up at 89% of HBM. `split_k` cuts K over programs (fp32 atomics) for shapes
   with few row tiles.
 - "reduce": the bf16 reduce GEMV's loop (`gemv.row_dot`, shared: per-tensor / per-row scales go
-  after the sum, so the loop is the bf16 one on e4m3 loads), kept for the sweep to compare.
+  after the sum, so the loop is the bf16 one on e4m3 loads). Despite the instruction count above,
+  the sweeps on the H200 and the H100 picked it at N <= 6,144: there 2-4 rows a program give
+  1,000-3,000 programs, where the 16-row dot gives a few hundred.
 
 Scales, as atomc::fp8_gemm / fp8_block_gemm give them:
 - per tensor ([1]) or per output row ([N]: per-channel weights, or a merged layer's per-section
@@ -183,25 +185,46 @@ def _dot_gemv_step(
     return tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K), s
 
 
-def gemv_config(n: int, k: int, block: bool) -> dict:
-    """Default tiles (no tuned entry for the shape): the tensor-core kernel, 16 weight rows a
-    program (the fewest a dot takes: N = 4,096 still gives 256 programs), K steps of 512 values
-    four deep (32 KiB of weight in flight a program, staged in shared memory by Triton's pipeliner,
-    not held in registers); block scales step one 128-group at a time, eight deep. Why the dot and
-    not the CUDA-core loop: docs/kernels.md, "FP8 linears"."""
+def dot_config(block: bool) -> dict:
+    """The tensor-core kernel's default tiles: 16 weight rows a program (the fewest a dot takes),
+    K steps of 512 values four deep (32 KiB of weight in flight a program, staged in shared memory
+    by Triton's pipeliner, not held in registers); block scales step one 128-group at a time, eight
+    deep."""
     if block:
         return dict(kernel="dot", block_n=16, block_k=128, split_k=1, num_warps=4, num_stages=8)
     return dict(kernel="dot", block_n=16, block_k=512, split_k=1, num_warps=4, num_stages=4)
 
 
 REDUCE_DEFAULTS = dict(block_n=2, block_k=2048, groups_per_step=8, num_warps=4)
+REDUCE_MAX_ROWS = 8192  # per-tensor / per-row scales: the CUDA-core kernel up to this N by default
+
+
+def gemv_config(n: int, k: int, block: bool) -> dict:
+    """Default tiles for a shape with no tuned entry. Per-tensor / per-row scales: the CUDA-core
+    kernel up to REDUCE_MAX_ROWS rows, the tensor-core one above. The sweeps at Llama-3.1-8B's shapes
+    found it so on both GPUs measured (docs/performance.md sections 9 and 15). On the H100 the
+    reduce kernel won at N = 4,096 and 6,144: o in 7.2 us against the dot default's 10.1, down in 22.1
+    against 24.9, qkv in 10.7 against 12.1. At N = 28,672 a 32-row dot won (41.4 against 45.0
+    us). Few rows also leave the 16-row dot few programs: Qwen3-30B-A3B's o (N = 2,048) would get
+    128 on 132 SMs. Block scales keep the dot kernel (no sweep has compared the two)."""
+    if block:
+        return dot_config(True)
+    if n <= REDUCE_MAX_ROWS:
+        small = n <= 4096  # 4 rows x 1,024 (o's winner) else 2 x 2,048 (qkv's and down's)
+        return dict(kernel="reduce", block_n=4 if small else 2, block_k=1024 if small else 2048, num_warps=4)
+    return dict(kernel="dot", block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=3)
 
 
 def pick_config(n: int, k: int, block: bool, device: torch.device) -> dict:
-    """gemv_config with the tuned entry for (N, K) on this device laid over it."""
+    """The tuned entry for (N, K) on this device over its kernel's defaults; gemv_config without one."""
     dev = tuned_files.tile_device(device)
     found = fp8_config.tuned("block_gemv" if block else "gemv", n, k, 1, dev.name, family=dev.family)
-    return {**gemv_config(n, k, block), **found} if found else gemv_config(n, k, block)
+    default = gemv_config(n, k, block)
+    if not found:
+        return default
+    kernel = found.get("kernel", default["kernel"])
+    base = default if kernel == default["kernel"] else dot_config(block) if kernel == "dot" else {}
+    return {**base, **found, "kernel": kernel}
 
 
 def fp8_gemv(
@@ -234,8 +257,8 @@ def fp8_gemv(
     chosen = kernel or picked.get("kernel", "dot")
     if block is not None and block[0] % 16 and chosen == "dot":  # 16-row programs would span weight blocks
         chosen = "reduce"
-    if picked.get("kernel", "dot") != chosen:  # another kernel than the picked one: its own defaults
-        picked = gemv_config(n, k, block is not None) if chosen == "dot" else {}
+    if picked["kernel"] != chosen:  # another kernel than the picked one: its own defaults
+        picked = dot_config(block is not None) if chosen == "dot" else {}
     base = {**REDUCE_DEFAULTS, **picked} if chosen == "reduce" else picked
     cfg = {**base, **{key: v for key, v in given.items() if v is not None}, "kernel": chosen}
     x = xq.reshape(k)
