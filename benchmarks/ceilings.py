@@ -37,7 +37,9 @@ Mixtures of experts (`moe_*`, for Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek; a model
 The serving ceiling and the decode-only bound are then formed as for dense models.
 FP8 MoE (`weights="fp8"`, atomc's `--quantization fp8`): every linear and expert projection one
 byte a value plus an fp32 scale a row (per-channel); the router, norms, biases, lm_head and the
-KV cache stay bf16 (atomc quantises neither routers nor the head).
+KV cache stay bf16 (atomc quantises neither routers nor the head). MXFP4 MoE (`weights="mxfp4"`,
+GPT-OSS as published): the experts' three projections at half a byte a value plus a scale byte per
+32 values; everything else (attention, router, biases, embeddings, lm_head, KV) bf16.
 
 DeepSeek-V2/V3 (multi-head latent attention, `MlaDims`): the attention weights are q (q_a_proj, its
 norm and q_b_proj when q_lora_rank is set; else q_proj), kv_a_proj_with_mqa, the latent's norm,
@@ -181,7 +183,8 @@ def prefill_flops(name: str | dict, isl: int) -> float:
     return 2 * matmul_params * isl + 2 * isl**2 * hq * d * n
 
 
-WEIGHT_FORMATS = ("bf16", "fp8")
+WEIGHT_FORMATS = ("bf16", "fp8", "mxfp4")
+MXFP4_BYTES_PER_VALUE = 0.5 + 1 / 32  # an e2m1 nibble, and an e8m0 scale byte per 32 values
 FP8_ROW_SCALE_BYTES = 4  # atomc's per-channel scales are fp32
 FP8_MATMUL_SPEEDUP = 2.0  # Hopper's dense FP8 tensor-core peak against bf16's (1,979 / 989 TFLOP/s)
 
@@ -193,6 +196,8 @@ def dense_weight_bytes(name: str | dict, weights: str = "bf16") -> int:
         raise ValueError(f"weights {weights!r} is not one of: {', '.join(WEIGHT_FORMATS)}")
     if weights == "bf16":
         return weight_bytes(name)
+    if weights != "fp8":
+        raise ValueError(f"weights {weights!r}: a dense model has no experts to hold in it")
     return weight_bytes(name, linear_bytes=1, row_scale_bytes=FP8_ROW_SCALE_BYTES)
 
 
@@ -406,6 +411,10 @@ def moe_step_bytes(
     kv = conc * moe_kv_bytes(model, context, dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes)
     if weights == "bf16":
         return dtype_bytes * (s.nonexpert_params() + experts * s.expert_params()) + kv
+    if weights == "mxfp4":  # GPT-OSS as published: the experts' projections only (biases bf16)
+        matrices = 3 * s.hidden * s.expert_inter
+        expert = matrices * MXFP4_BYTES_PER_VALUE + dtype_bytes * (s.expert_params() - matrices)
+        return dtype_bytes * s.nonexpert_params() + experts * expert + kv
     if s.mla:
         raise ValueError("FP8 bytes of latent-attention models are not counted (atomc refuses DeepSeek FP8)")
     attn, attn_rows = s.attn_linear()

@@ -6,9 +6,10 @@ Weights are not written: engines load them with `load_format="dummy"` (atomc) or
 The dense 8B shapes (and Llama-3.1-70B's, for the tensor-parallel runs), and three mixtures of
 experts whose config.json is the published one (Hugging Face model repos, fields as they ship):
 mistralai/Mixtral-8x7B-Instruct-v0.1,
-Qwen/Qwen3-30B-A3B and openai/gpt-oss-20b. GPT-OSS ships its experts in MXFP4; its
-`quantization_config` is left out here, so every engine builds bf16 experts (MXFP4 belongs to the
-quantisation work). DeepSeek-V2-Lite as published (MLA without q LoRA, softmax routing, 64 experts),
+Qwen/Qwen3-30B-A3B and openai/gpt-oss-20b. GPT-OSS ships its experts in MXFP4: `gpt-oss-20b`
+leaves its `quantization_config` out, so every engine builds bf16 experts, and `gpt-oss-20b-mxfp4`
+keeps it (atomc then runs MXFP4 experts; the dummy loader fills their codes and scales).
+DeepSeek-V2-Lite as published (MLA without q LoRA, softmax routing, 64 experts),
 and DeepSeek-V3 at full width with few layers (`deepseek_v3_layers`: its 3 dense layers and a few
 MoE layers, in bf16 without the published FP8 `quantization_config`, so one H200 holds it).
 `tiny_config` shrinks any of them (2 layers, small dims, the same fields) so a benchmark's code
@@ -309,7 +310,18 @@ CONFIGS["llama-3.1-70b"] = {
     **CONFIGS["llama-3.1-8b"],
     "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
 }  # fmt: skip
-MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
+# GPT-OSS-20B as published: its experts in MXFP4 (the quantization_config of its config.json)
+CONFIGS["gpt-oss-20b-mxfp4"] = {
+    **CONFIGS["gpt-oss-20b"],
+    "quantization_config": {
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head",
+        ],
+        "quant_method": "mxfp4",
+    },
+}  # fmt: skip
+
+MOE_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-20b-mxfp4", "deepseek-v2-lite")
 MLA_MODELS = ("deepseek-v2-lite", "deepseek-v3-layers")
 
 # what `tiny_config` puts in place of the real sizes (every other field is kept as it is)

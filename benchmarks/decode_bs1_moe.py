@@ -46,7 +46,7 @@ from decode_bs1 import child_timeout, run_child  # noqa: E402,F401  (shared with
 
 PEERS = {
     "mixtral-8x7b": "atomc,gpt-fast", "qwen3-30b-a3b": "atomc,hf", "gpt-oss-20b": "atomc,hf",
-    "deepseek-v2-lite": "atomc,hf",
+    "gpt-oss-20b-mxfp4": "atomc", "deepseek-v2-lite": "atomc,hf",
 }  # fmt: skip
 TINY_LENS = (16, 24)  # prompt, output tokens under --tiny
 NOMINAL_CPU_BANDWIDTH = decode_bs1.NOMINAL_CPU_BANDWIDTH
@@ -55,6 +55,16 @@ ENGINES = {name: decode_bs1.ENGINES[name]
            for name in ("atomc", "atomc-eager", "atomc-no-pdl", "atomc-fp8", "atomc-fp8-eager",
                         "atomc-fp8-no-pdl", "atomc-ep", "hf", "hf-eager")}  # fmt: skip
 ENGINES["gpt-fast"] = ("gpt-fast", None, "bf16")
+
+
+def engine_table(cfg: dict) -> dict:
+    """ENGINES with each engine's roofline format for this checkpoint: one shipped in MXFP4
+    (gpt-oss-20b-mxfp4) runs its experts in MXFP4 in the atomc engines that keep its weights."""
+    if (cfg.get("quantization_config") or {}).get("quant_method") != "mxfp4":
+        return ENGINES
+    return {
+        e: (kind, eager, "mxfp4" if kind == "atomc" and w == "bf16" else w) for e, (kind, eager, w) in ENGINES.items()
+    }
 
 
 def child_command(args, engine: str) -> list[str]:
@@ -114,7 +124,8 @@ def main() -> None:
     cfg = model_config(args.model, args.tiny)
     bw = args.bandwidth or (NOMINAL_CPU_BANDWIDTH if args.tiny else ceilings.measure()["bandwidth"])
     # the formats the engines run (bf16 always: the reference); DeepSeek has no FP8 count (nor FP8 run)
-    formats = ["bf16"] + sorted({ENGINES[e][2] for e in engines} - {"bf16"})
+    table = engine_table(cfg)
+    formats = ["bf16"] + sorted({table[e][2] for e in engines} - {"bf16"})
     tp = args.tensor_parallel_size  # each GPU reads its shard: N GPUs' bandwidth
     rooflines = {w: ceilings.moe_bs1_roofline(cfg, args.prompt_len, args.output_len, tp * bw, w) for w in formats}
     roofline = rooflines["bf16"]
@@ -146,7 +157,7 @@ def main() -> None:
         log = out.with_name(f"{out.stem}.{engine}.log") if out else None
         timeout = child_timeout(args.budget, time.monotonic() - started, args.reserve, len(engines) - 1 - i)
         res, tail = run_child(child_command(args, engine), timeout, log)
-        results["engines"].append(decode_bs1.engine_row(engine, res, tail, rooflines, ENGINES))
+        results["engines"].append(decode_bs1.engine_row(engine, res, tail, rooflines, table))
         results["speedups"] = decode_bs1.speedups(results["engines"])
         if out:  # after every engine: a later one failing or timing out keeps the numbers so far
             out.write_text(json.dumps(results, indent=2))

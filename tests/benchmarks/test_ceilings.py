@@ -174,7 +174,8 @@ def test_tiny_config_keeps_the_family(name):
     assert tiny["architectures"] == real["architectures"] and set(real) <= set(tiny) | {"head_dim"}
     s = ceilings.moe_shape(tiny)
     assert s.layers == 2 and s.hidden == 64 and 1 <= s.top_k < s.experts <= 8
-    assert "quantization_config" not in real
+    # bf16 as every engine runs it, but the one variant kept in its published format
+    assert ("quantization_config" in real) == name.endswith("-mxfp4")
 
 
 def test_serving_bounds_picks_the_definition():
@@ -348,3 +349,28 @@ def test_fp8_moe_bytes_are_what_atomc_loads(tmp_path):
             total += p.numel() * p.element_size() * (share if ".experts." in name else 1)
     assert model.model.layers[0].mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
     assert ceilings.moe_active_bytes(cfg, weights="fp8") == pytest.approx(total, rel=1e-9)
+
+
+def test_mxfp4_moe_bytes_are_what_atomc_loads(tmp_path):
+    """The tiny GPT-OSS with its published MXFP4 quantization_config, as atomc holds it: every
+    parameter's bytes (the embedding table left out, the experts at top_k of E) are the bytes the
+    MXFP4 roofline counts; the full-size model reads about half its bf16 bytes a token."""
+    import checkpoints
+    import torch
+
+    from models.loader import load_model
+
+    folder = checkpoints.make_checkpoint("gpt-oss-20b-mxfp4", tmp_path, tiny=True)
+    cfg = checkpoints.model_config("gpt-oss-20b-mxfp4", tiny=True)
+    model = load_model(folder, torch.bfloat16, "cpu", load_format="dummy")
+    share = cfg["num_experts_per_tok"] / cfg["num_local_experts"]
+    total = 0.0
+    for name, p in model.named_parameters():
+        if "embed_tokens" not in name:
+            total += p.numel() * p.element_size() * (share if ".experts." in name else 1)
+    assert model.model.layers[0].mlp.experts.w13_blocks.dtype == torch.uint8
+    assert ceilings.moe_active_bytes(cfg, weights="mxfp4") == pytest.approx(total, rel=1e-9)
+    bf16, mxfp4 = (ceilings.moe_active_bytes("gpt-oss-20b-mxfp4", weights=w) for w in ("bf16", "mxfp4"))
+    assert bf16 / mxfp4 == pytest.approx(1.94, abs=0.01)
+    with pytest.raises(ValueError, match="no experts"):
+        ceilings.dense_weight_bytes("llama-3.1-8b", weights="mxfp4")

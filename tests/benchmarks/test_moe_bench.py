@@ -156,3 +156,10 @@ def test_decode_tiny_fp8_end_to_end(tmp_path):
     assert bf16["weights"] == "bf16" and fp8["weights"] == "fp8" and fp8["engine"] == "atomc fp8 (eager)"
     assert fp8["roofline_tok_s"] == res["rooflines_tok_s"]["fp8"] > res["rooflines_tok_s"]["bf16"]
     assert fp8["decode_tok_s"] > 0 and "atomc-fp8-eager / atomc-eager" in res["speedups"]
+
+
+def test_an_mxfp4_checkpoint_holds_its_atomc_engines_to_the_mxfp4_roofline():
+    table = decode_bs1_moe.engine_table(checkpoints.CONFIGS["gpt-oss-20b-mxfp4"])
+    assert table["atomc"][2] == table["atomc-eager"][2] == "mxfp4"
+    assert table["atomc-fp8"][2] == "fp8" and table["hf"][2] == "bf16"  # what --quantization or a peer runs
+    assert decode_bs1_moe.engine_table(checkpoints.CONFIGS["gpt-oss-20b"]) is decode_bs1_moe.ENGINES
