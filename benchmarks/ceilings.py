@@ -426,21 +426,63 @@ def moe_step_bytes(
     return dtype_bytes * (s.nonexpert_params() - fp8) + fp8 + FP8_ROW_SCALE_BYTES * rows + experts * expert + kv
 
 
-def moe_layer_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int = 2) -> dict:
+def moe_layer_bytes(model: str | dict, conc: int, context: int, dtype_bytes: int = 2, weights: str = "bf16") -> dict:
     """What a decode step of `conc` sequences at `context` tokens reads, by part: one dense layer
     (attention, its norms, the dense MLP, its share of every sequence's KV), one sparse layer
     (attention, norms, router, shared experts, D(conc) experts, KV) and the rest (the final norm and
     lm_head). `layers` dense x dense + sparse x sparse + rest is `moe_step_bytes` (full-attention
-    models: a sliding window makes layers differ)."""
+    models: a sliding window makes layers differ). `weights` "fp8_block": DeepSeek's published
+    block FP8 as atomc loads it (`mla_fp8_block_layer_bytes`)."""
     s = moe_shape(model)
     kv = conc * context * s.kv_values_per_token_layer() * dtype_bytes
+    distinct = expected_distinct_experts(s.experts, s.top_k, conc)
+    rest = dtype_bytes * (s.vocab * s.hidden + s.hidden)
+    if weights == "fp8_block":
+        dense, sparse = mla_fp8_block_layer_bytes(s, distinct, dtype_bytes)
+        return {"dense": dense + kv, "sparse": sparse + kv, "rest": rest}
+    if weights != "bf16":
+        raise ValueError(f"layer bytes are counted for bf16 and fp8_block weights, not {weights!r}")
     common = s.attn_params() + 2 * s.hidden
-    experts = expected_distinct_experts(s.experts, s.top_k, conc) * s.expert_params()
+    experts = distinct * s.expert_params()
     return {
         "dense": dtype_bytes * (common + 3 * s.hidden * s.dense_inter) + kv,
         "sparse": dtype_bytes * (common + s.router_params() + s.shared_params() + experts) + kv,
-        "rest": dtype_bytes * (s.vocab * s.hidden + s.hidden),
+        "rest": rest,
     }
+
+
+def fp8_block_bytes(n: int, k: int, block: int = 128) -> int:
+    """An [n, k] e4m3 weight and its fp32 scale per block x block tile (edge tiles partial)."""
+    return n * k + 4 * (-(-n // block)) * (-(-k // block))
+
+
+def mla_fp8_block_layer_bytes(s: MoeShape, experts: float, dtype_bytes: int = 2) -> tuple[float, float]:
+    """(dense layer, sparse layer) weight bytes of DeepSeek's block-FP8 checkpoints as atomc holds
+    them (docs/quantization.md): q_a and kv_a as one GEMM, q_b (or q_proj), o, the MLPs, shared and
+    routed experts in FP8 blocks; kv_b_proj dequantised into the model dtype at load (the absorbed
+    attention reads its per-head views); norms and the router in the model dtype, the router's
+    correction bias in fp32. `experts`: the
+    distinct routed experts a sparse layer reads."""
+    if s.mla is None:
+        raise ValueError("fp8_block layer bytes are counted for DeepSeek's latent attention only")
+    m, h, heads = s.mla, s.hidden, s.heads
+    qk = m.nope + m.rope
+    if m.q_lora:
+        q = fp8_block_bytes(m.q_lora + m.kv_lora + m.rope, h) + fp8_block_bytes(heads * qk, m.q_lora)
+        norms = m.q_lora + m.kv_lora + 2 * h
+    else:
+        q = fp8_block_bytes(heads * qk + m.kv_lora + m.rope, h)
+        norms = m.kv_lora + 2 * h
+    attn = q + fp8_block_bytes(h, heads * m.v) + dtype_bytes * (m.kv_lora * heads * (m.nope + m.v) + norms)
+
+    def mlp(inter: int) -> int:
+        return fp8_block_bytes(2 * inter, h) + fp8_block_bytes(h, inter)
+
+    dense = attn + mlp(s.dense_inter)
+    shared = mlp(s.shared_inter) if s.shared_inter else 0
+    router = dtype_bytes * s.experts * h + (4 * s.experts if s.router_bias else 0)  # the correction bias is fp32
+    sparse = attn + router + shared + experts * mlp(s.expert_inter)
+    return dense, sparse
 
 
 def moe_active_bytes(model: str | dict, context: int = 0, dtype_bytes: int = 2, weights: str = "bf16") -> float:

@@ -296,12 +296,21 @@ DEEPSEEK_V3 = {
 V3_LAYERS_MOE = 4
 
 
-def deepseek_v3_layers(moe_layers: int = V3_LAYERS_MOE, dense_layers: int = 3) -> dict:
-    """DeepSeek-V3 at full width with `dense_layers` dense then `moe_layers` MoE layers. The MTP
-    layer's config entry is kept (the engine builds no MTP module unless asked)."""
+# DeepSeek-V3/R1's published quantization_config: block FP8 (e4m3 weights in 128 x 128 blocks with
+# an fp32 scale each, activations quantised per 128-value group at run time)
+DEEPSEEK_V3_FP8 = {
+    "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128],
+}  # fmt: skip
+
+
+def deepseek_v3_layers(moe_layers: int = V3_LAYERS_MOE, dense_layers: int = 3, fp8: bool = False) -> dict:
+    """DeepSeek-V3 at full width with `dense_layers` dense then `moe_layers` MoE layers, in bf16 or
+    (`fp8`) with the published block-FP8 quantization_config. The MTP layer's config entry is kept
+    (the engine builds no MTP module unless asked)."""
     if dense_layers < 0 or moe_layers < 0 or dense_layers + moe_layers < 1:
         raise ValueError(f"need at least one layer (got {dense_layers} dense + {moe_layers} MoE)")
-    return dict(DEEPSEEK_V3, num_hidden_layers=dense_layers + moe_layers, first_k_dense_replace=dense_layers)
+    cfg = dict(DEEPSEEK_V3, num_hidden_layers=dense_layers + moe_layers, first_k_dense_replace=dense_layers)
+    return dict(cfg, quantization_config=dict(DEEPSEEK_V3_FP8)) if fp8 else cfg
 
 
 CONFIGS["deepseek-v3-layers"] = deepseek_v3_layers()
@@ -350,10 +359,18 @@ def _tiny_mla(cfg: dict) -> None:
         cfg["n_group"], cfg["topk_group"] = min(cfg["n_group"], 4), min(cfg["topk_group"], 2)
 
 
+# DeepSeek at toy widths that 128 x 128 FP8 blocks tile (tests/quant/fp8_deepseek_checkpoints.py's)
+_TINY_BLOCK_FP8 = {
+    "hidden_size": 256, "intermediate_size": 256, "moe_intermediate_size": 128, "kv_lora_rank": 128,
+    "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32,
+}  # fmt: skip
+
+
 def tiny_config(name: str | dict) -> dict:
     """The named config (or a config dict) at toy size: 2 layers, hidden 64, 8 experts at most
     (top-k kept where it fits), a 16-token sliding window where the model has one, so a prompt
-    outruns it; DeepSeek's latent attention at toy widths too."""
+    outruns it; DeepSeek's latent attention at toy widths too (widths 128-blocks tile where the
+    config is block FP8)."""
     cfg = json.loads(json.dumps(CONFIGS[name] if isinstance(name, str) else name))  # a deep copy
     mla = "kv_lora_rank" in cfg
     for key, value in _TINY.items():
@@ -361,6 +378,8 @@ def tiny_config(name: str | dict) -> dict:
             cfg[key] = value
     if mla:
         _tiny_mla(cfg)
+        if (cfg.get("quantization_config") or {}).get("weight_block_size"):
+            cfg.update(_TINY_BLOCK_FP8, q_lora_rank=128 if cfg.get("q_lora_rank") else None)
     for key in ("num_local_experts", "num_experts"):
         if key in cfg:
             cfg[key] = min(cfg[key], 8)

@@ -22,8 +22,7 @@ cache at the timed context) over the copy bandwidth measured in the same call.
 
 What the projection leaves out: no tensor or expert parallelism (the 61-layer model needs 8 GPUs:
 each layer's weight reads split over them and all-reduces / all-to-alls added, so the 8-GPU TPOT is
-neither this figure nor this divided by 8), no FP8 (V3 ships block-FP8 weights: half the bytes of
-every linear, and its own GEMM kernels), no MTP speculative step, and only the contexts measured
+neither this figure nor this divided by 8), no MTP speculative step, and only the contexts measured
 (ISL to ISL + steps; a layer's share of the latent cache grows with the context, ~0.4% of a MoE
 layer's bytes at CONC 64 and 1k tokens).
 
@@ -33,8 +32,14 @@ build, and a later run with the same settings and `--out` reuses the builds alre
 builds can be spread over calls: `--builds 3+4`, then `--builds 3+1,1+1`, then all three to fit).
 `--tiny` runs the same code on the CPU at toy widths (2 layers at most, eager, a nominal bandwidth).
 
+`--fp8` builds the layers with V3/R1's published block-FP8 quantization_config (e4m3 weights in
+128 x 128 blocks, activations per 128-value group: the format DeepSeek-R1 ships in), held to those
+bytes (`ceilings.mla_fp8_block_layer_bytes`: about half a layer's bf16 bytes); its builds are
+their own folders and results.
+
     python benchmarks/deepseek_layers.py --out OUT/deepseek_layers.json
-    python benchmarks/deepseek_layers.py --tiny
+    python benchmarks/deepseek_layers.py --fp8 --out OUT/deepseek_layers_fp8.json
+    python benchmarks/deepseek_layers.py --tiny [--fp8]
 """
 
 from __future__ import annotations
@@ -76,15 +81,15 @@ def build_key(dense: int, moe: int) -> str:
     return f"{dense}+{moe}"
 
 
-def build_config(dense: int, moe: int, tiny: bool) -> dict:
-    cfg = deepseek_v3_layers(moe, dense)
+def build_config(dense: int, moe: int, tiny: bool, fp8: bool = False) -> dict:
+    cfg = deepseek_v3_layers(moe, dense, fp8=fp8)
     if tiny:  # toy widths, then the layer counts asked for
         cfg = dict(tiny_config(cfg), num_hidden_layers=dense + moe, first_k_dense_replace=dense)
     return cfg
 
 
-def build_dir(root: Path, dense: int, moe: int, tiny: bool) -> Path:
-    return Path(root) / f"deepseek-v3-layers-{dense}d{moe}m{'-tiny' if tiny else ''}"
+def build_dir(root: Path, dense: int, moe: int, tiny: bool, fp8: bool = False) -> Path:
+    return Path(root) / f"deepseek-v3-layers-{dense}d{moe}m{'-fp8' if fp8 else ''}{'-tiny' if tiny else ''}"
 
 
 # -- fitting -----------------------------------------------------------------------------------------
@@ -128,7 +133,7 @@ def fit_layers(points: list[tuple[int, int, float]]) -> dict | None:
     return {"rest": rest, "dense_layer": dense, "moe_layer": moe, "max_residual": residual}
 
 
-def derive(builds: dict[str, dict], concs: list[int], bandwidth: float, tiny: bool) -> list[dict]:
+def derive(builds: dict[str, dict], concs: list[int], bandwidth: float, tiny: bool, fp8: bool = False) -> list[dict]:
     """Per concurrency: the fitted per-layer times of each series, their rooflines and the projection."""
     rows = []
     for conc in concs:
@@ -136,7 +141,8 @@ def derive(builds: dict[str, dict], concs: list[int], bandwidth: float, tiny: bo
         row = {"conc": conc, "builds": sorted(build_key(d, m) for d, m, _ in cells)}
         context = statistics.median(c["context"] for _, _, c in cells) if cells else 0
         # the roofline of each term, at the timed context, from the shape of any build (widths are shared)
-        part = ceilings.moe_layer_bytes(build_config(PROJECTED_DENSE, PROJECTED_MOE, tiny), conc, int(context))
+        shape = build_config(PROJECTED_DENSE, PROJECTED_MOE, tiny, fp8)
+        part = ceilings.moe_layer_bytes(shape, conc, int(context), weights="fp8_block" if fp8 else "bf16")
         roof_ms = {"rest": part["rest"], "dense_layer": part["dense"], "moe_layer": part["sparse"]}
         row["roofline_ms"] = {k: 1e3 * v / bandwidth for k, v in roof_ms.items()}
         row["context"] = context
@@ -240,11 +246,11 @@ def run_build(args, dense: int, moe: int) -> dict:
     from atomc import LLM
 
     device = "cpu" if args.tiny else "cuda"
-    cfg = build_config(dense, moe, args.tiny)
+    cfg = build_config(dense, moe, args.tiny, args.fp8)
     concs = [int(c) for c in args.conc.split(",")]
     t0 = time.perf_counter()
     llm = LLM(
-        model=str(build_dir(args.root, dense, moe, args.tiny)), dtype="float32" if args.tiny else "bfloat16",
+        model=str(build_dir(args.root, dense, moe, args.tiny, args.fp8)), dtype="float32" if args.tiny else "bfloat16",
         device=device, load_format="dummy", max_model_len=args.isl + args.warmup + args.steps + PREFILL_STEPS_ROOM,
         max_num_seqs=max(concs), enforce_eager=args.tiny,
     )  # fmt: skip
@@ -265,7 +271,8 @@ def run_build(args, dense: int, moe: int) -> dict:
 
 def settings_of(args) -> dict:
     """What a build's numbers depend on: builds measured under other settings are not reused."""
-    return {"tiny": args.tiny, "conc": args.conc, "isl": args.isl, "warmup": args.warmup, "steps": args.steps}
+    return {"tiny": args.tiny, "fp8": args.fp8, "conc": args.conc, "isl": args.isl, "warmup": args.warmup,
+            "steps": args.steps}  # fmt: skip
 
 
 def previous_builds(out: Path | None, settings: dict) -> dict[str, dict]:
@@ -323,6 +330,7 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s; default: measured (nominal with --tiny)")
     ap.add_argument("--fresh", action="store_true", help="measure every build even if --out holds it")
     ap.add_argument("--tiny", action="store_true", help="the same code on the CPU at toy widths")
+    ap.add_argument("--fp8", action="store_true", help="the published block-FP8 quantization_config (DeepSeek-R1's)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -338,12 +346,14 @@ def main() -> None:
     builds = parse_builds(args.builds)
     concs = [int(c) for c in args.conc.split(",")]
     for dense, moe in builds:  # before any child: they would race for the folders
-        write_checkpoint(build_config(dense, moe, args.tiny), build_dir(args.root, dense, moe, args.tiny))
+        folder = build_dir(args.root, dense, moe, args.tiny, args.fp8)
+        write_checkpoint(build_config(dense, moe, args.tiny, args.fp8), folder)
     bw = args.bandwidth or (decode_bs1.NOMINAL_CPU_BANDWIDTH if args.tiny else ceilings.measure()["bandwidth"])
     out = Path(args.out) if args.out else None
     settings = settings_of(args)
     done = {} if args.fresh else previous_builds(out, settings)
-    res = {"model": "deepseek-v3-layers", "settings": settings, "bandwidth_TBps": bw / 1e12,
+    model = "deepseek-v3-layers" + ("-fp8" if args.fp8 else "")
+    res = {"model": model, "settings": settings, "bandwidth_TBps": bw / 1e12,
            "projected": {"dense": PROJECTED_DENSE, "moe": PROJECTED_MOE}, "builds": done, "per_layer": []}  # fmt: skip
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -356,13 +366,15 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", key, "--root", str(args.root), "--conc", args.conc,
                "--isl", str(args.isl), "--warmup", str(args.warmup), "--steps", str(args.steps)]  # fmt: skip
         log = out.with_name(f"{out.stem}.{dense}d{moe}m.log") if out else None
-        got, tail = decode_bs1.run_child(cmd + (["--tiny"] if args.tiny else []), timeout, log)
+        cmd += (["--tiny"] if args.tiny else []) + (["--fp8"] if args.fp8 else [])
+        got, tail = decode_bs1.run_child(cmd, timeout, log)
         res["builds"][key] = got if got is not None else {"dense": dense, "moe": moe, "error": tail}
         ok = {k: b for k, b in res["builds"].items() if "error" not in b}
-        res["per_layer"] = derive(ok, concs, bw, args.tiny)
+        res["per_layer"] = derive(ok, concs, bw, args.tiny, args.fp8)
         if out:  # after every build: a later one failing or timing out keeps the numbers so far
             out.write_text(json.dumps(res, indent=2))
-    res["per_layer"] = derive({k: b for k, b in res["builds"].items() if "error" not in b}, concs, bw, args.tiny)
+    measured = {k: b for k, b in res["builds"].items() if "error" not in b}
+    res["per_layer"] = derive(measured, concs, bw, args.tiny, args.fp8)
     if out:
         out.write_text(json.dumps(res, indent=2))
     print(json.dumps(res, indent=2))

@@ -374,3 +374,29 @@ def test_mxfp4_moe_bytes_are_what_atomc_loads(tmp_path):
     assert bf16 / mxfp4 == pytest.approx(1.94, abs=0.01)
     with pytest.raises(ValueError, match="no experts"):
         ceilings.dense_weight_bytes("llama-3.1-8b", weights="mxfp4")
+
+
+def test_fp8_block_layer_bytes_are_what_atomc_loads(tmp_path):
+    """DeepSeek-V3's published block-FP8 config at toy widths (one dense, one MoE layer), as atomc
+    holds it: each layer's parameters are the bytes `moe_layer_bytes(weights="fp8_block")` counts
+    (routed experts at top_k of E); at full width a layer reads about half its bf16 bytes."""
+    import checkpoints
+    import torch
+
+    from models.loader import load_model
+
+    cfg = checkpoints.tiny_config(checkpoints.deepseek_v3_layers(1, 1, fp8=True))
+    folder = checkpoints.write_checkpoint(cfg, tmp_path / "v3fp8")
+    model = load_model(folder, torch.bfloat16, "cpu", load_format="dummy")
+    share = cfg["num_experts_per_tok"] / cfg["n_routed_experts"]
+    held = [0.0, 0.0]
+    for name, p in model.named_parameters():
+        if name.startswith("model.layers."):
+            layer = int(name.split(".")[2])
+            held[layer] += p.numel() * p.element_size() * (share if ".experts." in name else 1)
+    assert model.model.layers[1].mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
+    part = ceilings.moe_layer_bytes(cfg, 1, 0, weights="fp8_block")
+    assert (part["dense"], part["sparse"]) == (pytest.approx(held[0], rel=1e-9), pytest.approx(held[1], rel=1e-9))
+    full = checkpoints.deepseek_v3_layers(1, 1, fp8=True)
+    bf16, fp8 = (ceilings.moe_layer_bytes(full, 1, 0, weights=w) for w in ("bf16", "fp8_block"))
+    assert 1.8 < bf16["sparse"] / fp8["sparse"] < 2.0 and 1.8 < bf16["dense"] / fp8["dense"] < 2.0

@@ -66,6 +66,12 @@ def test_derive_projects_the_published_layer_counts():
     part = ceilings.moe_layer_bytes(checkpoints.deepseek_v3_layers(58), 64, 100)
     assert many["roofline_ms"]["moe_layer"] == pytest.approx(1e3 * part["sparse"] / 4e12)
     assert many["step_ms"]["moe_layer_roofline_pct"] == pytest.approx(100 * 1e3 * part["sparse"] / 4e12 / 9)
+    # --fp8: the same fit against the block-FP8 bytes (about half), on its own builds
+    (fp8,) = deepseek_layers.derive(builds, [64], 4e12, tiny=False, fp8=True)
+    part8 = ceilings.moe_layer_bytes(checkpoints.deepseek_v3_layers(58, fp8=True), 64, 100, weights="fp8_block")
+    assert fp8["roofline_ms"]["moe_layer"] == pytest.approx(1e3 * part8["sparse"] / 4e12)
+    assert fp8["roofline_ms"]["moe_layer"] < 0.6 * many["roofline_ms"]["moe_layer"]
+    assert deepseek_layers.build_dir(Path("r"), 1, 1, False, True).name == "deepseek-v3-layers-1d1m-fp8"
     # builds that do not pin the terms give no projection, and say why
     (row,) = deepseek_layers.derive({"3+4": builds["3+4"], "3+1": builds["3+1"]}, [1], 4e12, tiny=False)
     assert "step_ms" not in row and "vary the dense and the MoE" in row["note"]
@@ -76,7 +82,11 @@ def test_layers_tiny_run_resumes_and_fits(tmp_path):
     # two builds as a previous call left them (same settings), the third one measured here for real
     # on the CPU in its own process; the fit then has the three it needs
     out = tmp_path / "layers.json"
-    args = type("Args", (), dict(tiny=True, **{k: deepseek_layers.TINY[k] for k in ("conc", "isl", "warmup", "steps")}))
+    args = type(
+        "Args",
+        (),
+        dict(tiny=True, fp8=False, **{k: deepseek_layers.TINY[k] for k in ("conc", "isl", "warmup", "steps")}),
+    )
     previous = {
         f"{d}+{m}": {"dense": d, "moe": m, "startup_s": 1.0, "cells": _tiny_cells(d, m)} for d, m in ((1, 0), (0, 1))
     }
