@@ -10,7 +10,7 @@ preference between the two sentences was already close: the regression gate for 
 Phenomena (each a fifth of the rows):
 - `subject_verb_attractor`: the verb agrees with the subject, not with the noun between them;
 - `determiner_noun`: this / that with a singular noun, these / those with a plural;
-- `reflexive_number`: himself / herself / itself / themselves with the antecedent's number;
+- `reflexive_number`: himself / herself against themselves, by the antecedent's number;
 - `existential_there`: there is / are with the noun that follows;
 - `irregular_past`: an irregular verb's past tense against its regularised form.
 
