@@ -58,9 +58,12 @@ KERNELS = {
 }  # fmt: skip
 
 
-def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int) -> dict:
+def compile_sm90(
+    fn, signature: dict, constexprs: dict, num_warps: int, num_stages: int, aligned_ints=("stride", "H", "INTER")
+) -> dict:
+    """`aligned_ints`: the integer arguments (by name prefix) the JIT would see divisible by 16."""
     aligned = {(i,): [["tt.divisibility", 16]] for i, (k, v) in enumerate(signature.items())
-               if v.startswith("*") or k.startswith(("stride", "H", "INTER"))}  # fmt: skip
+               if v.startswith("*") or k.startswith(aligned_ints)}  # fmt: skip
     names = list(fn.arg_names)
     src = ASTSource(fn=fn, signature={**signature, **dict.fromkeys(constexprs, "constexpr")},
                     constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=aligned)  # fmt: skip
