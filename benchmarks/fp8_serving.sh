@@ -14,7 +14,8 @@
 # The FP8-KV ratio is taken against the FP8-weight server, so it measures the KV cache's bytes alone.
 # Each variant writes OUT/<variant>/serving.json and server.log; the summary (quant_summary.py
 # serving section) prints the ratios at the end. CONC (BF16_CONC for the bf16 server alone: 64 when
-# only the CONC-64 ratio is wanted), WARMUPS (unmeasured requests a cell, default
+# only the CONC-64 ratio is wanted), VARIANTS (the servers to run, default "bf16 fp8 fp8kv": e.g.
+# "fp8 fp8kv" for the FP8 KV ratio alone), WARMUPS (unmeasured requests a cell, default
 # 16), BOX (seconds a variant, default 170) and PYTHON can be set; --tiny runs the same on the CPU
 # (toy model, interpreter-free torch reference) to check the script before GPU time.
 set -uo pipefail
@@ -47,8 +48,13 @@ run_variant() {  # NAME CONC FLAGS...
   [ "$rc" -eq 0 ] || { echo "== $name exited $rc" | tee -a "$OUT/fp8_serving.log"; status=1; }
 }
 
-run_variant bf16 "${BF16_CONC:-$CONC}"
-run_variant fp8 "$CONC" --quantization fp8
-run_variant fp8kv "$CONC" --quantization fp8 --kv-cache-dtype fp8
+for variant in ${VARIANTS:-bf16 fp8 fp8kv}; do
+  case $variant in
+    bf16) run_variant bf16 "${BF16_CONC:-$CONC}" ;;
+    fp8) run_variant fp8 "$CONC" --quantization fp8 ;;
+    fp8kv) run_variant fp8kv "$CONC" --quantization fp8 --kv-cache-dtype fp8 ;;
+    *) echo "unknown variant $variant (bf16, fp8, fp8kv)" >&2; exit 2 ;;
+  esac
+done
 "$PY" benchmarks/quant_summary.py "$OUT" --serving | tee "$OUT/summary.md"
 exit $status
