@@ -113,7 +113,7 @@ def fp8_gemm_reference(xq, x_scale, weight, weight_scale, bias, out_dtype):
 
 
 @fp8_gemm.register_fake
-def _fake_gemm(xq, x_scale, weight, weight_scale, bias, out_dtype):
+def fp8_gemm_fake(xq, x_scale, weight, weight_scale, bias, out_dtype):
     return xq.new_empty(*xq.shape[:-1], weight.shape[0], dtype=out_dtype)
 
 
@@ -149,5 +149,5 @@ def fp8_block_gemm_reference(xq, x_scale, weight, weight_scale, block_n, block_k
 
 
 @fp8_block_gemm.register_fake
-def _(xq, x_scale, weight, weight_scale, block_n, block_k, bias, out_dtype):
-    return xq.new_empty(*xq.shape[:-1], weight.shape[0], dtype=out_dtype)
+def fp8_block_gemm_fake(xq, x_scale, weight, weight_scale, block_n, block_k, bias, out_dtype):
+    return fp8_gemm_fake(xq, x_scale, weight, weight_scale, bias, out_dtype)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from atomc.ops.aiter_layout import unshuffle_16x16
-from atomc.ops.fp8 import fp8_block_gemm_reference, fp8_gemm_reference
+from atomc.ops.fp8 import fp8_block_gemm_fake, fp8_block_gemm_reference, fp8_gemm_fake, fp8_gemm_reference
 
 SHUFFLED_GEMMS = {"fp8_gemm_shuffled": "fp8_gemm", "fp8_block_gemm_shuffled": "fp8_block_gemm"}
 
@@ -33,9 +33,7 @@ def fp8_gemm_shuffled(
     return fp8_gemm_reference(xq, x_scale, unshuffle_16x16(weight), weight_scale, bias, out_dtype)
 
 
-@fp8_gemm_shuffled.register_fake
-def _(xq, x_scale, weight, weight_scale, bias, out_dtype):
-    return xq.new_empty(*xq.shape[:-1], weight.shape[0], dtype=out_dtype)
+fp8_gemm_shuffled.register_fake(fp8_gemm_fake)  # the shuffled weight keeps its [N, K] shape
 
 
 @torch.library.custom_op("atomc::fp8_block_gemm_shuffled", mutates_args=())
@@ -54,6 +52,4 @@ def fp8_block_gemm_shuffled(
     return fp8_block_gemm_reference(xq, x_scale, weight, weight_scale, block_n, block_k, bias, out_dtype)
 
 
-@fp8_block_gemm_shuffled.register_fake
-def _(xq, x_scale, weight, weight_scale, block_n, block_k, bias, out_dtype):
-    return xq.new_empty(*xq.shape[:-1], weight.shape[0], dtype=out_dtype)
+fp8_block_gemm_shuffled.register_fake(fp8_block_gemm_fake)
