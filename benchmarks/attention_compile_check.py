@@ -23,9 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.pop("TRITON_INTERPRET", None)
 
 import triton  # noqa: E402
-from mla_compile_check import resources  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from mla_compile_check import compile_as_launched, resources  # noqa: E402
 
 pa = importlib.import_module("atomc.kernels.triton.paged_attention")
 HQ, HKV, D, PAGE, SEGMENTS = 32, 8, 128, 16, 8
@@ -49,16 +47,7 @@ def compile_decode(fp8: bool, num_warps: int | None = None, tile_n: int | None =
     )  # fmt: skip
     kv = "*fp8e4nv" if fp8 else "*bf16"
     pointers = {**POINTERS, "k_cache_ptr": kv, "v_cache_ptr": kv}
-    names = pa._attn_kernel.arg_names
-    sig = {n: pointers.get(n) or ("constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32") for n in names}
-    # what a launch specialises: pointers and strides divisible by 16 (num_seqs, stride_bt are not)
-    aligned = [i for i, n in enumerate(names) if n in pointers or (n.startswith("stride") and n != "stride_bt")]
-    src = ASTSource(
-        pa._attn_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
-        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
-    )  # fmt: skip
-    opts = dict(num_warps=warps, num_stages=num_stages, launch_pdl=True)
-    return warps, tile_n, triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return warps, tile_n, compile_as_launched(pa._attn_kernel, pointers, consts, warps, num_stages)
 
 
 def main() -> None:

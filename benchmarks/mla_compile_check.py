@@ -49,16 +49,22 @@ def compile_config(config: dict, decode: bool = True, segments: int = 1, arch: i
         PAGE=PAGE, NUM_SEGMENTS=segments, SPLIT=segments > 1, MIN_SEG_TILES=mla.MIN_SEG_TILES,
         DV_SPLIT=t["dv_split"], DECODE=decode, PRECISION="tf32", FP8=fp8, F16_DOTS=fp8, PDL=True,
     )  # fmt: skip
-    names = mla._mla_kernel.arg_names
     pointers = {**POINTERS, "cache_ptr": "*fp8e4nv"} if fp8 else POINTERS
+    return compile_as_launched(mla._mla_kernel, pointers, consts, t["num_warps"], t["num_stages"], arch)
+
+
+def compile_as_launched(fn, pointers: dict, consts: dict, num_warps: int, num_stages: int, arch: int = 90):
+    """An attention kernel compiled as its wrapper launches it on a Hopper GPU (PDL on): `pointers`
+    the pointer arguments' types, `qk_scale` fp32, other arguments i32; pointers and strides
+    divisible by 16, as the JIT specialises them (num_seqs and stride_bt are not)."""
+    names = fn.arg_names
     sig = {n: pointers.get(n) or ("constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32") for n in names}
-    # what a launch specialises: pointers and strides divisible by 16 (num_seqs, stride_bt are not)
-    aligned = [i for i, n in enumerate(names) if n in POINTERS or (n.startswith("stride") and n != "stride_bt")]
+    aligned = [i for i, n in enumerate(names) if n in pointers or (n.startswith("stride") and n != "stride_bt")]
     src = ASTSource(
-        mla._mla_kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+        fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
         attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
     )  # fmt: skip
-    opts = dict(num_warps=t["num_warps"], num_stages=t["num_stages"], launch_pdl=True)  # as on an H200
+    opts = dict(num_warps=num_warps, num_stages=num_stages, launch_pdl=True)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
 
 
