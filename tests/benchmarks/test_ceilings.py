@@ -331,6 +331,19 @@ def test_fp8_moe_bytes_count_a_byte_a_weight_plus_row_scales():
         ceilings.moe_active_bytes("deepseek-v2-lite", weights="fp8")
 
 
+def held_bytes(model, expert_share: float) -> dict[str, float]:
+    """The bytes a decode step reads of what atomc holds, per decoder layer (`model.layers.N`) and
+    the rest: every parameter, the routed experts at `expert_share` (top_k of E), the embedding
+    table left out (a step reads one row)."""
+    out: dict[str, float] = {}
+    for name, p in model.named_parameters():
+        if "embed_tokens" in name:
+            continue
+        part = ".".join(name.split(".")[:3]) if name.startswith("model.layers.") else "rest"
+        out[part] = out.get(part, 0.0) + p.numel() * p.element_size() * (expert_share if ".experts." in name else 1)
+    return out
+
+
 def test_fp8_moe_bytes_are_what_atomc_loads(tmp_path):
     """The tiny Qwen3-MoE under --quantization fp8, as atomc holds it: every parameter's bytes (the
     embedding table left out, the experts at top_k of E) are the FP8 bytes the roofline counts."""
@@ -342,11 +355,7 @@ def test_fp8_moe_bytes_are_what_atomc_loads(tmp_path):
     folder = checkpoints.make_checkpoint("qwen3-30b-a3b", tmp_path, tiny=True)
     cfg = checkpoints.model_config("qwen3-30b-a3b", tiny=True)
     model = load_model(folder, torch.bfloat16, "cpu", load_format="dummy", quantization="fp8")
-    share = cfg["num_experts_per_tok"] / cfg["num_experts"]
-    total = 0.0
-    for name, p in model.named_parameters():
-        if "embed_tokens" not in name:
-            total += p.numel() * p.element_size() * (share if ".experts." in name else 1)
+    total = sum(held_bytes(model, cfg["num_experts_per_tok"] / cfg["num_experts"]).values())
     assert model.model.layers[0].mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
     assert ceilings.moe_active_bytes(cfg, weights="fp8") == pytest.approx(total, rel=1e-9)
 
@@ -363,11 +372,7 @@ def test_mxfp4_moe_bytes_are_what_atomc_loads(tmp_path):
     folder = checkpoints.make_checkpoint("gpt-oss-20b-mxfp4", tmp_path, tiny=True)
     cfg = checkpoints.model_config("gpt-oss-20b-mxfp4", tiny=True)
     model = load_model(folder, torch.bfloat16, "cpu", load_format="dummy")
-    share = cfg["num_experts_per_tok"] / cfg["num_local_experts"]
-    total = 0.0
-    for name, p in model.named_parameters():
-        if "embed_tokens" not in name:
-            total += p.numel() * p.element_size() * (share if ".experts." in name else 1)
+    total = sum(held_bytes(model, cfg["num_experts_per_tok"] / cfg["num_local_experts"]).values())
     assert model.model.layers[0].mlp.experts.w13_blocks.dtype == torch.uint8
     assert ceilings.moe_active_bytes(cfg, weights="mxfp4") == pytest.approx(total, rel=1e-9)
     bf16, mxfp4 = (ceilings.moe_active_bytes("gpt-oss-20b-mxfp4", weights=w) for w in ("bf16", "mxfp4"))
@@ -388,12 +393,8 @@ def test_fp8_block_layer_bytes_are_what_atomc_loads(tmp_path):
     cfg = checkpoints.tiny_config(checkpoints.deepseek_v3_layers(1, 1, fp8=True))
     folder = checkpoints.write_checkpoint(cfg, tmp_path / "v3fp8")
     model = load_model(folder, torch.bfloat16, "cpu", load_format="dummy")
-    share = cfg["num_experts_per_tok"] / cfg["n_routed_experts"]
-    held = [0.0, 0.0]
-    for name, p in model.named_parameters():
-        if name.startswith("model.layers."):
-            layer = int(name.split(".")[2])
-            held[layer] += p.numel() * p.element_size() * (share if ".experts." in name else 1)
+    layers = held_bytes(model, cfg["num_experts_per_tok"] / cfg["n_routed_experts"])
+    held = [layers["model.layers.0"], layers["model.layers.1"]]
     assert model.model.layers[1].mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
     part = ceilings.moe_layer_bytes(cfg, 1, 0, weights="fp8_block")
     assert (part["dense"], part["sparse"]) == (pytest.approx(held[0], rel=1e-9), pytest.approx(held[1], rel=1e-9))
