@@ -254,7 +254,7 @@ def fp8_gemv(
     given = dict(kernel=kernel, block_n=block_n, block_k=block_k, split_k=split_k,
                  groups_per_step=groups_per_step, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     picked = pick_config(n, k, block is not None, xq.device)
-    chosen = kernel or picked.get("kernel", "dot")
+    chosen = kernel or picked["kernel"]
     if block is not None and block[0] % 16 and chosen == "dot":  # 16-row programs would span weight blocks
         chosen = "reduce"
     if picked["kernel"] != chosen:  # another kernel than the picked one: its own defaults
