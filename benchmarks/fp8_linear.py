@@ -295,7 +295,8 @@ def gemm_configs(m: int, block: bool) -> list[dict]:
 
 def gemv_configs(block: bool) -> list[dict]:
     """GEMV candidates: the tensor-core kernel (rows a program, K step, depth, split-K) and the
-    CUDA-core kernel (the first run's tiles and around them)."""
+    CUDA-core kernels (the first run's tiles and around them; per-tensor / per-row scales: the
+    packed-f16 loop first, so a short row budget still reaches it)."""
     if block:
         dot = [dict(kernel="dot", block_n=bn, block_k=128, num_stages=st, split_k=sk, num_warps=4)
                for bn, st, sk in itertools.product((16, 32), (4, 6, 8), (1, 2))]  # fmt: skip
@@ -307,9 +308,10 @@ def gemv_configs(block: bool) -> list[dict]:
            for bn, bk, st, sk in itertools.product((16, 32, 64), (256, 512, 1024), (3, 4, 6), (1, 2))
            if bn * bk <= 32768]  # fmt: skip
     dot += [dict(kernel="dot", block_n=16, block_k=512, num_stages=4, split_k=1, num_warps=nw) for nw in (2, 8)]
-    reduce = [dict(kernel="reduce", block_n=bn, block_k=bk, num_warps=nw)
-              for bn, bk, nw in itertools.product((2, 4), (1024, 2048, 4096), (4, 8))]  # fmt: skip
-    return dot + reduce
+    reduce = [dict(kernel=kern, block_n=bn, block_k=bk, num_warps=nw)
+              for kern, bn, bk, nw in itertools.product(("reduce_f16", "reduce"), (2, 4, 8), (1024, 2048, 4096), (4, 8))
+              if kern == "reduce_f16" or bn < 8]  # fmt: skip
+    return reduce + dot
 
 
 def engine_block_route(xq, xs, w, ws) -> str:

@@ -6,7 +6,8 @@ moe_sass.py): the instructions each thread's main loop runs per weight byte, bf1
 Why: on an H100 the FP8 GEMVs of a batch-1 step read their weights at 2.62 TB/s against the bf16
 GEMVs' 3.06 (docs/performance.md section 15). The CUDA-core loop that both share (`gemv.row_dot`)
 widens each e4m3 value to fp32 before its FMA: per weight byte the FP8 loop runs about 1.8x the
-bf16 loop's instructions (4.0 against 2.3 at 2 rows x 2,048). N and K are marked divisible by 16, as
+bf16 loop's instructions (4.0 against 2.3 at 2 rows x 2,048). The packed-f16 loop (`reduce_f16`:
+e4m3x2 -> f16x2 and one f16x2 FMA a weight pair) runs 2.25, bf16's count. N and K are marked divisible by 16, as
 the JIT marks Llama's 4,096-wide shapes, so the loads are 16-byte vectors, as they run.
 """
 
@@ -30,7 +31,12 @@ KERNELS = {
                     dict(HAS_BIAS=False, BLOCK_N=2, BLOCK_K=2048, PDL=True), 2 * 2048 * 2),
     "fp8 reduce": (_fp8_gemv_kernel, dict(x_ptr="*fp8e4nv", xs_ptr="*fp32", w_ptr="*fp8e4nv", ws_ptr="*fp32",
                    b_ptr="*bf16", y_ptr="*bf16", **SHAPE_INTS, stride_wsn="i32"),
-                   dict(WS_ROWS=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=2048, PDL=True), 2 * 2048),
+                   dict(WS_ROWS=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=2048, PDL=True, F16_SUMS=False,
+                        X_SHIFT=1.0), 2 * 2048),
+    "fp8 reduce_f16": (_fp8_gemv_kernel, dict(x_ptr="*fp8e4nv", xs_ptr="*fp32", w_ptr="*fp8e4nv", ws_ptr="*fp32",
+                       b_ptr="*bf16", y_ptr="*bf16", **SHAPE_INTS, stride_wsn="i32"),
+                       dict(WS_ROWS=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=2048, PDL=True, F16_SUMS=True,
+                            X_SHIFT=0.125), 2 * 2048),
 }  # fmt: skip
 THREADS = 4 * 32  # 4 warps
 

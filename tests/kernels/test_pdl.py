@@ -146,13 +146,16 @@ def test_reduce_gemv_loads_its_first_weight_tile_early(trace):
     torch.testing.assert_close(y, x @ w.t() + b, atol=1e-4, rtol=1e-4)
 
 
-def test_fp8_reduce_gemv(trace):
+@pytest.mark.parametrize("kernel", ["reduce", "reduce_f16"])
+def test_fp8_reduce_gemv(trace, kernel):
     fp8 = torch.float8_e4m3fn
     xq = (torch.randn(1, 96) * 8).to(fp8)
     w = (torch.randn(20, 96) * 8).to(fp8)
     xs, ws = torch.rand(1, 1), torch.rand(20)
-    fp8_gemv(xq, xs, w, ws, None, torch.float32, kernel="reduce", block_n=4, block_k=32)
+    fp8_gemv(xq, xs, w, ws, None, torch.float32, kernel=kernel, block_n=4, block_k=32)
     assert trace.check([w, ws]) == 1
+    for events in trace.programs.values():
+        assert events[0][0] == "load", "the first weight tile streams in before the wait"
 
 
 @pytest.mark.parametrize("block", [None, (16, 32)])

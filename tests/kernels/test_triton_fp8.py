@@ -88,8 +88,12 @@ GEMV_KNOBS = {
     "dot": dict(kernel="dot", block_n=16, block_k=64),
     "dot split": dict(kernel="dot", block_n=16, block_k=32, split_k=3),
     "reduce": dict(kernel="reduce", block_n=4, block_k=64),
+    "reduce_f16": dict(kernel="reduce_f16", block_n=4, block_k=64),
     "default": dict(),
 }
+# The packed-f16 loop's products are exact; its per-column partial sums (K / block_k products, at
+# most 4 here) round to f16 (2^-11 relative a step) before the fp32 sum: a few 1e-4 at most
+F16_SUMS_REL = 2e-3
 
 
 @pytest.mark.parametrize("n,k", [(48, 256), (37, 200), (64, 96)])
@@ -102,8 +106,26 @@ def test_gemv_per_tensor_and_channel(n, k, scales, out_dtype, knobs):
     ws = torch.rand(n) / 100 if scales == "channel" else torch.rand(1) / 100
     bias = _rand(n, 2)
     got = fp8_gemv(xq, xs, w, ws, bias, out_dtype, **GEMV_KNOBS[knobs])
-    close(got, ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32), 1e-5 if out_dtype == torch.float32 else 1e-3)
+    rel = F16_SUMS_REL if knobs == "reduce_f16" else 1e-5 if out_dtype == torch.float32 else 1e-3
+    close(got, ref.fp8_gemm_reference(xq, xs, w, ws, bias, torch.float32), rel)
     assert got.shape == (1, n) and got.dtype == out_dtype
+
+
+@pytest.mark.parametrize("k,block_k", [(64, 64), (448, 64), (1000, 32)])
+def test_gemv_f16_sums_stay_finite_at_the_largest_e4m3_values(k, block_k):
+    """Every x and weight at 448, all of one sign: the worst case for the f16 partial sums (1, 7 and
+    32 products a column). The x shift keeps them finite, and the sums here are exact."""
+    xq = torch.full((1, k), 448.0).to(FP8)
+    w = torch.full((8, k), -448.0).to(FP8)
+    xs, ws = torch.ones(1, 1), torch.ones(8)
+    got = fp8_gemv(xq, xs, w, ws, None, torch.float32, kernel="reduce_f16", block_n=4, block_k=block_k)
+    assert torch.equal(got, torch.full((1, 8), -448.0 * 448.0 * k))
+
+
+def test_gemv_f16_sums_refuse_block_scales():
+    xq, w = _fp8((1, 128)), _fp8((16, 128), 1)
+    with pytest.raises(ValueError, match="packed-f16"):
+        fp8_gemv(xq, torch.ones(1, 2), w, torch.ones(1, 2), None, torch.float32, block=(16, 64), kernel="reduce_f16")
 
 
 BLOCK_GEMV_KNOBS = {

@@ -50,13 +50,18 @@ def _fp8_gemv_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr,
     N, K, stride_wn, stride_wsn,
     WS_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, F16_SUMS: tl.constexpr = False, X_SHIFT: tl.constexpr = 1.0,
 ):  # fmt: skip
     """Per-tensor or per-row scales (WS_ROWS: w_scale has one value per output row). PDL: pdl.py
-    (row_dot waits before it reads x; the activation scale is read after it)."""
+    (the row loop waits before it reads x; the activation scale is read after it). F16_SUMS: the
+    packed-f16 loop (`e4m3_row_dot_f16`), its x scaled by X_SHIFT, undone here."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K, PDL) * tl.load(xs_ptr)
+    if F16_SUMS:
+        y = e4m3_row_dot_f16(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K, X_SHIFT, PDL)
+        y = y * (tl.load(xs_ptr) / X_SHIFT)
+    else:
+        y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K, PDL) * tl.load(xs_ptr)
     if WS_ROWS:
         y = y * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)
     else:
@@ -64,6 +69,47 @@ def _fp8_gemv_kernel(
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def e4m3_row_dot_f16(
+    x_ptr, w_ptr, offs_n, n_ok, K, stride_wn,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_SHIFT: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """[BLOCK_N] fp32: row_dot's loop for e4m3 x and weights with the products and the per-column
+    partial sums in f16 (packed: one e4m3x2 -> f16x2 convert and one f16x2 FMA a weight pair, where
+    the fp32 loop also widens each value to fp32), summed in fp32 once at the end. Exact products:
+    e4m3 has 4 significant bits, so a product has 8 and f16 holds 11; x is scaled by X_SHIFT, a
+    power of two (exact), so that the K / BLOCK_K products a column adds stay below f16's 65,504
+    even at 448 x 448 each (`f16_x_shift`). The only rounding beyond the fp32 loop's is f16's on
+    those few partial sums."""
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    offs_k = tl.arange(0, BLOCK_K)
+    k_ok = offs_k < K
+    w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    after_producer(PDL)
+    x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float16) * X_SHIFT
+    acc = w.to(tl.float16) * x[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float16) * X_SHIFT
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += w.to(tl.float16) * x[None, :]
+    return tl.sum(acc.to(tl.float32), 1)
+
+
+def f16_x_shift(k: int, block_k: int) -> float:
+    """The power of two that keeps e4m3_row_dot_f16's partial sums finite: a column adds
+    t = ceil(K / BLOCK_K) products of at most 448 * 448 * shift, so t * 200,704 * shift <= 65,504."""
+    t = triton.cdiv(k, block_k)
+    shift = 1.0
+    while t * E4M3_MAX * E4M3_MAX * shift > F16_MAX:
+        shift /= 2
+    return shift
+
+
+E4M3_MAX, F16_MAX = 448.0, 65504.0
 
 
 @triton.jit
@@ -196,6 +242,7 @@ def dot_config(block: bool) -> dict:
 
 
 REDUCE_DEFAULTS = dict(block_n=2, block_k=2048, groups_per_step=8, num_warps=4)
+CUDA_CORE_KERNELS = ("reduce", "reduce_f16")  # row loops on the CUDA cores (fp32 / packed-f16 sums)
 REDUCE_MAX_ROWS = 8192  # per-tensor / per-row scales: the CUDA-core kernel up to this N by default
 
 
@@ -246,8 +293,9 @@ def fp8_gemv(
 ) -> torch.Tensor:
     """atomc::fp8_gemm (block None) or atomc::fp8_block_gemm (block = (bn, bk)) for one row
     xq [..., K] (one row in all). The keywords are tuning knobs over the picked config: kernel
-    "dot" (tensor cores; block_n >= 16, split_k) or "reduce" (CUDA cores; block scales step
-    groups_per_step groups)."""
+    "dot" (tensor cores; block_n >= 16, split_k), "reduce" (CUDA cores; block scales step
+    groups_per_step groups) or "reduce_f16" (CUDA cores, packed-f16 products and partial sums;
+    per-tensor / per-row scales)."""
     n, k = weight.shape
     if xq.numel() != k or weight.stride(-1) != 1:
         raise ValueError(f"fp8_gemv takes one row and a row-major weight; got x {tuple(xq.shape)}")
@@ -257,9 +305,11 @@ def fp8_gemv(
     chosen = kernel or picked["kernel"]
     if block is not None and block[0] % 16 and chosen == "dot":  # 16-row programs would span weight blocks
         chosen = "reduce"
+    if block is not None and chosen == "reduce_f16":
+        raise ValueError("fp8_gemv: the packed-f16 loop takes per-tensor or per-row scales, not blocks")
     if picked["kernel"] != chosen:  # another kernel than the picked one: its own defaults
         picked = dot_config(block is not None) if chosen == "dot" else {}
-    base = {**REDUCE_DEFAULTS, **picked} if chosen == "reduce" else picked
+    base = {**REDUCE_DEFAULTS, **picked} if chosen in CUDA_CORE_KERNELS else picked
     cfg = {**base, **{key: v for key, v in given.items() if v is not None}, "kernel": chosen}
     x = xq.reshape(k)
     x = x if x.stride(0) == 1 else x.contiguous()
@@ -270,10 +320,10 @@ def fp8_gemv(
         bn, bk = block
         if k % bk or bk & (bk - 1):
             raise ValueError(f"fp8_gemv: block columns {bk} must be a power of two dividing K = {k}")
-    if chosen == "reduce":
+    if chosen in CUDA_CORE_KERNELS:
         return _reduce(x, xs, weight, ws, b, bias is not None, out_dtype, block, cfg).view(*xq.shape[:-1], n)
     if chosen != "dot":
-        raise ValueError(f"fp8_gemv: unknown kernel {cfg['kernel']!r} (dot, reduce)")
+        raise ValueError(f"fp8_gemv: unknown kernel {cfg['kernel']!r} (dot, reduce, reduce_f16)")
     bn_tile = cfg["block_n"]
     if bn_tile < 16 or bn_tile & (bn_tile - 1):
         raise ValueError(f"fp8_gemv: the dot kernel takes a power-of-two block_n >= 16, got {bn_tile}")
@@ -305,9 +355,11 @@ def _reduce(x, xs, weight, ws, b, has_bias, out_dtype, block, cfg) -> torch.Tens
     block_n, num_warps, num_stages = cfg["block_n"], cfg["num_warps"], cfg.get("num_stages", 4)
     if block is None:
         block_k = min(cfg["block_k"], triton.next_power_of_2(k))
+        f16 = cfg["kernel"] == "reduce_f16"
         _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
             x, xs, weight, ws.reshape(-1), b, y, n, k, weight.stride(0), 0,
             WS_ROWS=ws.numel() > 1, HAS_BIAS=has_bias, BLOCK_N=block_n, BLOCK_K=block_k,
+            F16_SUMS=f16, X_SHIFT=f16_x_shift(k, block_k) if f16 else 1.0,
             num_warps=num_warps, num_stages=num_stages, **pdl.launch(x),
         )  # fmt: skip
         return y
