@@ -70,16 +70,16 @@ def test_shipped_file_is_a_valid_table(path):
                 for knob in ("block_m", "block_n", "block_k", "groups_per_step", "split_k"):
                     assert knob not in cfg or _pow2(cfg[knob]) or knob == "split_k", (kernel, n, k, cfg)
                 assert cfg.get("num_warps", 4) in (1, 2, 4, 8, 16)
-                assert cfg.get("kernel", "dot") in ("dot", "reduce")
+                assert cfg.get("kernel", "dot") in ("dot", "reduce", "reduce_f16")
 
 
-def test_gemv_defaults_take_the_cuda_core_kernel_up_to_8192_rows():
+def test_gemv_defaults_take_the_packed_f16_loop_at_every_row_count():
     from atomc.kernels.triton import fp8_gemv
 
     o, qkv, gate_up = (fp8_gemv.gemv_config(n, 4096, False) for n in (4096, 6144, 28672))
-    assert (o["kernel"], o["block_n"], o["block_k"]) == ("reduce", 4, 1024)  # the H100 sweep's winners
-    assert (qkv["kernel"], qkv["block_n"], qkv["block_k"]) == ("reduce", 2, 2048)
-    assert (gate_up["kernel"], gate_up["block_n"], gate_up["block_k"]) == ("dot", 32, 256)
+    assert (o["kernel"], o["block_n"], o["block_k"]) == ("reduce_f16", 4, 2048)  # the H100 sweep's winners
+    assert (qkv["kernel"], qkv["block_n"], qkv["block_k"]) == ("reduce_f16", 2, 2048)
+    assert (gate_up["kernel"], gate_up["block_n"], gate_up["block_k"]) == ("reduce_f16", 2, 2048)
     assert fp8_gemv.gemv_config(2048, 4096, True) == fp8_gemv.dot_config(True)  # block scales: the dot
 
 

@@ -83,7 +83,7 @@ def test_interpreter_handles_e4m3():
 
 
 # the dot kernel (tensor cores, 16-row tiles) and its split-K, the reduce kernel, and the default
-# for these small N (gemv_config: the reduce kernel, 4 rows x 1,024)
+# for these small N (gemv_config: the packed-f16 loop, 4 rows x 2,048)
 GEMV_KNOBS = {
     "dot": dict(kernel="dot", block_n=16, block_k=64),
     "dot split": dict(kernel="dot", block_n=16, block_k=32, split_k=3),

@@ -1,8 +1,8 @@
 """One-row FP8 GEMV for decode at batch 1: y[N] = (xq * x_scale) . (W_e4m3 * w_scale)^T (+ bias).
 
 At one row a linear is its weight reads, and e4m3 weights are half the bytes of bf16: this kernel
-is where FP8 pays at batch 1. Two kernels, picked per (N, K) by the tile table (fp8_config.py;
-without an entry `gemv_config`: "reduce" up to 8,192 rows, "dot" above, and for block scales):
+is where FP8 pays at batch 1. Three kernels, picked per (N, K) by the tile table (fp8_config.py;
+without an entry `gemv_config`: "reduce_f16" for per-tensor / per-row scales, "dot" for blocks):
 
 - "dot": tensor cores. The row padded to 16 (masked: no extra traffic) times a
   [BLOCK_N >= 16, BLOCK_K] e4m3 weight tile per step into fp32. Why not the bf16 GEMV's CUDA-core
@@ -16,8 +16,13 @@ without an entry `gemv_config`: "reduce" up to 8,192 rows, "dot" above, and for 
   with few row tiles.
 - "reduce": the bf16 reduce GEMV's loop (`gemv.row_dot`, shared: per-tensor / per-row scales go
   after the sum, so the loop is the bf16 one on e4m3 loads). Despite the instruction count above,
-  the sweeps on the H200 and the H100 picked it at N <= 6,144: there 2-4 rows a program give
-  1,000-3,000 programs, where the 16-row dot gives a few hundred.
+  the sweeps on the H200 and the H100 picked it over the dot at N <= 6,144: there 2-4 rows a
+  program give 1,000-3,000 programs, where the 16-row dot gives a few hundred.
+- "reduce_f16": that loop with the products and the per-column partial sums in packed f16
+  (`e4m3_row_dot_f16`): one e4m3x2 -> f16x2 convert and one f16x2 FMA a weight pair, 2.25 loop
+  instructions a weight byte on sm_90 against the fp32 loop's 4.0 (`benchmarks/gemv_sass.py`),
+  exact products, f16 rounding only on the few partial sums a column adds (about 3e-4 of the
+  output's norm, below its bf16 rounding). The default for per-tensor / per-row scales.
 
 Scales, as atomc::fp8_gemm / fp8_block_gemm give them:
 - per tensor ([1]) or per output row ([N]: per-channel weights, or a merged layer's per-section
@@ -243,23 +248,19 @@ def dot_config(block: bool) -> dict:
 
 REDUCE_DEFAULTS = dict(block_n=2, block_k=2048, groups_per_step=8, num_warps=4)
 CUDA_CORE_KERNELS = ("reduce", "reduce_f16")  # row loops on the CUDA cores (fp32 / packed-f16 sums)
-REDUCE_MAX_ROWS = 8192  # per-tensor / per-row scales: the CUDA-core kernel up to this N by default
 
 
 def gemv_config(n: int, k: int, block: bool) -> dict:
-    """Default tiles for a shape with no tuned entry. Per-tensor / per-row scales: the CUDA-core
-    kernel up to REDUCE_MAX_ROWS rows, the tensor-core one above. The sweeps at Llama-3.1-8B's shapes
-    found it so on both GPUs measured (docs/performance.md sections 9 and 15). On the H100 the
-    reduce kernel won at N = 4,096 and 6,144: o in 7.2 us against the dot default's 10.1, down in 22.1
-    against 24.9, qkv in 10.7 against 12.1. At N = 28,672 a 32-row dot won (41.4 against 45.0
-    us). Few rows also leave the 16-row dot few programs: Qwen3-30B-A3B's o (N = 2,048) would get
-    128 on 132 SMs. Block scales keep the dot kernel (no sweep has compared the two)."""
+    """Default tiles for a shape with no tuned entry. Per-tensor / per-row scales: the packed-f16
+    CUDA-core loop at every N. The H100 sweep at `ce1bc5f` (docs/performance.md section 16) picked
+    it at all four of Llama-3.1-8B's shapes, over the fp32 loop and the dot kernel: o 6.5 us
+    (4 rows x 2,048; the fp32 loop's best 7.0), qkv 9.6 (2 x 2,048; 10.0), down 20.9 (4 x 4,096;
+    20.8 for the fp32 loop, a tie), gate_up 38.8 (2 x 2,048; the 32-row dot 40.3). Block scales keep
+    the dot kernel (no sweep has compared the two)."""
     if block:
         return dot_config(True)
-    if n <= REDUCE_MAX_ROWS:
-        small = n <= 4096  # 4 rows x 1,024 (o's winner) else 2 x 2,048 (qkv's and down's)
-        return dict(kernel="reduce", block_n=4 if small else 2, block_k=1024 if small else 2048, num_warps=4)
-    return dict(kernel="dot", block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=3)
+    small = n <= 4096  # 4 rows x 2,048 (o's winner) else 2 x 2,048 (qkv's and gate_up's)
+    return dict(kernel="reduce_f16", block_n=4 if small else 2, block_k=2048, num_warps=4)
 
 
 def pick_config(n: int, k: int, block: bool, device: torch.device) -> dict:
