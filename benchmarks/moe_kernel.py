@@ -11,6 +11,8 @@ torch build has it).
 models/quant/mxfp4.py, FP8 by amax / 448 per row or per 128x128 block) and every bf16 row runs
 their dequantised values (the same model); the row `atomc_triton_<format>` is the quantised
 kernels (atomc/kernels/triton/moe_quant.py), whose bytes are the quantised weights and scales.
+With MXFP4 at one token, `atomc_triton_mxfp4[packed_f16]` is the same route on the f16-pair step
+(atomc/kernels/triton/mxfp4_packed.py, the tile knob `packed_f16`), timed beside the fp32 step.
 
 Bytes are the weights actually read (the distinct experts the routing touches, w13 + w2 + biases)
 plus x and the output; FLOPs are 6 * M * top_k * H * I. Ours and grouped_mm are timed as CUDA-graph
@@ -180,6 +182,14 @@ def bench_shape(
                                                     weights_fmt),
                 True,
             )  # fmt: skip
+        if weights_fmt == "mxfp4" and qcfg["path"] == "gemv":  # the f16-pair step (mxfp4_packed.py) beside it
+            packed = {**qcfg, "gate_up": {**qcfg["gate_up"], "packed_f16": True},
+                      "down": {**qcfg["down"], "packed_f16": True}}  # fmt: skip
+            impls["atomc_triton_mxfp4[packed_f16]"] = (
+                lambda x, w, i, c=packed: fused_experts_quant(x, w, i, q13, s13, q2, s2, b13, b2, None, act, 1.702,
+                                                              7.0, "mxfp4", config=c),
+                True,
+            )  # fmt: skip
         if hasattr(torch, "_grouped_mm"):
             impls["grouped_mm"] = (lambda x, w, i: grouped_mm_moe(x, w, i, w13, w2, b13, b2, act), True)
         if routes:  # every other route that can take t tokens, at its default tiles: where each wins
@@ -189,7 +199,7 @@ def bench_shape(
                     fn = lambda x, w, i, alt=alt: fused_experts(x, w, i, w13, w2, b13, b2, None, act, config=alt)  # noqa: E731
                     impls[f"atomc_triton[{path}]"] = (fn, True)
         for impl, (fn, graphed) in impls.items():
-            if impl == f"atomc_triton_{weights_fmt}" and weights_fmt != "bf16":  # quantised weights + scales
+            if impl.startswith(f"atomc_triton_{weights_fmt}") and weights_fmt != "bf16":  # quantised weights + scales
                 nbytes = touched * q_bytes + 2 * t * h * 2
             else:
                 nbytes = touched * expert_bytes + 2 * t * h * 2
@@ -211,7 +221,7 @@ def bench_shape(
             row["pct_peak_bw"] = round(100 * row["gbps"] / PEAK_GBPS, 1)
             if impl == "atomc_triton":
                 row["route"] = cfg["path"]
-            elif impl == f"atomc_triton_{weights_fmt}":
+            elif impl.startswith(f"atomc_triton_{weights_fmt}"):
                 row["route"] = qcfg["path"]
             rows.append(row)
             print(f"{name:10s} M={t:5d} {impl:13s} {us:9.1f} us {row['gbps']:8.1f} GB/s ({row['pct_peak_bw']:5.1f}%) "

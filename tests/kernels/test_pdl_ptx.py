@@ -48,8 +48,12 @@ KERNELS = {
                                 b_ptr="*bf16", weights_ptr="*fp32", local_ids="*i32", out_ptr="*bf16", H="i32",
                                 INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32", stride_se="i32",
                                 stride_sn="i32", stride_be="i32"),
-                                dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024)),
+                                dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PACKED=False, ASM=False)),
 }
+KERNELS["mxfp4_down_combine_gemv_packed"] = (
+    mxfp4_down_combine_gemv_kernel, KERNELS["mxfp4_down_combine_gemv"][1],
+    dict(KERNELS["mxfp4_down_combine_gemv"][2], PACKED=True, ASM=True),
+)
 out = {}
 for name, (fn, sig, cx) in KERNELS.items():
     for pdl in (True, False):
@@ -81,8 +85,10 @@ def ptx() -> dict:
 
 
 @pytest.mark.parametrize(
-    "kernel", ["gemv", "fp8_dot_gemv", "fp8_block_dot_gemv", "rms_norm", "moe_gate_up_gemv", "mxfp4_down_combine_gemv"]
-)
+    "kernel",
+    ["gemv", "fp8_dot_gemv", "fp8_block_dot_gemv", "rms_norm", "moe_gate_up_gemv", "mxfp4_down_combine_gemv",
+     "mxfp4_down_combine_gemv_packed"],
+)  # fmt: skip
 def test_one_wait_and_one_release_with_pdl_and_none_without(ptx, kernel):
     on, off = ptx[f"{kernel} on"], ptx[f"{kernel} off"]
     assert on.count("griddepcontrol.wait") == 1 and on.count("griddepcontrol.launch_dependents") == 1, on

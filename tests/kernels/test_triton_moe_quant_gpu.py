@@ -32,15 +32,16 @@ def experts():
     torch.cuda.empty_cache()
 
 
-def run(s, t, seed=0, expert_map=None):
+def run(s, t, seed=0, expert_map=None, config=None, scale=1.0):
     from atomc.kernels.triton.moe_quant import fused_experts_mxfp4
 
     g = torch.Generator(DEV).manual_seed(seed)
-    x = torch.randn(t, H, generator=g, device=DEV).to(BF16)
+    x = (torch.randn(t, H, generator=g, device=DEV) * scale).to(BF16)
     weights, ids = select_experts(torch.randn(t, E, generator=g, device=DEV), K)
     n = E if expert_map is None else int(expert_map.max()) + 1
     args = (s["b13"][:n], s["b2"][:n], expert_map, "swiglu_oai", 1.702, 7.0)
-    out = fused_experts_mxfp4(x, weights, ids, s["q13"][:n], s["s13"][:n], s["q2"][:n], s["s2"][:n], *args)
+    out = fused_experts_mxfp4(x, weights, ids, s["q13"][:n], s["s13"][:n], s["q2"][:n], s["s2"][:n], *args,
+                              config=config)  # fmt: skip
     ref = experts_reference(x, weights, ids, s["d13"][:n], s["d2"][:n], *args)
     return out, ref
 
@@ -49,6 +50,22 @@ def run(s, t, seed=0, expert_map=None):
 def test_routes_match_reference(experts, t):
     out, ref = run(experts, t, seed=t)
     assert not out.isnan().any() and rel_err(out, ref) < REL, rel_err(out, ref)
+
+
+# the one-token route on mxfp4_packed.py's f16-pair step (its PTX FMAs): the default tiles plus the knob
+GEMV_TILE = dict(block_m=0, block_n=4, block_k=1024, num_warps=4, num_stages=4)
+PACKED = {"path": "gemv", "gate_up": dict(GEMV_TILE, packed_f16=True), "down": dict(GEMV_TILE, packed_f16=True)}
+FP32_STEP = {"path": "gemv", "gate_up": dict(GEMV_TILE), "down": dict(GEMV_TILE)}
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 300.0])
+def test_packed_gemv_matches_reference_and_the_fp32_step(experts, scale):
+    """x at three magnitudes (x_shift moves each into f16's range): the reference within REL, and
+    the fp32 step's output within 5e-3 (the f16 sums of a scale group, 2^-11 a step, then bf16)."""
+    out, ref = run(experts, 1, seed=5, config=PACKED, scale=scale)
+    fp32_step, _ = run(experts, 1, seed=5, config=FP32_STEP, scale=scale)
+    assert not out.isnan().any() and rel_err(out, ref) < REL, rel_err(out, ref)
+    assert rel_err(out, fp32_step) < 5e-3, rel_err(out, fp32_step)
 
 
 @pytest.mark.parametrize("t", [1, 200])

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton.moe_tiles import bias_row, e2m1_pair, mxfp4_bytes, round_activate
+from atomc.kernels.triton.mxfp4_packed import group_sums, mxfp4_words, x_pairs, x_shift
 from atomc.kernels.triton.pdl import after_producer
 
 
@@ -55,9 +56,10 @@ def mxfp4_gate_up_gemv_kernel(
     H, INTER, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PACKED: tl.constexpr = False, ASM: tl.constexpr = False,
 ):  # fmt: skip
-    """One token: act[j, n] = act(x @ w13[e_j, n], x @ w13[e_j, INTER + n]); BLOCK_K values a step."""
+    """One token: act[j, n] = act(x @ w13[e_j, n], x @ w13[e_j, INTER + n]); BLOCK_K values a step.
+    PACKED: mxfp4_packed.py's f16-pair step (ASM: its PTX; H a multiple of 8)."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
     j = tl.program_id(0)
     e = tl.load(local_ids + j)
@@ -71,14 +73,28 @@ def mxfp4_gate_up_gemv_kernel(
     wu = wg + INTER * stride_wn
     sg = s_ptr + e.to(tl.int64) * stride_se + rows * stride_sn
     su = sg + INTER * stride_sn
-    acc_g = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        x_even, x_odd = _input_pairs(x_ptr, k0, H, BLOCK_K)  # shared by the gate and up tiles
-        acc_g = _mxfp4_gemv_step(acc_g, wg, sg, n_ok, x_even, x_odd, k0, H, BLOCK_K)
-        acc_u = _mxfp4_gemv_step(acc_u, wu, su, n_ok, x_even, x_odd, k0, H, BLOCK_K)
-    gate = tl.sum(tl.sum(acc_g, 2), 1)
-    up = tl.sum(tl.sum(acc_u, 2), 1)
+    if PACKED:
+        mult, undo = x_shift(x_ptr, H, BLOCK_K)
+        wg32, wu32 = wg.to(tl.pointer_type(tl.int32)), wu.to(tl.pointer_type(tl.int32))
+        sums_g = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
+        sums_u = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            x0, x1, x2, x3 = x_pairs(x_ptr, k0, H, mult, BLOCK_K)  # shared by the gate and up tiles
+            words, scale = mxfp4_words(wg32, sg, n_ok, k0, H, BLOCK_K)
+            sums_g += group_sums(words, x0, x1, x2, x3, ASM) * scale
+            words, scale = mxfp4_words(wu32, su, n_ok, k0, H, BLOCK_K)
+            sums_u += group_sums(words, x0, x1, x2, x3, ASM) * scale
+        gate = tl.sum(sums_g, 1) * undo
+        up = tl.sum(sums_u, 1) * undo
+    else:
+        acc_g = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            x_even, x_odd = _input_pairs(x_ptr, k0, H, BLOCK_K)  # shared by the gate and up tiles
+            acc_g = _mxfp4_gemv_step(acc_g, wg, sg, n_ok, x_even, x_odd, k0, H, BLOCK_K)
+            acc_u = _mxfp4_gemv_step(acc_u, wu, su, n_ok, x_even, x_odd, k0, H, BLOCK_K)
+        gate = tl.sum(tl.sum(acc_g, 2), 1)
+        up = tl.sum(tl.sum(acc_u, 2), 1)
     if HAS_BIAS:
         b = b_ptr + e.to(tl.int64) * stride_be
         gate += bias_row(b, offs_n, n_ok)
@@ -92,9 +108,10 @@ def mxfp4_down_combine_gemv_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, weights_ptr, local_ids, out_ptr,
     H, INTER, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be,
     TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PACKED: tl.constexpr = False, ASM: tl.constexpr = False,
 ):  # fmt: skip
-    """One token: out[n] = sum over slots s (in order) of weight[s] * round(act[s] @ w2[e_s, n] (+ b))."""
+    """One token: out[n] = sum over slots s (in order) of weight[s] * round(act[s] @ w2[e_s, n] (+ b)).
+    PACKED / ASM: as the gate/up kernel's (INTER a multiple of 8)."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
     dtype = out_ptr.dtype.element_ty
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -106,11 +123,22 @@ def mxfp4_down_combine_gemv_kernel(
         if e >= 0:
             w_rows = w_ptr + e.to(tl.int64) * stride_we + rows * stride_wn
             s_rows = s_ptr + e.to(tl.int64) * stride_se + rows * stride_sn
-            acc = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
-            for k0 in range(0, INTER, BLOCK_K):
-                a_even, a_odd = _input_pairs(act_ptr + s * stride_am, k0, INTER, BLOCK_K)
-                acc = _mxfp4_gemv_step(acc, w_rows, s_rows, n_ok, a_even, a_odd, k0, INTER, BLOCK_K)
-            y = tl.sum(tl.sum(acc, 2), 1)
+            a_row = act_ptr + s * stride_am
+            if PACKED:
+                mult, undo = x_shift(a_row, INTER, BLOCK_K)
+                w32 = w_rows.to(tl.pointer_type(tl.int32))
+                sums = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
+                for k0 in range(0, INTER, BLOCK_K):
+                    a0, a1, a2, a3 = x_pairs(a_row, k0, INTER, mult, BLOCK_K)
+                    words, scale = mxfp4_words(w32, s_rows, n_ok, k0, INTER, BLOCK_K)
+                    sums += group_sums(words, a0, a1, a2, a3, ASM) * scale
+                y = tl.sum(sums, 1) * undo
+            else:
+                acc = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
+                for k0 in range(0, INTER, BLOCK_K):
+                    a_even, a_odd = _input_pairs(a_row, k0, INTER, BLOCK_K)
+                    acc = _mxfp4_gemv_step(acc, w_rows, s_rows, n_ok, a_even, a_odd, k0, INTER, BLOCK_K)
+                y = tl.sum(tl.sum(acc, 2), 1)
             if HAS_BIAS:
                 y += bias_row(b_ptr + e.to(tl.int64) * stride_be, offs_n, n_ok)
             y = y.to(dtype).to(tl.float32)  # rounded as the reference's GEMM output

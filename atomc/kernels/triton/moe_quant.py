@@ -60,6 +60,19 @@ def _check_shapes(x, w13, w13_scale, w2, w2_scale, weight_format: str) -> tuple[
     return e, h, inter
 
 
+def _packed_knob(tile: dict, x: torch.Tensor, k: int, w: torch.Tensor) -> dict:
+    """The MXFP4 GEMV tile with the kernels' PACKED / ASM constexprs (under "packed") where the
+    tile asks for `packed_f16` and the step can run: it reads int32 words, so the weights must be
+    4-byte aligned (a row of K values is K / 2 bytes, and K is whole 32-value groups: rows are
+    whole words); its FMAs are PTX on CUDA, emulated in the interpreter, and have no ROCm form
+    (the fp32 step runs there)."""
+    want = tile.get("packed_f16", False)
+    cuda = x.is_cuda and torch.version.hip is None
+    if not want or k % 8 or w.data_ptr() % 4 or (x.is_cuda and not cuda):
+        return tile
+    return {**tile, "packed": {"PACKED": True, "ASM": cuda}}
+
+
 def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:
     """(expert, row, column) strides of a scale tensor; column 0 for per-row scales."""
     return scale.stride(0), scale.stride(1), scale.stride(2) if scale.dim() == 3 else 0
@@ -106,6 +119,7 @@ def fused_experts_quant(
         if mx:  # scales indexed by (row, group): the group stride is 1 (contiguous)
             gate_up, down, fmt = mxfp4_gate_up_gemv_kernel, mxfp4_down_combine_gemv_kernel, {}
             s13, s2 = s13[:2], s2[:2]
+            gu, dn = _packed_knob(gu, x, h, w13), _packed_knob(dn, x, inter, w2)
         else:
             gate_up, down = moe_gate_up_gemv_kernel, moe_down_combine_gemv_kernel
             fmt = {"WEIGHTS": WEIGHT_CODES[weight_format]}
@@ -114,13 +128,13 @@ def fused_experts_quant(
             h, inter, w13.stride(0), w13.stride(1), *s13, sb13, act.stride(0),
             float(alpha), float(limit),
             ACT=code, HAS_BIAS=w13_bias is not None, **fmt, BLOCK_N=gu["block_n"], BLOCK_K=_block_k(gu, weight_format),
-            num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x),
+            num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x), **gu.get("packed", {}),
         )  # fmt: skip
         down[(triton.cdiv(h, dn["block_n"]),)](
             act, w2, w2_scale, b2, weights, local, out,
             h, inter, act.stride(0), w2.stride(0), w2.stride(1), *s2, sb2,
             TOPK=k, HAS_BIAS=w2_bias is not None, **fmt, BLOCK_N=dn["block_n"], BLOCK_K=_block_k(dn, weight_format),
-            num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x),
+            num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x), **dn.get("packed", {}),
         )  # fmt: skip
         return out
     sorted_route = config["path"] == "sorted"
