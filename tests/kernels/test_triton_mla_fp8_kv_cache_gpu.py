@@ -18,6 +18,12 @@ the CPU test's near-tie margin of 0.25: on the CPU, in fp32, one step's logprob 
 (tests/engine/test_fp8_kv_cache_mla.py), and two runs that each move a logit by that much can swap
 tokens whose gap is up to twice it, 0.43, before bf16's own rounding in both runs. GPU_MARGIN is 0.5;
 a scale skipped or applied twice moves logits by whole units.
+
+The engine check judges a parting by the bf16 run's own top logprobs, not the fp32 model's: on
+an H100 (`c7e6e15`) V3 with graphs parted at step 17 of 24 where the fp32 model's top-2 gap was
+0.459 and its pick was further down, a rule that measured the wrong engine's distribution. On the
+CPU in bf16 the same two caches part only at near-ties of 0.001-0.03 and move a shared step's
+logprob by at most 0.22; GPU_LOGPROB_TOL is 0.5. The rule as it stands has not run on a GPU yet.
 """
 
 import gc
@@ -37,6 +43,7 @@ HEADS, LORA, ROPE = 128, 512, 64
 SCALE = 192**-0.5
 REL = 1e-2
 GPU_MARGIN = 0.5  # the engine's near-tie margin in bf16 (module docstring)
+GPU_LOGPROB_TOL = 0.5  # a shared step's logprob move: up to 0.22 on the CPU in bf16 (module docstring)
 
 
 def fp8_latent_batch(q_lens, seq_lens, kv_scale=0.02, seed=0):
@@ -134,11 +141,10 @@ def test_fp8_mla_decode_replays_in_a_cuda_graph():
 @pytest.mark.parametrize("enforce_eager", [True, False], ids=["eager", "cudagraphs"])
 def test_gpu_deepseek_fp8_latent_cache_agrees_with_bf16(family, enforce_eager, checkpoints):
     from atomc import LLM, SamplingParams
-    from models.loader import load_model
     from tests.engine.helpers import PROMPTS
-    from tests.greedy import assert_greedy_agree, model_logits
+    from tests.greedy import assert_agree_by_own_logprobs
 
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=5)
     # a fixed pool (see test_triton_mla_gpu.py: a second engine of the process may find no free
     # memory to size from); the doubling of the block count is checked on CPU
     kw = dict(
@@ -157,8 +163,5 @@ def test_gpu_deepseek_fp8_latent_cache_agrees_with_bf16(family, enforce_eager, c
         del llm
         gc.collect()
         torch.cuda.empty_cache()
-    logits_of = model_logits(load_model(checkpoints[family], torch.float32, "cpu"))
     for got, want in zip(runs["fp8"], runs["auto"], strict=True):
-        assert_greedy_agree(
-            got.outputs[0].token_ids, want.outputs[0].token_ids, want.prompt_token_ids, logits_of, margin=GPU_MARGIN
-        )
+        assert_agree_by_own_logprobs(got.outputs[0], want.outputs[0], margin=GPU_MARGIN, logprob_tol=GPU_LOGPROB_TOL)
