@@ -8,9 +8,11 @@ layers, random bf16 weights, run by atomc with CUDA graphs. A build's decode ste
     T(d, m) = R + d x t_dense + m x t_moe
 
 (R: embedding, final norm, lm_head, sampling, host work the graphs leave), fitted by least squares
-over the builds (the default three, 3+4, 3+1 and 1+1, determine it exactly: t_moe from the MoE
+over the builds (the default three, 3+m, 3+1 and 1+1, determine it exactly: t_moe from the MoE
 counts at 3 dense, t_dense from the dense counts at 1 MoE). The projection is then
-R + 3 t_dense + 58 t_moe, the published model's 3 dense and 58 MoE layers.
+R + 3 t_dense + 58 t_moe, the published model's 3 dense and 58 MoE layers. m is the most MoE
+layers, 2 to 4, whose weights fit 80% of the GPU (`default_builds`: 4 on an H200 in bf16, 2 on an
+80 GB H100, 4 in FP8 on either; a bf16 MoE layer holds 23 GB).
 
 Per build and concurrency c (default 1 and 64): c requests of `--isl` distinct prompt tokens are
 prefilled, then, once every step decodes all c together (the engine's last_step: c sequences, c
@@ -57,7 +59,7 @@ import ceilings  # noqa: E402
 import decode_bs1  # noqa: E402
 from checkpoints import DEEPSEEK_V3, deepseek_v3_layers, tiny_config, write_checkpoint  # noqa: E402
 
-FULL = {"builds": "3+4,3+1,1+1", "conc": "1,64", "isl": 1024, "warmup": 8, "steps": 64}
+FULL = {"builds": None, "conc": "1,64", "isl": 1024, "warmup": 8, "steps": 64}  # builds: default_builds
 TINY = {"builds": "1+1,1+0,0+1", "conc": "1,4", "isl": 16, "warmup": 2, "steps": 6}
 # tokens the first-prefilled sequences may decode before the last prompt is in (one a prefill step)
 PREFILL_STEPS_ROOM = 256
@@ -75,6 +77,34 @@ def parse_builds(text: str) -> list[tuple[int, int]]:
             raise SystemExit(f"--builds: {item!r} is not DENSE+MOE layer counts (e.g. 3+4), with a layer at least")
         builds.append((int(dense), int(moe)))
     return builds
+
+
+def layer_weight_bytes(cfg: dict, moe: bool, fp8: bool) -> int:
+    """Bytes one decoder layer of `cfg` holds (MLA projections, then the dense MLP or the routed
+    and shared experts with the router): a memory-fit estimate (FP8 linears 1 byte a value, their
+    block scales left out)."""
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    q = h * cfg["q_lora_rank"] + cfg["q_lora_rank"] * heads * qk if cfg.get("q_lora_rank") else h * heads * qk
+    kv = h * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
+    kv += cfg["kv_lora_rank"] * heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"])
+    attn = q + kv + heads * cfg["v_head_dim"] * h
+    if moe:
+        experts = cfg["n_routed_experts"] + cfg.get("n_shared_experts", 0)
+        mlp = experts * 3 * h * cfg["moe_intermediate_size"]
+        return (attn + mlp) * (1 if fp8 else 2) + cfg["n_routed_experts"] * h * 2  # the router in bf16
+    return (attn + 3 * h * cfg["intermediate_size"]) * (1 if fp8 else 2)
+
+
+def default_builds(gpu_bytes: int, fp8: bool) -> str:
+    """The three builds (3+m, 3+1, 1+1) with m the most MoE layers, 4 at most, 2 at least, whose
+    weights take at most 80% of the GPU's memory (the rest: KV cache, activations, CUDA graphs):
+    3+4 on an H200 in bf16 (~99 GB), 3+2 on an 80 GB H100 (3+4 is ~99 GB), 3+4 in FP8 on either."""
+    cfg = deepseek_v3_layers(1, 3)
+    fixed = 3 * layer_weight_bytes(cfg, False, fp8) + 2 * cfg["vocab_size"] * cfg["hidden_size"] * 2  # embed + head
+    per_moe = layer_weight_bytes(cfg, True, fp8)
+    moe = max(2, min(4, int((0.8 * gpu_bytes - fixed) // per_moe)))
+    return f"3+{moe},3+1,1+1"
 
 
 def build_key(dense: int, moe: int) -> str:
@@ -319,7 +349,8 @@ def report(res: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--builds", default=None, help=f"DENSE+MOE,... (default {FULL['builds']}; --tiny {TINY['builds']})")
+    fits = "3+m,3+1,1+1, m the MoE layers that fit, 2 to 4"
+    ap.add_argument("--builds", default=None, help=f"DENSE+MOE,... (default {fits}; --tiny {TINY['builds']})")
     ap.add_argument("--conc", default=None, help=f"concurrencies (default {FULL['conc']}; --tiny {TINY['conc']})")
     ap.add_argument("--isl", type=int, default=None, help=f"prompt tokens (default {FULL['isl']})")
     ap.add_argument("--warmup", type=int, default=None, help="decode steps before the timed ones")
@@ -343,6 +374,10 @@ def main() -> None:
         ((dense, moe),) = parse_builds(args.child)
         print("RESULT " + json.dumps(run_build(args, dense, moe)), flush=True)
         return
+    if args.builds is None:  # the full widths on this GPU (TINY names its builds)
+        import torch
+
+        args.builds = default_builds(torch.cuda.get_device_properties(0).total_memory, args.fp8)
     builds = parse_builds(args.builds)
     concs = [int(c) for c in args.conc.split(",")]
     for dense, moe in builds:  # before any child: they would race for the folders

@@ -155,3 +155,18 @@ def test_summary_shows_the_latent_cache(tmp_path):
     )
     (line,) = moe_summary.summary(tmp_path).splitlines()[2:]
     assert "CONC 8 | atomc | 900 | 48% of 1,862 | D = 34.9 of 64 experts; KV 31.1 kB a token;" in line
+
+
+def test_default_builds_fit_the_gpu():
+    """3+m with m the MoE layers whose weights fit 80% of the memory: an 80 GiB H100 takes 3+2 in
+    bf16 (a V3 MoE layer is 23 GB; 3+4 is ~99 GB) and 3+4 in FP8; an H200 (141 GB) 3+4 in both."""
+    from checkpoints import deepseek_v3_layers
+
+    cfg = deepseek_v3_layers(1, 3)
+    assert 22e9 < deepseek_layers.layer_weight_bytes(cfg, True, False) < 24e9
+    assert 11e9 < deepseek_layers.layer_weight_bytes(cfg, True, True) < 12e9
+    h100, h200 = 80 * 2**30, 141 * 10**9
+    assert deepseek_layers.default_builds(h100, fp8=False) == "3+2,3+1,1+1"
+    assert deepseek_layers.default_builds(h100, fp8=True) == "3+4,3+1,1+1"
+    assert deepseek_layers.default_builds(h200, fp8=False) == "3+4,3+1,1+1"
+    assert deepseek_layers.default_builds(10 * 2**30, fp8=False) == "3+2,3+1,1+1"  # 2 at least: the fit needs them
