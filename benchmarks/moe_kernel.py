@@ -11,8 +11,9 @@ torch build has it).
 models/quant/mxfp4.py, FP8 by amax / 448 per row or per 128x128 block) and every bf16 row runs
 their dequantised values (the same model); the row `atomc_triton_<format>` is the quantised
 kernels (atomc/kernels/triton/moe_quant.py), whose bytes are the quantised weights and scales.
-With MXFP4 at one token, `atomc_triton_mxfp4[packed_f16]` is the same route on the f16-pair step
-(atomc/kernels/triton/mxfp4_packed.py, the tile knob `packed_f16`), timed beside the fp32 step.
+With MXFP4 or per-row FP8 at one token, `atomc_triton_<format>[packed_f16]` is the same route on the
+packed-f16 loops (atomc/kernels/triton/mxfp4_packed.py, moe_gemv.py; the tile knob `packed_f16`),
+timed beside the fp32 ones.
 
 Bytes are the weights actually read (the distinct experts the routing touches, w13 + w2 + biases)
 plus x and the output; FLOPs are 6 * M * top_k * H * I. Ours and grouped_mm are timed as CUDA-graph
@@ -182,12 +183,12 @@ def bench_shape(
                                                     weights_fmt),
                 True,
             )  # fmt: skip
-        if weights_fmt == "mxfp4" and qcfg["path"] == "gemv":  # the f16-pair step (mxfp4_packed.py) beside it
+        if weights_fmt in ("mxfp4", "fp8_channel") and qcfg["path"] == "gemv":  # the packed-f16 loops beside it
             packed = {**qcfg, "gate_up": {**qcfg["gate_up"], "packed_f16": True},
                       "down": {**qcfg["down"], "packed_f16": True}}  # fmt: skip
-            impls["atomc_triton_mxfp4[packed_f16]"] = (
+            impls[f"atomc_triton_{weights_fmt}[packed_f16]"] = (
                 lambda x, w, i, c=packed: fused_experts_quant(x, w, i, q13, s13, q2, s2, b13, b2, None, act, 1.702,
-                                                              7.0, "mxfp4", config=c),
+                                                              7.0, weights_fmt, config=c),
                 True,
             )  # fmt: skip
         if hasattr(torch, "_grouped_mm"):

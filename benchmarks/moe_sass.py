@@ -32,11 +32,16 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from atomc.kernels.triton.moe_gemm import moe_gate_up_kernel  # noqa: E402
+from atomc.kernels.triton.moe_gemv import moe_gate_up_gemv_kernel  # noqa: E402
 from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, mxfp4_gate_up_gemv_kernel  # noqa: E402
 from atomc.kernels.triton.moe_tiles import MXFP4  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ROUTE = dict(local_ids="*i32", sorted_ids="*i32", block_expert="*i32", num_padded="*i32", P="i32", H="i32", INTER="i32")
+# Qwen3-30B-A3B's per-row FP8 experts (weight-only: bf16 activations)
+FP8_GATE_UP = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32",
+                   H="i32", INTER="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
+                   stride_sk="i32", stride_be="i32", stride_am="i32", alpha="fp32", limit="fp32")  # fmt: skip
 # name: (kernel, signature, constexprs, num_warps, num_stages), GPT-OSS-20B's bf16 activations
 KERNELS = {
     "mxfp4_gate_up_gemv": (mxfp4_gate_up_gemv_kernel,
@@ -59,6 +64,10 @@ KERNELS = {
              out_ptr="*bf16", H="i32", INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32",
              stride_se="i32", stride_sn="i32", stride_be="i32"),
         dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False, PACKED=True, ASM=True), 4, 4),
+    "fp8_gate_up_gemv": (moe_gate_up_gemv_kernel, FP8_GATE_UP,
+        dict(ACT=0, HAS_BIAS=False, WEIGHTS=1, BLOCK_N=2, BLOCK_K=1024, PDL=False, PACKED=False, X_TOP=0), 4, 4),
+    "fp8_gate_up_gemv_packed": (moe_gate_up_gemv_kernel, FP8_GATE_UP,
+        dict(ACT=0, HAS_BIAS=False, WEIGHTS=1, BLOCK_N=2, BLOCK_K=1024, PDL=False, PACKED=True, X_TOP=6), 4, 4),
     "mxfp4_gate_up_sorted": (moe_gate_up_kernel,
         dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", act_ptr="*bf16", **ROUTE, stride_xm="i32",
              stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32", stride_be="i32",
@@ -91,8 +100,9 @@ def compile_sm90(
 
 
 def loop_opcodes(sass: str) -> dict[str, int]:
-    """Opcode counts of the main loop, the longest from a label to the branch back to it (the
-    packed MXFP4 kernels run a short pass over x before theirs)."""
+    """Opcode counts of the main loop (from a label to the branch back to it): the one with the most
+    multiply-adds (FFMA, HFMA2, HGMMA), then the longest; the packed kernels run a pass over x (max
+    only) before theirs."""
     lines = sass.splitlines()
     loops = []
     for i, line in enumerate(lines):
@@ -103,7 +113,8 @@ def loop_opcodes(sass: str) -> dict[str, int]:
         if back:
             ops = [re.search(r"\*/\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", ln) for ln in lines[i + 1 : back[0] + 1]]
             loops.append(dict(collections.Counter(m[1] for m in ops if m)))
-    return max(loops, key=lambda ops: sum(ops.values()), default={})
+    fmas = ("FFMA", "HFMA2", "HGMMA")
+    return max(loops, key=lambda ops: (sum(ops.get(op, 0) for op in fmas), sum(ops.values())), default={})
 
 
 def main() -> None:

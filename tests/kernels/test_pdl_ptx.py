@@ -43,7 +43,7 @@ KERNELS = {
                          b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32", H="i32", INTER="i32",
                          stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32",
                          stride_be="i32", stride_am="i32", alpha="fp32", limit="fp32"),
-                         dict(ACT=0, HAS_BIAS=False, WEIGHTS=0, BLOCK_N=4, BLOCK_K=512)),
+                         dict(ACT=0, HAS_BIAS=False, WEIGHTS=0, BLOCK_N=4, BLOCK_K=512, PACKED=False, X_TOP=0)),
     "mxfp4_down_combine_gemv": (mxfp4_down_combine_gemv_kernel, dict(act_ptr="*bf16", w_ptr="*u8", s_ptr="*u8",
                                 b_ptr="*bf16", weights_ptr="*fp32", local_ids="*i32", out_ptr="*bf16", H="i32",
                                 INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32", stride_se="i32",

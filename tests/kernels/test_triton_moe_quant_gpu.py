@@ -100,6 +100,32 @@ def test_deterministic_and_graph_capturable(experts):
         assert torch.equal(captured, first)
 
 
+FP8_GEMV_TILE = dict(block_m=0, block_n=2, block_k=1024, num_warps=4, num_stages=4)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dequantising", "packed_f16"])
+@pytest.mark.parametrize("scale", [1e-2, 1.0, 100.0])
+def test_fp8_channel_gemv_loops_at_qwen3_moe_widths(packed, scale):
+    """One token's per-row FP8 experts on the dequantising loop and on moe_gemv.py's packed-f16 loop
+    (x at three magnitudes: x_shift moves each into f16's range), both against the reference."""
+    from atomc.kernels.triton.moe_quant import fused_experts_quant
+    from atomc.ops.moe_quant import dequantize_fp8_experts
+
+    e, h, inter, k = 128, 2048, 768, 8
+    _, _, w13, w2, _, _ = make_moe(1, e, h, inter, k, torch.float32, DEV, seed=4)
+    quant = lambda w: ((w / (w.abs().amax(-1) / 448)[..., None]).to(torch.float8_e4m3fn), w.abs().amax(-1) / 448)  # noqa: E731
+    (q13, s13), (q2, s2) = quant(w13), quant(w2)
+    g = torch.Generator(DEV).manual_seed(9)
+    x = (torch.randn(1, h, generator=g, device=DEV) * scale).to(BF16)
+    weights, ids = select_experts(torch.randn(1, e, generator=g, device=DEV), k)
+    tile = dict(FP8_GEMV_TILE, packed_f16=packed)
+    config = {"path": "gemv", "gate_up": tile, "down": dict(tile)}
+    out = fused_experts_quant(x, weights, ids, q13, s13, q2, s2, weight_format="fp8_channel", config=config)
+    d13, d2 = dequantize_fp8_experts(q13, s13, False, BF16), dequantize_fp8_experts(q2, s2, False, BF16)
+    ref = experts_reference(x, weights, ids, d13, d2, None, None, None, "silu", 1.702, 7.0)
+    assert not out.isnan().any() and rel_err(out, ref) < REL, rel_err(out, ref)
+
+
 @pytest.mark.parametrize("fmt", ["fp8_channel", "fp8_block"])
 @pytest.mark.parametrize("t", [1, 16, 512])
 def test_fp8_experts_at_qwen3_moe_widths(fmt, t):

@@ -79,7 +79,7 @@ def test_a_tile_is_in_input_order_and_masked_past_the_row(k0):
 
 # ---- the packed-f16 step (atomc/kernels/triton/mxfp4_packed.py) ----
 
-from atomc.kernels.triton import mxfp4_packed  # noqa: E402
+from atomc.kernels.triton import mxfp4_packed, packed_f16  # noqa: E402
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -115,13 +115,13 @@ def _group_sums_kernel(x_ptr, w_ptr, s_ptr, out_ptr, K, stride_wn, stride_sn, RO
     n_ok = offs_n < ROWS
     rows = offs_n.to(tl.int64)[:, None]
     w32 = (w_ptr + rows * stride_wn).to(tl.pointer_type(tl.int32))
-    mult, undo = mxfp4_packed.x_shift(x_ptr, K, BLOCK_K)
+    mult, undo = packed_f16.x_shift(x_ptr, K, BLOCK_K, mxfp4_packed.X_TOP)
     acc = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         x0, x1, x2, x3 = mxfp4_packed.x_pairs(x_ptr, k0, K, mult, BLOCK_K)
         words, scale = mxfp4_packed.mxfp4_words(w32, s_ptr + rows * stride_sn, n_ok, k0, K, BLOCK_K)
         acc += mxfp4_packed.group_sums(words, x0, x1, x2, x3, False) * scale
-    tl.store(out_ptr + offs_n, tl.sum(acc, 1) * undo, mask=n_ok)
+    tl.store(out_ptr + offs_n, tl.sum(acc, 1) * (undo * mxfp4_packed.E2M1_UNDO), mask=n_ok)
 
 
 @pytest.mark.parametrize("magnitude", [1e-6, 1.0, 3e4])

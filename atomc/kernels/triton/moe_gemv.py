@@ -17,6 +17,14 @@ then `moe_combine_kernel`) stays as a tuning candidate: the fused kernel has k t
 The gate/up and fused down GEMVs also take FP8 experts (WEIGHTS, moe_tiles.py: the tile dequantised
 in registers, then the same fp32 multiply-adds); MXFP4 experts have their own GEMVs
 (moe_mxfp4_gemv.py), whose tiles keep a scale-group axis.
+
+FP8 experts with per-row scales can take a packed-f16 loop instead (PACKED, the tile knob
+`packed_f16`): the dequantising loop costs 7.1 sm_90 instructions a weight byte (widen e4m3 to fp32,
+times the row scale, round to bf16 as the reference does, multiply-add) against bf16's 2.0. Packed:
+e4m3 -> f16 pairs, f16x2 FMAs with x shifted into f16's range (packed_f16.x_shift, TOP from
+`f16_x_top`: a column adds ceil(K / BLOCK_K) products of at most 448 * 2^TOP), the row scale once
+after the sum. It does not round each dequantised weight to bf16 as the reference does; the
+difference is that rounding's, 2^-9 a weight, plus f16's on the few partial sums.
 """
 
 from __future__ import annotations
@@ -26,7 +34,53 @@ import triton.language as tl
 
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.moe_tiles import DENSE, bias_row, round_activate, weight_tile
+from atomc.kernels.triton.packed_f16 import x_shift
 from atomc.kernels.triton.pdl import after_producer
+
+E4M3_MAX, F16_MAX = 448.0, 65504.0
+
+
+def f16_x_top(k: int, block_k: int) -> int:
+    """The TOP of x_shift for the packed FP8 loop: |x'| < 2^TOP keeps a column's ceil(K / BLOCK_K)
+    partial products of at most 448 * 2^TOP within f16."""
+    terms = triton.cdiv(k, block_k)
+    top = 15
+    while terms * E4M3_MAX * 2.0**top > F16_MAX:
+        top -= 1
+    return top
+
+
+@triton.jit
+def _x_f16(x_row, offs_k, k_ok, mult):
+    return (tl.load(x_row + offs_k, mask=k_ok, other=0.0).to(tl.float32) * mult).to(tl.float16)[None, :]
+
+
+@triton.jit
+def _row_dot_f16(x_row, w_rows, n_ok, K, mult, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_N]: the rows' e4m3 weights (unscaled) dot x * mult, products and per-column
+    partial sums in f16 (Triton packs them into f16x2 FMAs), summed in fp32 at the end."""
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float16)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += w.to(tl.float16) * _x_f16(x_row, offs_k, k_ok, mult)
+    return tl.sum(acc.to(tl.float32), 1)
+
+
+@triton.jit
+def _gate_up_dot_f16(x_row, w_gate, w_up, n_ok, K, mult, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """_row_dot_f16 for the gate and the up rows in one loop: x converted once a step for both."""
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float16)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float16)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
+        mask = n_ok[:, None] & k_ok[None, :]
+        x = _x_f16(x_row, offs_k, k_ok, mult)
+        acc_g += tl.load(w_gate + offs_k[None, :], mask=mask, other=0.0).to(tl.float16) * x
+        acc_u += tl.load(w_up + offs_k[None, :], mask=mask, other=0.0).to(tl.float16) * x
+    return tl.sum(acc_g.to(tl.float32), 1), tl.sum(acc_u.to(tl.float32), 1)
 
 
 @triton.jit
@@ -35,10 +89,10 @@ def moe_gate_up_gemv_kernel(
     H, INTER, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_am,
     alpha, limit,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PACKED: tl.constexpr = False, X_TOP: tl.constexpr = 0,
 ):  # fmt: skip
     """act[j, n] = act(x @ w13[e_j, n], x @ w13[e_j, INTER + n]); w13 DENSE or FP8 (moe_tiles.py;
-    MXFP4 has its own GEMVs, moe_mxfp4_gemv.py)."""
+    MXFP4 has its own GEMVs, moe_mxfp4_gemv.py). PACKED: FP8 with per-row scales on f16 pairs."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
     j = tl.program_id(0)
     e = tl.load(local_ids + j)
@@ -51,18 +105,24 @@ def moe_gate_up_gemv_kernel(
     w_gate = w_ptr + e.to(tl.int64) * stride_we + rows[:, None] * stride_wn
     w_up = w_gate + INTER * stride_wn
     s_base = s_ptr + e.to(tl.int64) * stride_se
-    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_k, mask=offs_k < H, other=0.0).to(tl.float32)[None, :]
-        wg = weight_tile(w_gate, s_base, rows, n_ok, k0, H, stride_sn, stride_sk, dtype, WEIGHTS, BLOCK_N, BLOCK_K)
-        wu = weight_tile(w_up, s_base, rows + INTER, n_ok, k0, H, stride_sn, stride_sk, dtype, WEIGHTS, BLOCK_N,
-                         BLOCK_K)  # fmt: skip
-        acc_g += wg.to(tl.float32) * x
-        acc_u += wu.to(tl.float32) * x
-    gate = tl.sum(acc_g, 1)
-    up = tl.sum(acc_u, 1)
+    if PACKED:
+        mult, undo = x_shift(x_ptr, H, BLOCK_K, X_TOP)
+        gate, up = _gate_up_dot_f16(x_ptr, w_gate, w_up, n_ok, H, mult, BLOCK_N, BLOCK_K)
+        gate *= tl.load(s_base + rows * stride_sn, mask=n_ok, other=0.0) * undo
+        up *= tl.load(s_base + (rows + INTER) * stride_sn, mask=n_ok, other=0.0) * undo
+    else:
+        acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + offs_k, mask=offs_k < H, other=0.0).to(tl.float32)[None, :]
+            wg = weight_tile(w_gate, s_base, rows, n_ok, k0, H, stride_sn, stride_sk, dtype, WEIGHTS, BLOCK_N, BLOCK_K)
+            wu = weight_tile(w_up, s_base, rows + INTER, n_ok, k0, H, stride_sn, stride_sk, dtype, WEIGHTS, BLOCK_N,
+                             BLOCK_K)  # fmt: skip
+            acc_g += wg.to(tl.float32) * x
+            acc_u += wu.to(tl.float32) * x
+        gate = tl.sum(acc_g, 1)
+        up = tl.sum(acc_u, 1)
     if HAS_BIAS:
         b = b_ptr + e.to(tl.int64) * stride_be
         gate += bias_row(b, offs_n, n_ok)
@@ -103,10 +163,10 @@ def moe_down_combine_gemv_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, weights_ptr, local_ids, out_ptr,
     H, INTER, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be,
     TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PACKED: tl.constexpr = False, X_TOP: tl.constexpr = 0,
 ):  # fmt: skip
     """out[n] = sum over slots s (in order) of weight[s] * round(act[s] @ w2[e_s][n] (+ b)); slots whose
-    expert is on another rank add nothing. w2 DENSE or FP8."""
+    expert is on another rank add nothing. w2 DENSE or FP8; PACKED as the gate/up kernel's."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
     dtype = out_ptr.dtype.element_ty
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -118,14 +178,19 @@ def moe_down_combine_gemv_kernel(
         if e >= 0:
             w_rows = w_ptr + e.to(tl.int64) * stride_we + rows[:, None] * stride_wn
             s_base = s_ptr + e.to(tl.int64) * stride_se
-            acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-            for k0 in range(0, INTER, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                a = tl.load(act_ptr + s * stride_am + offs_k, mask=offs_k < INTER, other=0.0).to(tl.float32)[None, :]
-                w = weight_tile(w_rows, s_base, rows, n_ok, k0, INTER, stride_sn, stride_sk, dtype, WEIGHTS, BLOCK_N,
-                                BLOCK_K)  # fmt: skip
-                acc += w.to(tl.float32) * a
-            y = tl.sum(acc, 1)
+            if PACKED:
+                mult, undo = x_shift(act_ptr + s * stride_am, INTER, BLOCK_K, X_TOP)
+                y = _row_dot_f16(act_ptr + s * stride_am, w_rows, n_ok, INTER, mult, BLOCK_N, BLOCK_K)
+                y *= tl.load(s_base + rows * stride_sn, mask=n_ok, other=0.0) * undo
+            else:
+                acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+                for k0 in range(0, INTER, BLOCK_K):
+                    offs_k = k0 + tl.arange(0, BLOCK_K)
+                    a = tl.load(act_ptr + s * stride_am + offs_k, mask=offs_k < INTER, other=0.0).to(tl.float32)
+                    w = weight_tile(w_rows, s_base, rows, n_ok, k0, INTER, stride_sn, stride_sk, dtype, WEIGHTS,
+                                    BLOCK_N, BLOCK_K)  # fmt: skip
+                    acc += w.to(tl.float32) * a[None, :]
+                y = tl.sum(acc, 1)
             if HAS_BIAS:
                 y += bias_row(b_ptr + e.to(tl.int64) * stride_be, offs_n, n_ok)
             y = y.to(dtype).to(tl.float32)  # rounded as the reference's GEMM output

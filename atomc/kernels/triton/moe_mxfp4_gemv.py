@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from atomc.kernels.triton.moe_tiles import bias_row, e2m1_pair, mxfp4_bytes, round_activate
-from atomc.kernels.triton.mxfp4_packed import group_sums, mxfp4_words, x_pairs, x_shift
+from atomc.kernels.triton.mxfp4_packed import E2M1_UNDO, X_TOP, group_sums, mxfp4_words, x_pairs
+from atomc.kernels.triton.packed_f16 import x_shift
 from atomc.kernels.triton.pdl import after_producer
 
 
@@ -74,7 +75,7 @@ def mxfp4_gate_up_gemv_kernel(
     sg = s_ptr + e.to(tl.int64) * stride_se + rows * stride_sn
     su = sg + INTER * stride_sn
     if PACKED:
-        mult, undo = x_shift(x_ptr, H, BLOCK_K)
+        mult, undo = x_shift(x_ptr, H, BLOCK_K, X_TOP)
         wg32, wu32 = wg.to(tl.pointer_type(tl.int32)), wu.to(tl.pointer_type(tl.int32))
         sums_g = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
         sums_u = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
@@ -84,8 +85,8 @@ def mxfp4_gate_up_gemv_kernel(
             sums_g += group_sums(words, x0, x1, x2, x3, ASM) * scale
             words, scale = mxfp4_words(wu32, su, n_ok, k0, H, BLOCK_K)
             sums_u += group_sums(words, x0, x1, x2, x3, ASM) * scale
-        gate = tl.sum(sums_g, 1) * undo
-        up = tl.sum(sums_u, 1) * undo
+        gate = tl.sum(sums_g, 1) * (undo * E2M1_UNDO)
+        up = tl.sum(sums_u, 1) * (undo * E2M1_UNDO)
     else:
         acc_g = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
@@ -125,14 +126,14 @@ def mxfp4_down_combine_gemv_kernel(
             s_rows = s_ptr + e.to(tl.int64) * stride_se + rows * stride_sn
             a_row = act_ptr + s * stride_am
             if PACKED:
-                mult, undo = x_shift(a_row, INTER, BLOCK_K)
+                mult, undo = x_shift(a_row, INTER, BLOCK_K, X_TOP)
                 w32 = w_rows.to(tl.pointer_type(tl.int32))
                 sums = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
                 for k0 in range(0, INTER, BLOCK_K):
                     a0, a1, a2, a3 = x_pairs(a_row, k0, INTER, mult, BLOCK_K)
                     words, scale = mxfp4_words(w32, s_rows, n_ok, k0, INTER, BLOCK_K)
                     sums += group_sums(words, a0, a1, a2, a3, ASM) * scale
-                y = tl.sum(sums, 1) * undo
+                y = tl.sum(sums, 1) * (undo * E2M1_UNDO)
             else:
                 acc = tl.zeros((BLOCK_N, BLOCK_K // 32, 16), dtype=tl.float32)
                 for k0 in range(0, INTER, BLOCK_K):

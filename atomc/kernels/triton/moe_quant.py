@@ -18,7 +18,7 @@ from atomc.kernels.triton import moe_config, pdl, tuned_files
 from atomc.kernels.triton.moe import ACTIVATION_CODES, COMBINE_BLOCK_H
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
-from atomc.kernels.triton.moe_gemv import moe_down_combine_gemv_kernel, moe_gate_up_gemv_kernel
+from atomc.kernels.triton.moe_gemv import f16_x_top, moe_down_combine_gemv_kernel, moe_gate_up_gemv_kernel
 from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, mxfp4_gate_up_gemv_kernel
 from atomc.kernels.triton.moe_routing import route
 from atomc.kernels.triton.moe_tiles import MXFP4_GROUP, WEIGHT_CODES
@@ -73,6 +73,14 @@ def _packed_knob(tile: dict, x: torch.Tensor, k: int, w: torch.Tensor) -> dict:
     return {**tile, "packed": {"PACKED": True, "ASM": cuda}}
 
 
+def _packed_fp8_knob(tile: dict, k: int) -> dict:
+    """The FP8 (per-row) GEMV tile with PACKED / X_TOP (under "packed") where it asks for
+    `packed_f16` (moe_gemv.py's f16-pair loop: plain Triton, so every backend runs it)."""
+    if not tile.get("packed_f16", False):
+        return tile
+    return {**tile, "packed": {"PACKED": True, "X_TOP": f16_x_top(k, tile["block_k"])}}
+
+
 def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:
     """(expert, row, column) strides of a scale tensor; column 0 for per-row scales."""
     return scale.stride(0), scale.stride(1), scale.stride(2) if scale.dim() == 3 else 0
@@ -123,6 +131,8 @@ def fused_experts_quant(
         else:
             gate_up, down = moe_gate_up_gemv_kernel, moe_down_combine_gemv_kernel
             fmt = {"WEIGHTS": WEIGHT_CODES[weight_format]}
+            if weight_format == "fp8_channel":
+                gu, dn = _packed_fp8_knob(gu, h), _packed_fp8_knob(dn, inter)
         gate_up[(k, triton.cdiv(inter, gu["block_n"]))](
             x, w13, w13_scale, b13, act, local,
             h, inter, w13.stride(0), w13.stride(1), *s13, sb13, act.stride(0),

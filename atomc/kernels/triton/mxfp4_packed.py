@@ -13,8 +13,8 @@ meets x's pair (values I and I + 4 of the word) in one f16x2 FMA; a group's 16 F
 (four a word, then the four words), and the group's sum times its scale 2^(s - 127) goes into
 fp32. About 3 integer operations and one FMA a byte, against the fp32 step's ~16.
 
-Range: x is scaled by 2^(15 - E), E the exponent of its largest |value| (`x_shift`, from one pass
-over x), so |x'| < 2^15 fits f16 (a power of two: exact for bf16 x), and a group's sum of 32
+Range: x is scaled by 2^(15 - E), E the exponent of its largest |value| (`packed_f16.x_shift`, TOP 15,
+from one pass over x), so |x'| < 2^15 fits f16 (a power of two: exact for bf16 x), and a group's sum of 32
 products stays under 32 * 6 * 2^-14 * 2^15 = 384. Products are exact (2 significant bits of e2m1
 times 8 of bf16); the group's f16 sums round (2^-11 relative a step): the one rounding this adds
 to the fp32 step, well under bf16's own (the output's) 2^-9.
@@ -32,6 +32,8 @@ import triton.language as tl
 from atomc.kernels.triton.moe_tiles import e8m0_scale
 
 MAG_MASK = tl.constexpr(0x0E000E00)
+X_TOP = tl.constexpr(15)  # |x'| < 2^15; a group's sum stays under 32 * 6 * 2^-14 * 2^15 = 384
+E2M1_UNDO = tl.constexpr(2.0**14)  # e2m1_f16x2 reads e2m1 * 2^-14
 SIGN_MASK = tl.constexpr(-0x7FFF8000)  # 0x80008000 as an int32
 
 
@@ -86,19 +88,6 @@ def add_f16x2(a, b, ASM: tl.constexpr):
 def f16x2_sum(v):
     """fp32: the two halves of int32 f16 pairs, added."""
     return _lo(v) + _hi(v)
-
-
-@triton.jit
-def x_shift(x_row, K, BLOCK_K: tl.constexpr):
-    """(2^(15 - E), 2^(E - 1)) as fp32 scalars, E the exponent of max |x[:K]| (max < 2^E): the
-    multiplier that puts x in f16's range and what undoes it together with e2m1_f16x2's 2^-14."""
-    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs = k0 + tl.arange(0, BLOCK_K)
-        amax = tl.maximum(amax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
-    f = (tl.max(amax).to(tl.int32, bitcast=True) >> 23) & 0xFF  # the biased exponent: max in [2^(f-127), 2^(f-126))
-    f = tl.minimum(tl.maximum(f, 14), 254)  # zero or tiny x: any finite shift
-    return ((268 - f) << 23).to(tl.float32, bitcast=True), (f << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -1,0 +1,25 @@
+"""The range step of the one-row loops that multiply in packed f16 (f16x2 FMAs, half the
+instructions of widening every weight to fp32): x in bf16 can exceed f16's 65,504 or sink below
+its normals, so a loop first scales x by a power of two picked from its largest |value| (exact for
+bf16 values) and undoes it on the fp32 result. Used by the MXFP4 step (mxfp4_packed.py) and the
+FP8 expert GEMVs (moe_gemv.py); the dense FP8 GEMV's x is e4m3, bounded by 448, so its shift is
+fixed on the host (fp8_gemv.f16_x_shift)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def x_shift(x_row, K, BLOCK_K: tl.constexpr, TOP: tl.constexpr):
+    """(2^(TOP - E), 2^(E - TOP)) as fp32 scalars, E the exponent of max |x[:K]| (max < 2^E): the
+    power of two that puts every |x'| under 2^TOP (f16's range for the packed loops: exact for bf16
+    x) and its inverse. One pass over x."""
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        amax = tl.maximum(amax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
+    f = (tl.max(amax).to(tl.int32, bitcast=True) >> 23) & 0xFF  # the biased exponent: max in [2^(f-127), 2^(f-126))
+    f = tl.minimum(tl.maximum(f, TOP), TOP + 252)  # zero or tiny x: any finite shift
+    return ((253 - f + TOP) << 23).to(tl.float32, bitcast=True), ((f + 1 - TOP) << 23).to(tl.float32, bitcast=True)
