@@ -47,6 +47,7 @@ import triton.language as tl
 
 from atomc.kernels.triton import fp8_config, pdl, tuned_files
 from atomc.kernels.triton.gemv import row_dot
+from atomc.kernels.triton.packed_f16 import e4m3_x_shift
 from atomc.kernels.triton.pdl import after_producer
 
 
@@ -86,7 +87,7 @@ def e4m3_row_dot_f16(
     the fp32 loop also widens each value to fp32), summed in fp32 once at the end. Exact products:
     e4m3 has 4 significant bits, so a product has 8 and f16 holds 11; x is scaled by X_SHIFT, a
     power of two (exact), so that the K / BLOCK_K products a column adds stay below f16's 65,504
-    even at 448 x 448 each (`f16_x_shift`). The only rounding beyond the fp32 loop's is f16's on
+    even at 448 x 448 each (`packed_f16.e4m3_x_shift`). The only rounding beyond the fp32 loop's is f16's on
     those few partial sums."""
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     offs_k = tl.arange(0, BLOCK_K)
@@ -102,19 +103,6 @@ def e4m3_row_dot_f16(
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc += w.to(tl.float16) * x[None, :]
     return tl.sum(acc.to(tl.float32), 1)
-
-
-def f16_x_shift(k: int, block_k: int) -> float:
-    """The power of two that keeps e4m3_row_dot_f16's partial sums finite: a column adds
-    t = ceil(K / BLOCK_K) products of at most 448 * 448 * shift, so t * 200,704 * shift <= 65,504."""
-    t = triton.cdiv(k, block_k)
-    shift = 1.0
-    while t * E4M3_MAX * E4M3_MAX * shift > F16_MAX:
-        shift /= 2
-    return shift
-
-
-E4M3_MAX, F16_MAX = 448.0, 65504.0
 
 
 @triton.jit
@@ -360,7 +348,7 @@ def _reduce(x, xs, weight, ws, b, has_bias, out_dtype, block, cfg) -> torch.Tens
         _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
             x, xs, weight, ws.reshape(-1), b, y, n, k, weight.stride(0), 0,
             WS_ROWS=ws.numel() > 1, HAS_BIAS=has_bias, BLOCK_N=block_n, BLOCK_K=block_k,
-            F16_SUMS=f16, X_SHIFT=f16_x_shift(k, block_k) if f16 else 1.0,
+            F16_SUMS=f16, X_SHIFT=e4m3_x_shift(k, block_k) if f16 else 1.0,
             num_warps=num_warps, num_stages=num_stages, **pdl.launch(x),
         )  # fmt: skip
         return y

@@ -22,7 +22,7 @@ FP8 experts with per-row scales can take a packed-f16 loop instead (PACKED, the 
 `packed_f16`): the dequantising loop costs 7.1 sm_90 instructions a weight byte (widen e4m3 to fp32,
 times the row scale, round to bf16 as the reference does, multiply-add) against bf16's 2.0. Packed:
 e4m3 -> f16 pairs, f16x2 FMAs with x shifted into f16's range (packed_f16.x_shift, TOP from
-`f16_x_top`: a column adds ceil(K / BLOCK_K) products of at most 448 * 2^TOP), the row scale once
+`e4m3_weight_x_top`: a column adds ceil(K / BLOCK_K) products of at most 448 * 2^TOP), the row scale once
 after the sum. It does not round each dequantised weight to bf16 as the reference does; the
 difference is that rounding's, 2^-9 a weight, plus f16's on the few partial sums.
 """
@@ -36,18 +36,6 @@ from atomc.kernels.triton import pdl
 from atomc.kernels.triton.moe_tiles import DENSE, bias_row, round_activate, weight_tile
 from atomc.kernels.triton.packed_f16 import x_shift
 from atomc.kernels.triton.pdl import after_producer
-
-E4M3_MAX, F16_MAX = 448.0, 65504.0
-
-
-def f16_x_top(k: int, block_k: int) -> int:
-    """The TOP of x_shift for the packed FP8 loop: |x'| < 2^TOP keeps a column's ceil(K / BLOCK_K)
-    partial products of at most 448 * 2^TOP within f16."""
-    terms = triton.cdiv(k, block_k)
-    top = 15
-    while terms * E4M3_MAX * 2.0**top > F16_MAX:
-        top -= 1
-    return top
 
 
 @triton.jit

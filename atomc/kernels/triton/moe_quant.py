@@ -18,10 +18,11 @@ from atomc.kernels.triton import moe_config, pdl, tuned_files
 from atomc.kernels.triton.moe import ACTIVATION_CODES, COMBINE_BLOCK_H
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
-from atomc.kernels.triton.moe_gemv import f16_x_top, moe_down_combine_gemv_kernel, moe_gate_up_gemv_kernel
+from atomc.kernels.triton.moe_gemv import moe_down_combine_gemv_kernel, moe_gate_up_gemv_kernel
 from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, mxfp4_gate_up_gemv_kernel
 from atomc.kernels.triton.moe_routing import route
 from atomc.kernels.triton.moe_tiles import MXFP4_GROUP, WEIGHT_CODES
+from atomc.kernels.triton.packed_f16 import e4m3_weight_x_top
 from atomc.ops.moe_quant import WEIGHT_FORMATS
 
 FP8_FORMATS = ("fp8_channel", "fp8_block")
@@ -78,7 +79,7 @@ def _packed_fp8_knob(tile: dict, k: int) -> dict:
     `packed_f16` (moe_gemv.py's f16-pair loop: plain Triton, so every backend runs it)."""
     if not tile.get("packed_f16", False):
         return tile
-    return {**tile, "packed": {"PACKED": True, "X_TOP": f16_x_top(k, tile["block_k"])}}
+    return {**tile, "packed": {"PACKED": True, "X_TOP": e4m3_weight_x_top(k, tile["block_k"])}}
 
 
 def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:

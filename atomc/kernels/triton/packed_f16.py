@@ -3,12 +3,34 @@ instructions of widening every weight to fp32): x in bf16 can exceed f16's 65,50
 its normals, so a loop first scales x by a power of two picked from its largest |value| (exact for
 bf16 values) and undoes it on the fp32 result. Used by the MXFP4 step (mxfp4_packed.py) and the
 FP8 expert GEMVs (moe_gemv.py); the dense FP8 GEMV's x is e4m3, bounded by 448, so its shift is
-fixed on the host (fp8_gemv.f16_x_shift)."""
+fixed on the host (`e4m3_x_shift`)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+E4M3_MAX, F16_MAX = 448.0, 65504.0
+
+
+def e4m3_x_shift(k: int, block_k: int) -> float:
+    """For e4m3 x and weights (fp8_gemv.e4m3_row_dot_f16): the power of two on x that keeps a
+    column's t = ceil(K / BLOCK_K) partial products of at most 448 * 448 * shift within f16."""
+    t = triton.cdiv(k, block_k)
+    shift = 1.0
+    while t * E4M3_MAX * E4M3_MAX * shift > F16_MAX:
+        shift /= 2
+    return shift
+
+
+def e4m3_weight_x_top(k: int, block_k: int) -> int:
+    """For e4m3 weights and bf16 x (moe_gemv.py's packed loop): the TOP of x_shift, |x'| < 2^TOP,
+    that keeps a column's ceil(K / BLOCK_K) partial products of at most 448 * 2^TOP within f16."""
+    t = triton.cdiv(k, block_k)
+    top = 15
+    while t * E4M3_MAX * 2.0**top > F16_MAX:
+        top -= 1
+    return top
 
 
 @triton.jit
