@@ -39,6 +39,26 @@ def test_tuned_file_is_a_valid_configuration(path):
             tile = cfg[part]
             assert TILE_KEYS <= set(tile), (m, part, tile)
             assert _pow2(tile["block_n"]) and _pow2(tile["block_k"]) and tile["num_warps"] in (1, 2, 4, 8, 16)
-            assert set(tile) - TILE_KEYS <= {"fuse_combine"}
+            assert set(tile) - TILE_KEYS <= {"fuse_combine", "packed_f16"}
         if cfg.get("path") == "sorted":
             assert cfg["gate_up"]["block_m"] == cfg["down"]["block_m"]  # one alignment for both GEMMs
+
+
+@pytest.mark.parametrize("weights", ["mxfp4", "fp8_channel"])
+def test_one_token_packed_loops_follow_the_format_switch_unless_a_tile_says(weights, monkeypatch, tmp_path, request):
+    """PACKED_ONE_TOKEN fills `packed_f16` into the one-token tiles, default or tuned, of its formats
+    (off until timed); a tile's own value wins; other formats and routes are left as they were."""
+    request.addfinalizer(moe_config.pick_config.cache_clear)  # no cached "on" for the tests after this one
+    shape = (32, 2880, 2880, 4, torch.bfloat16)
+    off = moe_config.pick_config(1, *shape, "none", tmp_path, weight_format=weights)
+    assert off["gate_up"]["packed_f16"] is False and off["down"]["packed_f16"] is False
+    monkeypatch.setitem(moe_config.PACKED_ONE_TOKEN, weights, True)
+    moe_config.pick_config.cache_clear()  # the switch is read once per shape, as a process sets it before
+    on = moe_config.pick_config(1, *shape, "none", tmp_path, weight_format=weights)
+    assert on["gate_up"]["packed_f16"] is True and on["down"]["packed_f16"] is True
+    tile = dict(block_m=0, block_n=4, block_k=1024, num_warps=4, num_stages=4)
+    tuned = {"path": "gemv", "gate_up": dict(tile, packed_f16=False), "down": dict(tile)}
+    assert moe_config.with_packed_default(tuned, weights)["gate_up"]["packed_f16"] is False  # the tile's own
+    assert moe_config.with_packed_default(tuned, weights)["down"]["packed_f16"] is True
+    assert "packed_f16" not in moe_config.pick_config(1, *shape, "none", tmp_path)["gate_up"]  # bf16 experts
+    assert "packed_f16" not in moe_config.pick_config(64, *shape, "none", tmp_path, weight_format=weights)["gate_up"]

@@ -100,6 +100,20 @@ def fits(path: str, tokens: int, top_k: int) -> bool:
     return path == "sorted" or tokens * top_k <= SMALL_PATH_MAX_PAIRS
 
 
+# The one-token route on the packed-f16 loops (mxfp4_packed.py; moe_gemv.py for per-row FP8) by
+# expert format, where a tile does not say: off until a GPU has timed them against the fp32 loops
+# (docs/kernels.md, "Fused MoE"); one entry turns a format's on.
+PACKED_ONE_TOKEN = {"mxfp4": False, "fp8_channel": False}
+
+
+def with_packed_default(cfg: dict, weight_format: str) -> dict:
+    """`cfg` with PACKED_ONE_TOKEN's choice in both GEMV tiles that do not name `packed_f16`."""
+    if cfg["path"] != "gemv" or weight_format not in PACKED_ONE_TOKEN:
+        return cfg
+    on = PACKED_ONE_TOKEN[weight_format]
+    return {**cfg, "gate_up": {"packed_f16": on, **cfg["gate_up"]}, "down": {"packed_f16": on, **cfg["down"]}}
+
+
 @functools.cache  # per (shape, token count): a dict lookup per call after the first
 def pick_config(
     tokens: int, experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str,
@@ -110,11 +124,11 @@ def pick_config(
     (it is cached)."""
     prefix = config_prefix(experts, hidden, inter, top_k, dtype, weight_format)
     tuned = load_configs(prefix, device_name, family, directory)
-    default = default_config(tokens, top_k, experts, inter, weight_format)
+    default = with_packed_default(default_config(tokens, top_k, experts, inter, weight_format), weight_format)
     if not tuned:
         return default
     below = [m for m in tuned if m <= tokens]
     cfg = {"path": default["path"], **tuned[max(below) if below else min(tuned)]}
     if not fits(cfg["path"], tokens, top_k):
         return default  # e.g. a one-token gemv entry or a small-route tile too short for these pairs
-    return cfg
+    return with_packed_default(cfg, weight_format)
