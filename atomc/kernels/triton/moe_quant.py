@@ -61,7 +61,7 @@ def _check_shapes(x, w13, w13_scale, w2, w2_scale, weight_format: str) -> tuple[
     return e, h, inter
 
 
-def _packed_knob(tile: dict, x: torch.Tensor, k: int, w: torch.Tensor) -> dict:
+def _packed_mxfp4_knob(tile: dict, x: torch.Tensor, k: int, w: torch.Tensor) -> dict:
     """The MXFP4 GEMV tile with the kernels' PACKED / ASM constexprs (under "packed") where the
     tile asks for `packed_f16` and the step can run: it reads int32 words, so the weights must be
     4-byte aligned (a row of K values is K / 2 bytes, and K is whole 32-value groups: rows are
@@ -128,7 +128,7 @@ def fused_experts_quant(
         if mx:  # scales indexed by (row, group): the group stride is 1 (contiguous)
             gate_up, down, fmt = mxfp4_gate_up_gemv_kernel, mxfp4_down_combine_gemv_kernel, {}
             s13, s2 = s13[:2], s2[:2]
-            gu, dn = _packed_knob(gu, x, h, w13), _packed_knob(dn, x, inter, w2)
+            gu, dn = _packed_mxfp4_knob(gu, x, h, w13), _packed_mxfp4_knob(dn, x, inter, w2)
         else:
             gate_up, down = moe_gate_up_gemv_kernel, moe_down_combine_gemv_kernel
             fmt = {"WEIGHTS": WEIGHT_CODES[weight_format]}
