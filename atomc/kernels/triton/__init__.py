@@ -11,7 +11,8 @@ else:
     from atomc.kernels.triton.gemv import linear
     from atomc.kernels.triton.kv_cache_write import write_kv_cache
     from atomc.kernels.triton.latent_norm_rope import mla_latent_norm_rope
-    from atomc.kernels.triton.mla_attention import mla_attention, write_latent_cache
+    from atomc.kernels.triton.mla_attention import mla_attention
+    from atomc.kernels.triton.mla_latent_write import write_latent_cache
     from atomc.kernels.triton.moe import fused_experts, fused_moe
     from atomc.kernels.triton.paged_attention import paged_attention
     from atomc.kernels.triton.rmsnorm import fused_add_rms_norm, rms_norm
