@@ -71,17 +71,26 @@ def e2m1_pair(byte, scale):
 
 
 @triton.jit
-def mxfp4_bytes(w_rows, s_rows, n_ok, k0, K, BLOCK_K: tl.constexpr):
-    """The packed bytes uint8 [BLOCK_N, BLOCK_K / 32, 16] and fp32 scales [BLOCK_N, BLOCK_K / 32, 1]
-    of input values k0 .. k0 + BLOCK_K (k0 a multiple of 32; K, the row's values, too) of the rows
-    w_rows / s_rows ([BLOCK_N, 1] pointers to each row's bytes / scales)."""
+def mxfp4_groups(w_rows, s_rows, n_ok, k0, K, BLOCK_K: tl.constexpr, UNITS: tl.constexpr):
+    """The scale groups of input values k0 .. k0 + BLOCK_K (k0 a multiple of 32; K, the row's values,
+    too) of the rows w_rows / s_rows ([BLOCK_N, 1] pointers to each row's packed values / scales):
+    a group's 16 bytes as UNITS elements of w_rows' type [BLOCK_N, BLOCK_K / 32, UNITS] (16 uint8,
+    or 4 int32 words), and fp32 scales [BLOCK_N, BLOCK_K / 32]."""
     G: tl.constexpr = BLOCK_K // 32
     grp = k0 // 32 + tl.arange(0, G)
     g_ok = grp < K // 32
-    offs = grp[:, None] * 16 + tl.arange(0, 16)[None, :]
-    byte = tl.load(w_rows[:, :, None] + offs[None, :, :], mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+    offs = grp[:, None] * UNITS + tl.arange(0, UNITS)[None, :]
+    tile = tl.load(w_rows[:, :, None] + offs[None, :, :], mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
     s = tl.load(s_rows + grp[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127)
-    return byte, e8m0_scale(s)[:, :, None]
+    return tile, e8m0_scale(s)
+
+
+@triton.jit
+def mxfp4_bytes(w_rows, s_rows, n_ok, k0, K, BLOCK_K: tl.constexpr):
+    """The packed bytes uint8 [BLOCK_N, BLOCK_K / 32, 16] and fp32 scales [BLOCK_N, BLOCK_K / 32, 1]
+    of input values k0 .. k0 + BLOCK_K (`mxfp4_groups`, w_rows uint8 pointers)."""
+    byte, scale = mxfp4_groups(w_rows, s_rows, n_ok, k0, K, BLOCK_K, 16)
+    return byte, scale[:, :, None]
 
 
 @triton.jit

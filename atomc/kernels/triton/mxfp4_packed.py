@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from atomc.kernels.triton.moe_tiles import e8m0_scale
+from atomc.kernels.triton.moe_tiles import mxfp4_groups
 
 MAG_MASK = tl.constexpr(0x0E000E00)
 X_TOP = tl.constexpr(15)  # |x'| < 2^15; a group's sum stays under 32 * 6 * 2^-14 * 2^15 = 384
@@ -128,11 +128,5 @@ def group_sums(words, x0, x1, x2, x3, ASM: tl.constexpr):
 @triton.jit
 def mxfp4_words(w_rows, s_rows, n_ok, k0, K, BLOCK_K: tl.constexpr):
     """The int32 words [BLOCK_N, G, 4] and fp32 scales [BLOCK_N, G] of input values k0 .. k0 +
-    BLOCK_K: w_rows int32 pointers [BLOCK_N, 1] to each row's bytes (4-byte aligned), s_rows uint8."""
-    G: tl.constexpr = BLOCK_K // 32
-    grp = k0 // 32 + tl.arange(0, G)
-    g_ok = grp < K // 32
-    offs = grp[:, None] * 4 + tl.arange(0, 4)[None, :]
-    words = tl.load(w_rows[:, :, None] + offs[None, :, :], mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
-    s = tl.load(s_rows + grp[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127)
-    return words, e8m0_scale(s)
+    BLOCK_K (`moe_tiles.mxfp4_groups`; w_rows int32 pointers to each row's bytes, 4-byte aligned)."""
+    return mxfp4_groups(w_rows, s_rows, n_ok, k0, K, BLOCK_K, 4)
