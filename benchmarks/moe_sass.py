@@ -42,32 +42,27 @@ ROUTE = dict(local_ids="*i32", sorted_ids="*i32", block_expert="*i32", num_padde
 FP8_GATE_UP = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32",
                    H="i32", INTER="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
                    stride_sk="i32", stride_be="i32", stride_am="i32", alpha="fp32", limit="fp32")  # fmt: skip
-# name: (kernel, signature, constexprs, num_warps, num_stages), GPT-OSS-20B's bf16 activations
+# GPT-OSS-20B's MXFP4 experts, bf16 activations
+MXFP4_GATE_UP = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32",
+                     H="i32", INTER="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
+                     stride_be="i32", stride_am="i32", alpha="fp32", limit="fp32")  # fmt: skip
+MXFP4_DOWN = dict(act_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", weights_ptr="*fp32", local_ids="*i32",
+                  out_ptr="*bf16", H="i32", INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32",
+                  stride_se="i32", stride_sn="i32", stride_be="i32")  # fmt: skip
+GATE_UP_TILE = dict(ACT=1, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False)
+DOWN_TILE = dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False)
+FP8_TILE = dict(ACT=0, HAS_BIAS=False, WEIGHTS=1, BLOCK_N=2, BLOCK_K=1024, PDL=False)
+# name: (kernel, signature, constexprs, num_warps, num_stages)
 KERNELS = {
-    "mxfp4_gate_up_gemv": (mxfp4_gate_up_gemv_kernel,
-        dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32", H="i32",
-             INTER="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_be="i32",
-             stride_am="i32", alpha="fp32", limit="fp32"),
-        dict(ACT=1, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False, PACKED=False, ASM=False), 4, 4),
-    "mxfp4_down_combine_gemv": (mxfp4_down_combine_gemv_kernel,
-        dict(act_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", weights_ptr="*fp32", local_ids="*i32",
-             out_ptr="*bf16", H="i32", INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32",
-             stride_se="i32", stride_sn="i32", stride_be="i32"),
-        dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False, PACKED=False, ASM=False), 4, 4),
-    "mxfp4_gate_up_gemv_packed": (mxfp4_gate_up_gemv_kernel,
-        dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32", H="i32",
-             INTER="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_be="i32",
-             stride_am="i32", alpha="fp32", limit="fp32"),
-        dict(ACT=1, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False, PACKED=True, ASM=True), 4, 4),
-    "mxfp4_down_combine_gemv_packed": (mxfp4_down_combine_gemv_kernel,
-        dict(act_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", weights_ptr="*fp32", local_ids="*i32",
-             out_ptr="*bf16", H="i32", INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32",
-             stride_se="i32", stride_sn="i32", stride_be="i32"),
-        dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False, PACKED=True, ASM=True), 4, 4),
-    "fp8_gate_up_gemv": (moe_gate_up_gemv_kernel, FP8_GATE_UP,
-        dict(ACT=0, HAS_BIAS=False, WEIGHTS=1, BLOCK_N=2, BLOCK_K=1024, PDL=False, PACKED=False, X_TOP=0), 4, 4),
-    "fp8_gate_up_gemv_packed": (moe_gate_up_gemv_kernel, FP8_GATE_UP,
-        dict(ACT=0, HAS_BIAS=False, WEIGHTS=1, BLOCK_N=2, BLOCK_K=1024, PDL=False, PACKED=True, X_TOP=6), 4, 4),
+    "mxfp4_gate_up_gemv": (mxfp4_gate_up_gemv_kernel, MXFP4_GATE_UP, dict(GATE_UP_TILE, PACKED=False, ASM=False), 4, 4),
+    "mxfp4_down_combine_gemv": (mxfp4_down_combine_gemv_kernel, MXFP4_DOWN, dict(DOWN_TILE, PACKED=False, ASM=False),
+                                4, 4),
+    "mxfp4_gate_up_gemv_packed": (mxfp4_gate_up_gemv_kernel, MXFP4_GATE_UP, dict(GATE_UP_TILE, PACKED=True, ASM=True),
+                                  4, 4),
+    "mxfp4_down_combine_gemv_packed": (mxfp4_down_combine_gemv_kernel, MXFP4_DOWN,
+                                       dict(DOWN_TILE, PACKED=True, ASM=True), 4, 4),
+    "fp8_gate_up_gemv": (moe_gate_up_gemv_kernel, FP8_GATE_UP, dict(FP8_TILE, PACKED=False, X_TOP=0), 4, 4),
+    "fp8_gate_up_gemv_packed": (moe_gate_up_gemv_kernel, FP8_GATE_UP, dict(FP8_TILE, PACKED=True, X_TOP=6), 4, 4),
     "mxfp4_gate_up_sorted": (moe_gate_up_kernel,
         dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", act_ptr="*bf16", **ROUTE, stride_xm="i32",
              stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32", stride_be="i32",
