@@ -19,7 +19,7 @@ without an entry `gemv_config`: "reduce_f16" for per-tensor / per-row scales, "d
   the sweeps on the H200 and the H100 picked it over the dot at N <= 6,144: there 2-4 rows a
   program give 1,000-3,000 programs, where the 16-row dot gives a few hundred.
 - "reduce_f16": that loop with the products and the per-column partial sums in packed f16
-  (`e4m3_row_dot_f16`): one e4m3x2 -> f16x2 convert and one f16x2 FMA a weight pair, 2.25 loop
+  (`gemv.row_dot` in float16): one e4m3x2 -> f16x2 convert and one f16x2 FMA a weight pair, 2.25 loop
   instructions a weight byte on sm_90 against the fp32 loop's 4.0 (`benchmarks/gemv_sass.py`),
   exact products, f16 rounding only on the few partial sums a column adds (about 3e-4 of the
   output's norm, below its bf16 rounding). The default for per-tensor / per-row scales.
@@ -60,11 +60,11 @@ def _fp8_gemv_kernel(
 ):  # fmt: skip
     """Per-tensor or per-row scales (WS_ROWS: w_scale has one value per output row). PDL: pdl.py
     (the row loop waits before it reads x; the activation scale is read after it). F16_SUMS: the
-    packed-f16 loop (`e4m3_row_dot_f16`), its x scaled by X_SHIFT, undone here."""
+    packed-f16 loop (row_dot in float16, below), its x scaled by X_SHIFT, undone here."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     if F16_SUMS:
-        y = e4m3_row_dot_f16(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K, X_SHIFT, PDL)
+        y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K, PDL, tl.float16, X_SHIFT)
         y = y * (tl.load(xs_ptr) / X_SHIFT)
     else:
         y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K, PDL) * tl.load(xs_ptr)
@@ -75,34 +75,6 @@ def _fp8_gemv_kernel(
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
-def e4m3_row_dot_f16(
-    x_ptr, w_ptr, offs_n, n_ok, K, stride_wn,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, X_SHIFT: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """[BLOCK_N] fp32: row_dot's loop for e4m3 x and weights with the products and the per-column
-    partial sums in f16 (packed: one e4m3x2 -> f16x2 convert and one f16x2 FMA a weight pair, where
-    the fp32 loop also widens each value to fp32), summed in fp32 once at the end. Exact products:
-    e4m3 has 4 significant bits, so a product has 8 and f16 holds 11; x is scaled by X_SHIFT, a
-    power of two (exact), so that the K / BLOCK_K products a column adds stay below f16's 65,504
-    even at 448 x 448 each (`packed_f16.e4m3_x_shift`). The only rounding beyond the fp32 loop's is f16's on
-    those few partial sums."""
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    offs_k = tl.arange(0, BLOCK_K)
-    k_ok = offs_k < K
-    w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    after_producer(PDL)
-    x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float16) * X_SHIFT
-    acc = w.to(tl.float16) * x[None, :]
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float16) * X_SHIFT
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += w.to(tl.float16) * x[None, :]
-    return tl.sum(acc.to(tl.float32), 1)
 
 
 @triton.jit

@@ -68,25 +68,35 @@ def _gemv_kernel(
 @triton.jit
 def row_dot(
     x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    DOT_DTYPE: tl.constexpr = tl.float32, X_SHIFT: tl.constexpr = 1.0,
 ):  # fmt: skip
     """[BLOCK_N] fp32: the one row x [K] times the weight rows offs_n, on the CUDA cores into a
     [BLOCK_N, BLOCK_K] register tile summed once at the end (the reduce GEMV's loop; the FP8 GEMV
     runs it on e4m3 weights). The first weight tile is loaded before `after_producer` (pdl.py): it
-    streams in while the kernel before this one finishes."""
+    streams in while the kernel before this one finishes. DOT_DTYPE: the products' and the tile's
+    type (float16: fp8_gemv's packed-f16 loop, x scaled by X_SHIFT into f16's range first)."""
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     offs_k = tl.arange(0, BLOCK_K)
     k_ok = offs_k < K
     w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
     after_producer(PDL)
-    x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    acc = w.to(tl.float32) * x[None, :]
+    x = _row_x(x_ptr, offs_k, k_ok, DOT_DTYPE, X_SHIFT)
+    acc = w.to(DOT_DTYPE) * x[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < K
-        x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+        x = _row_x(x_ptr, offs_k, k_ok, DOT_DTYPE, X_SHIFT)
         w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
-    return tl.sum(acc, 1)
+        acc += w.to(DOT_DTYPE) * x[None, :]
+    return tl.sum(acc.to(tl.float32), 1)
+
+
+@triton.jit
+def _row_x(x_ptr, offs_k, k_ok, DOT_DTYPE: tl.constexpr, X_SHIFT: tl.constexpr):
+    x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0).to(DOT_DTYPE)
+    if X_SHIFT != 1.0:
+        x = x * X_SHIFT
+    return x
 
 
 @triton.jit

@@ -14,8 +14,9 @@ E4M3_MAX, F16_MAX = 448.0, 65504.0
 
 
 def e4m3_x_shift(k: int, block_k: int) -> float:
-    """For e4m3 x and weights (fp8_gemv.e4m3_row_dot_f16): the power of two on x that keeps a
-    column's t = ceil(K / BLOCK_K) partial products of at most 448 * 448 * shift within f16."""
+    """For e4m3 x and weights (fp8_gemv's packed-f16 loop, gemv.row_dot in float16): the power of
+    two on x that keeps a column's t = ceil(K / BLOCK_K) partial products of at most
+    448 * 448 * shift within f16."""
     t = triton.cdiv(k, block_k)
     shift = 1.0
     while t * E4M3_MAX * E4M3_MAX * shift > F16_MAX:
