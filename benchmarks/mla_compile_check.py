@@ -48,7 +48,6 @@ def compile_config(config: dict, decode: bool = True, segments: int = 1, arch: i
         HEAD_BLOCKS=-(-HEADS // t["block_h"]), BLOCK_M=t["block_m"], BLOCK_Q=t["block_q"], TILE_N=t["tile_n"],
         PAGE=PAGE, NUM_SEGMENTS=segments, SPLIT=segments > 1, MIN_SEG_TILES=mla.MIN_SEG_TILES,
         DV_SPLIT=t["dv_split"], DECODE=decode, PRECISION="tf32", FP8=fp8, F16_DOTS=fp8, PDL=True,
-        LAZY=float(config.get("lazy_rescale", 0.0)),
     )  # fmt: skip
     pointers = {**POINTERS, "cache_ptr": "*fp8e4nv"} if fp8 else POINTERS
     return compile_as_launched(mla._mla_kernel, pointers, consts, t["num_warps"], t["num_stages"], arch)

@@ -145,15 +145,13 @@ def roofline_fields(bs: int, ctx: int, us: float, bw: float, peak: float, gemm: 
 # --sweep: the tiling before the compute-bound rework (32 heads, 64 keys, 4 warps, with the MHA
 # decode's segment rule: "old"), the new 64-head / 8-warp tiles over keys a step x stages x c_kv
 # pieces (64 keys x 3 stages would need 288 KiB of shared memory: left out), and the new default
-# with forced segment counts (bs 8's auto is 8, bs 64's 1), and the default with the lazy rescale
-# (the accumulators rescaled only when a row's max grows by more than 2^8)
+# with forced segment counts (bs 8's auto is 8, bs 64's 1)
 OLD = dict(block_h=32, tile_n=64, num_warps=4, num_stages=2, dv_split=1, num_segments="old")
 NEW = dict(block_h=64, tile_n=64, num_warps=8, num_stages=2, dv_split=2)  # the kernel's default
 SWEEP = (
     [OLD]
     + [dict(NEW, tile_n=n, num_stages=st, dv_split=dv) for n, st in ((32, 2), (32, 3), (64, 2)) for dv in (1, 2)]
     + [dict(NEW, num_segments=k) for k in (2, 4, 16)]
-    + [dict(NEW, lazy_rescale=8.0)]
 )
 
 

@@ -11,9 +11,11 @@ torch build has it).
 models/quant/mxfp4.py, FP8 by amax / 448 per row or per 128x128 block) and every bf16 row runs
 their dequantised values (the same model); the row `atomc_triton_<format>` is the quantised
 kernels (atomc/kernels/triton/moe_quant.py), whose bytes are the quantised weights and scales.
-With MXFP4 or per-row FP8 at one token, `atomc_triton_<format>[packed_f16]` is the same route on the
-packed-f16 loops (atomc/kernels/triton/mxfp4_packed.py, moe_gemv.py; the tile knob `packed_f16`),
-timed beside the fp32 ones.
+With MXFP4 or per-row FP8 at one token, `atomc_triton_<format>[fp32]` and `[packed_f16]` are the
+one-token GEMV route on each of its loops (the fp32 step; the packed-f16 one of
+atomc/kernels/triton/mxfp4_packed.py, moe_gemv.py: the tile knob `packed_f16`), whatever the
+default picks; `[gemv,fp32]` / `[gemv,packed_f16]` where the picked route is another (a tuned file's
+tensor-core route).
 
 Bytes are the weights actually read (the distinct experts the routing touches, w13 + w2 + biases)
 plus x and the output; FLOPs are 6 * M * top_k * H * I. Ours and grouped_mm are timed as CUDA-graph
@@ -183,14 +185,18 @@ def bench_shape(
                                                     weights_fmt),
                 True,
             )  # fmt: skip
-        if weights_fmt in ("mxfp4", "fp8_channel") and qcfg["path"] == "gemv":  # the packed-f16 loops beside it
-            packed = {**qcfg, "gate_up": {**qcfg["gate_up"], "packed_f16": True},
-                      "down": {**qcfg["down"], "packed_f16": True}}  # fmt: skip
-            impls[f"atomc_triton_{weights_fmt}[packed_f16]"] = (
-                lambda x, w, i, c=packed: fused_experts_quant(x, w, i, q13, s13, q2, s2, b13, b2, None, act, 1.702,
-                                                              7.0, weights_fmt, config=c),
-                True,
-            )  # fmt: skip
+        if weights_fmt in moe_config.PACKED_ONE_TOKEN and t == 1:  # the one-token route on both loops
+            gemv = qcfg if qcfg["path"] == "gemv" else moe_config.default_config(1, k, e, inter, weights_fmt)
+            for packed in (False, True):
+                variant = {**gemv, "gate_up": {**gemv["gate_up"], "packed_f16": packed},
+                           "down": {**gemv["down"], "packed_f16": packed}}  # fmt: skip
+                label = "[gemv" * (qcfg["path"] != "gemv") + ("," if qcfg["path"] != "gemv" else "[")
+                label = f"{label}{'packed_f16' if packed else 'fp32'}]"
+                impls[f"atomc_triton_{weights_fmt}{label}"] = (
+                    lambda x, w, i, c=variant: fused_experts_quant(x, w, i, q13, s13, q2, s2, b13, b2, None, act,
+                                                                   1.702, 7.0, weights_fmt, config=c),
+                    True,
+                )  # fmt: skip
         if hasattr(torch, "_grouped_mm"):
             impls["grouped_mm"] = (lambda x, w, i: grouped_mm_moe(x, w, i, w13, w2, b13, b2, act), True)
         if routes:  # every other route that can take t tokens, at its default tiles: where each wins
@@ -223,7 +229,7 @@ def bench_shape(
             if impl == "atomc_triton":
                 row["route"] = cfg["path"]
             elif impl.startswith(f"atomc_triton_{weights_fmt}"):
-                row["route"] = qcfg["path"]
+                row["route"] = "gemv" if "[" in impl else qcfg["path"]
             rows.append(row)
             print(f"{name:10s} M={t:5d} {impl:13s} {us:9.1f} us {row['gbps']:8.1f} GB/s ({row['pct_peak_bw']:5.1f}%) "
                   f"{row['tflops']:7.2f} TFLOP/s  err {row['rel_err']:.1e} {row.get('route', '')}"

@@ -72,22 +72,6 @@ def test_decode_over_uneven_contexts(dtype, segments):
     check("decode", dtype, num_segments=segments, tile_n=16)
 
 
-@pytest.mark.parametrize("lazy", [0.5, 8.0])
-@pytest.mark.parametrize("segments", [1, 4])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_lazy_rescale_is_exact(dtype, segments, lazy):
-    """The running max kept until some row's grows by more than `lazy` (log2): the same softmax,
-    whether the accumulators were rescaled in a step or not (0.5 rescales often, 8 rarely), split or
-    not (the merge reads the stale max with its sums)."""
-    check("decode", dtype, num_segments=segments, tile_n=16, lazy_rescale=lazy)
-    check("mixed", dtype, heads=6, block_h=2, tile_n=16, lazy_rescale=lazy)
-
-
-def test_lazy_rescale_beyond_16_bit_range_is_refused():
-    with pytest.raises(ValueError, match="lazy_rescale"):
-        check("decode", torch.float32, lazy_rescale=16.0)
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_split_with_several_head_blocks(dtype):
     check("decode", dtype, heads=6, num_segments=2, block_h=4, tile_n=16)  # heads 6, 7 of block 1 masked

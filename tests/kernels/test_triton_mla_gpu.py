@@ -61,20 +61,6 @@ def test_mla_v3_widths_bf16(q_lens, seq_lens, segments):
     assert rel_err(out[:t], reference(q_absorbed, q_pe, cache, meta)[:t]) < REL
 
 
-@pytest.mark.parametrize("segments", [1, 8])
-@pytest.mark.parametrize("lazy", [1.0, 8.0])
-def test_lazy_rescale_at_v3_widths(lazy, segments):
-    """The lazy-rescale branch compiled for the GPU (all warps of a program take one branch):
-    decode and mixed batches against the reference, as the default's bound."""
-    for q_lens, seq_lens in (([1] * 4, [1, 77, 1024, 3000]), ([1, 64, 1, 5], [513, 64, 33, 700])):
-        q_absorbed, q_pe, cache, meta = latent_batch(q_lens, seq_lens, seed=3)
-        out = torch.full(q_absorbed.shape, float("nan"), dtype=BF16, device=DEV)
-        run(q_absorbed, q_pe, cache, meta, out, num_segments=segments, lazy_rescale=lazy)
-        t = meta.query_start_loc_host[-1]
-        assert not out[:t].isnan().any()
-        assert rel_err(out[:t], reference(q_absorbed, q_pe, cache, meta)[:t]) < REL
-
-
 def test_mla_decode_replays_in_a_cuda_graph_with_new_lengths():
     """Captured once at an upper-bound max_seq_len, replayed after the lengths grew: the kernel
     reads the lengths on the device, so the replay matches the reference for the new lengths."""

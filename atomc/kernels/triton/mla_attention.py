@@ -100,7 +100,7 @@ def _mla_kernel(
     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, DV_SPLIT: tl.constexpr, DECODE: tl.constexpr, PRECISION: tl.constexpr,
-    FP8: tl.constexpr, F16_DOTS: tl.constexpr, PDL: tl.constexpr, LAZY: tl.constexpr = 0.0,
+    FP8: tl.constexpr, F16_DOTS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py
     # head blocks fastest: a token's run side by side (see the module docstring); one axis for
@@ -187,35 +187,15 @@ def _mla_kernel(
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        if LAZY > 0:
-            # the running max moves (and the accumulators are rescaled) only in a step where some
-            # row's grows by more than LAZY (log2 units), so most steps skip the [BLOCK_M, BLOCK_C]
-            # multiply; p = exp2(score - a stale max) stays <= 2^LAZY. The test is over the whole
-            # block, so every warp takes the same branch.
-            grown = tl.where(m_new == float("-inf"), 0.0, m_new - m_i)  # a masked row: no inf - inf
-            if tl.max(grown) > LAZY:
-                alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-                l_i = l_i * alpha
-                acc_a = acc_a * alpha[:, None]
-                if DV_SPLIT == 2:
-                    acc_b = acc_b * alpha[:, None]
-                m_i = m_new
-            p = tl.exp2(s * qk_scale - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-            l_i = l_i + tl.sum(p, 1)
-            p = p.to(ka.dtype)
-            acc_a = tl.dot(p, ka, acc_a, input_precision=PRECISION)
-            if DV_SPLIT == 2:
-                acc_b = tl.dot(p, kb, acc_b, input_precision=PRECISION)
-        else:
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked row: no inf - inf
-            p = tl.exp2(s * qk_scale - m_safe[:, None])  # qk_scale = scale * log2(e): one FMA a score
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            p = p.to(ka.dtype)
-            acc_a = tl.dot(p, ka, acc_a * alpha[:, None], input_precision=PRECISION)
-            if DV_SPLIT == 2:
-                acc_b = tl.dot(p, kb, acc_b * alpha[:, None], input_precision=PRECISION)
-            m_i = m_new
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked row: no inf - inf
+        p = tl.exp2(s * qk_scale - m_safe[:, None])  # qk_scale = scale * log2(e): one FMA a score
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = p.to(ka.dtype)
+        acc_a = tl.dot(p, ka, acc_a * alpha[:, None], input_precision=PRECISION)
+        if DV_SPLIT == 2:
+            acc_b = tl.dot(p, kb, acc_b * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
 
     if FP8:
         v_scale = tl.load(kv_scale_ptr)  # the values are the stored c_kv * kv_scale
@@ -378,7 +358,6 @@ def mla_attention(
     dv_split: int | None = None,
     min_seg_tiles: int = MIN_SEG_TILES,
     kv_scale: torch.Tensor | None = None,
-    lazy_rescale: float = 0.0,
 ) -> torch.Tensor:
     """Causal latent attention of q_absorbed [T, H, kv_lora] and q_pe [T, H, rope] over the latent
     pages [blocks, page, 1, kv_lora + rope]; writes out [T, H, kv_lora].
@@ -388,12 +367,8 @@ def mla_attention(
     (> 1) or not (1); by default decode batches too small to fill the GPU are split. `block_h`
     (heads a tile, a power of two), `tile_n` (keys a step, >= 16), `num_warps`, `num_stages`,
     `dv_split` (1: c_kv as one piece; 2: two halves, two accumulators), `min_seg_tiles` (the fewest
-    tiles a split-KV segment takes): tuning knobs for benchmarks (`mla_tiles`). `lazy_rescale`
-    (log2 units, 0 = every step; at most 15, f16's range for p): the running max and the
-    accumulators move only when a row's max grows by more than it (not yet timed on a GPU).
+    tiles a split-KV segment takes): tuning knobs for benchmarks (`mla_tiles`).
     `kv_scale` fp32 [1]: the pages are FP8 (e4m3) and hold the latent / kv_scale."""
-    if not 0 <= lazy_rescale <= 15:
-        raise ValueError(f"mla_attention: lazy_rescale {lazy_rescale} outside 0..15 (p <= 2^lazy_rescale in 16 bits)")
     num_tokens, num_heads, kv_lora = q_absorbed.shape
     _, page, one, latent_dim = latent_cache.shape
     rope = latent_dim - kv_lora
@@ -442,7 +417,7 @@ def mla_attention(
         NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=min_seg_tiles, DV_SPLIT=t["dv_split"],
         DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32", FP8=fp8,
         F16_DOTS=fp8 and q_absorbed.dtype == torch.bfloat16, num_warps=t["num_warps"], num_stages=t["num_stages"],
-        LAZY=float(lazy_rescale), **pdl.launch(q_absorbed),
+        **pdl.launch(q_absorbed),
     )  # fmt: skip
     if split:
         red_h = max(1, min(block_h, 16 // block_q))  # about 16 rows a merge program
