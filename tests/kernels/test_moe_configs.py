@@ -47,9 +47,12 @@ def test_tuned_file_is_a_valid_configuration(path):
 @pytest.mark.parametrize("weights", ["mxfp4", "fp8_channel"])
 def test_one_token_packed_loops_follow_the_format_switch_unless_a_tile_says(weights, monkeypatch, tmp_path, request):
     """PACKED_ONE_TOKEN fills `packed_f16` into the one-token tiles, default or tuned, of its formats
-    (off until timed); a tile's own value wins; other formats and routes are left as they were."""
-    request.addfinalizer(moe_config.pick_config.cache_clear)  # no cached "on" for the tests after this one
+    (on where a GPU timed the packed loop faster); a tile's own value wins; other formats and routes
+    are left as they were."""
+    request.addfinalizer(moe_config.pick_config.cache_clear)  # no cached switch for the tests after this one
     shape = (32, 2880, 2880, 4, torch.bfloat16)
+    monkeypatch.setitem(moe_config.PACKED_ONE_TOKEN, weights, False)
+    moe_config.pick_config.cache_clear()
     off = moe_config.pick_config(1, *shape, "none", tmp_path, weight_format=weights)
     assert off["gate_up"]["packed_f16"] is False and off["down"]["packed_f16"] is False
     monkeypatch.setitem(moe_config.PACKED_ONE_TOKEN, weights, True)
@@ -62,3 +65,5 @@ def test_one_token_packed_loops_follow_the_format_switch_unless_a_tile_says(weig
     assert moe_config.with_packed_default(tuned, weights)["down"]["packed_f16"] is True
     assert "packed_f16" not in moe_config.pick_config(1, *shape, "none", tmp_path)["gate_up"]  # bf16 experts
     assert "packed_f16" not in moe_config.pick_config(64, *shape, "none", tmp_path, weight_format=weights)["gate_up"]
+    fp32 = moe_config.pick_config(1, *shape[:-1], torch.float32, "none", tmp_path, weight_format=weights)
+    assert fp32["gate_up"]["packed_f16"] is False  # an fp32 model keeps the fp32 loops

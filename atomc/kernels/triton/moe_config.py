@@ -101,16 +101,19 @@ def fits(path: str, tokens: int, top_k: int) -> bool:
 
 
 # The one-token route on the packed-f16 loops (mxfp4_packed.py; moe_gemv.py for per-row FP8) by
-# expert format, where a tile does not say: off until a GPU has timed them against the fp32 loops
-# (docs/kernels.md, "Fused MoE"); one entry turns a format's on.
-PACKED_ONE_TOKEN = {"mxfp4": False, "fp8_channel": False}
+# expert format, where a tile does not say; on where a GPU timed the packed loop faster than the
+# fp32 one (docs/kernels.md, "Fused MoE"). MXFP4: GPT-OSS-20B's experts at one token 42.9 us
+# against 69.7 (H200, moe_kernel.py). ROCm runs the fp32 step whatever this says (PTX FMAs).
+PACKED_ONE_TOKEN = {"mxfp4": True, "fp8_channel": False}
 
 
-def with_packed_default(cfg: dict, weight_format: str) -> dict:
-    """`cfg` with PACKED_ONE_TOKEN's choice in both GEMV tiles that do not name `packed_f16`."""
+def with_packed_default(cfg: dict, weight_format: str, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """`cfg` with PACKED_ONE_TOKEN's choice in both GEMV tiles that do not name `packed_f16`. fp32
+    activations keep the fp32 loops (f16 sums would cost an fp32 model its precision); a tile that
+    names the knob is obeyed at any dtype."""
     if cfg["path"] != "gemv" or weight_format not in PACKED_ONE_TOKEN:
         return cfg
-    on = PACKED_ONE_TOKEN[weight_format]
+    on = PACKED_ONE_TOKEN[weight_format] and dtype in (torch.bfloat16, torch.float16)
     return {**cfg, "gate_up": {"packed_f16": on, **cfg["gate_up"]}, "down": {"packed_f16": on, **cfg["down"]}}
 
 
@@ -124,11 +127,11 @@ def pick_config(
     (it is cached)."""
     prefix = config_prefix(experts, hidden, inter, top_k, dtype, weight_format)
     tuned = load_configs(prefix, device_name, family, directory)
-    default = with_packed_default(default_config(tokens, top_k, experts, inter, weight_format), weight_format)
+    default = with_packed_default(default_config(tokens, top_k, experts, inter, weight_format), weight_format, dtype)
     if not tuned:
         return default
     below = [m for m in tuned if m <= tokens]
     cfg = {"path": default["path"], **tuned[max(below) if below else min(tuned)]}
     if not fits(cfg["path"], tokens, top_k):
         return default  # e.g. a one-token gemv entry or a small-route tile too short for these pairs
-    return with_packed_default(cfg, weight_format)
+    return with_packed_default(cfg, weight_format, dtype)
