@@ -11,11 +11,11 @@ torch build has it).
 models/quant/mxfp4.py, FP8 by amax / 448 per row or per 128x128 block) and every bf16 row runs
 their dequantised values (the same model); the row `atomc_triton_<format>` is the quantised
 kernels (atomc/kernels/triton/moe_quant.py), whose bytes are the quantised weights and scales.
-With MXFP4 or per-row FP8 at one token, `atomc_triton_<format>[fp32]` and `[packed_f16]` are the
-one-token GEMV route on each of its loops (the fp32 step; the packed-f16 one of
-atomc/kernels/triton/mxfp4_packed.py, moe_gemv.py: the tile knob `packed_f16`), whatever the
-default picks; `[gemv,fp32]` / `[gemv,packed_f16]` where the picked route is another (a tuned file's
-tensor-core route).
+With MXFP4 or per-row FP8 at one token (MXFP4: up to moe_config.GEMV_MAX_TOKENS),
+`atomc_triton_<format>[fp32]` and `[packed_f16]` are the GEMV route on each of its loops (the fp32
+step; the packed-f16 one of atomc/kernels/triton/mxfp4_packed.py, moe_gemv.py: the tile knob
+`packed_f16`), whatever the default picks; `[gemv,fp32]` / `[gemv,packed_f16]` where the picked
+route is another (a tuned file's tensor-core route, or the small route past one token).
 
 Bytes are the weights actually read (the distinct experts the routing touches, w13 + w2 + biases)
 plus x and the output; FLOPs are 6 * M * top_k * H * I. Ours and grouped_mm are timed as CUDA-graph
@@ -185,7 +185,7 @@ def bench_shape(
                                                     weights_fmt),
                 True,
             )  # fmt: skip
-        if weights_fmt in moe_config.PACKED_ONE_TOKEN and t == 1:  # the one-token route on both loops
+        if weights_fmt in moe_config.PACKED_GEMV and moe_config.fits("gemv", t, k, weights_fmt):  # both loops
             gemv = qcfg if qcfg["path"] == "gemv" else moe_config.default_config(1, k, e, inter, weights_fmt)
             for packed in (False, True):
                 variant = {**gemv, "gate_up": {**gemv["gate_up"], "packed_f16": packed},

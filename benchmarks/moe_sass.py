@@ -45,11 +45,11 @@ FP8_GATE_UP = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16"
 # GPT-OSS-20B's MXFP4 experts, bf16 activations
 MXFP4_GATE_UP = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32",
                      H="i32", INTER="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
-                     stride_be="i32", stride_am="i32", alpha="fp32", limit="fp32")  # fmt: skip
+                     stride_be="i32", stride_am="i32", alpha="fp32", limit="fp32", stride_xm="i32")  # fmt: skip
 MXFP4_DOWN = dict(act_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", weights_ptr="*fp32", local_ids="*i32",
                   out_ptr="*bf16", H="i32", INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32",
-                  stride_se="i32", stride_sn="i32", stride_be="i32")  # fmt: skip
-GATE_UP_TILE = dict(ACT=1, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False)
+                  stride_se="i32", stride_sn="i32", stride_be="i32", stride_om="i32")  # fmt: skip
+GATE_UP_TILE = dict(ACT=1, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False, TOPK=4)
 DOWN_TILE = dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False)
 FP8_TILE = dict(ACT=0, HAS_BIAS=False, WEIGHTS=1, BLOCK_N=2, BLOCK_K=1024, PDL=False)
 # name: (kernel, signature, constexprs, num_warps, num_stages)

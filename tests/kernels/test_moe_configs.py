@@ -46,16 +46,16 @@ def test_tuned_file_is_a_valid_configuration(path):
 
 @pytest.mark.parametrize("weights", ["mxfp4", "fp8_channel"])
 def test_one_token_packed_loops_follow_the_format_switch_unless_a_tile_says(weights, monkeypatch, tmp_path, request):
-    """PACKED_ONE_TOKEN fills `packed_f16` into the one-token tiles, default or tuned, of its formats
+    """PACKED_GEMV fills `packed_f16` into the one-token tiles, default or tuned, of its formats
     (on where a GPU timed the packed loop faster); a tile's own value wins; other formats and routes
     are left as they were."""
     request.addfinalizer(moe_config.pick_config.cache_clear)  # no cached switch for the tests after this one
     shape = (32, 2880, 2880, 4, torch.bfloat16)
-    monkeypatch.setitem(moe_config.PACKED_ONE_TOKEN, weights, False)
+    monkeypatch.setitem(moe_config.PACKED_GEMV, weights, False)
     moe_config.pick_config.cache_clear()
     off = moe_config.pick_config(1, *shape, "none", tmp_path, weight_format=weights)
     assert off["gate_up"]["packed_f16"] is False and off["down"]["packed_f16"] is False
-    monkeypatch.setitem(moe_config.PACKED_ONE_TOKEN, weights, True)
+    monkeypatch.setitem(moe_config.PACKED_GEMV, weights, True)
     moe_config.pick_config.cache_clear()  # the switch is read once per shape, as a process sets it before
     on = moe_config.pick_config(1, *shape, "none", tmp_path, weight_format=weights)
     assert on["gate_up"]["packed_f16"] is True and on["down"]["packed_f16"] is True

@@ -47,7 +47,7 @@ KERNELS = {
     "mxfp4_down_combine_gemv": (mxfp4_down_combine_gemv_kernel, dict(act_ptr="*bf16", w_ptr="*u8", s_ptr="*u8",
                                 b_ptr="*bf16", weights_ptr="*fp32", local_ids="*i32", out_ptr="*bf16", H="i32",
                                 INTER="i32", stride_am="i32", stride_we="i32", stride_wn="i32", stride_se="i32",
-                                stride_sn="i32", stride_be="i32"),
+                                stride_sn="i32", stride_be="i32", stride_om="i32"),
                                 dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PACKED=False, ASM=False)),
 }
 KERNELS["mxfp4_down_combine_gemv_packed"] = (

@@ -72,6 +72,28 @@ def test_packed_gemv_route_matches_reference(k, dtype, activation, bias):
     check(1, dtype, PACKED, activation=activation, bias=bias, k=k, seed=k, tol=PACKED_TOL)
 
 
+@pytest.mark.parametrize("config", [GEMV, PACKED], ids=["fp32", "packed_f16"])
+def test_gemv_route_takes_a_few_tokens(config):
+    """Up to GEMV_MAX_TOKENS tokens on the GEMVs (a pair a program, a token's slots summed in its
+    down program): against the reference, and each token's row as the one-token call gives it.
+    (Three tokens: the interpreter runs a program in ~50 ms.)"""
+    t, tol = 3, PACKED_TOL if config is PACKED else None
+    out, _ = check(t, torch.float32, config, activation="swiglu_oai", bias=True, seed=t, tol=tol)
+    x, logits, (w13, s13), (w2, s2), b13, b2 = mxfp4_moe(t, torch.float32, bias=True, seed=t)
+    weights, ids = select_experts(logits, K)
+    for i in (0, t - 1):
+        one = fused_experts_mxfp4(x[i : i + 1], weights[i : i + 1], ids[i : i + 1], w13, s13, w2, s2, b13, b2, None,
+                                  "swiglu_oai", 1.702, 7.0, config=config)  # fmt: skip
+        torch.testing.assert_close(out[i : i + 1], one, rtol=1e-6, atol=1e-7)
+
+
+def test_gemv_route_refuses_more_tokens_than_it_takes():
+    x, logits, (w13, s13), (w2, s2), _, _ = mxfp4_moe(17, torch.float32)
+    weights, ids = select_experts(logits, K)
+    with pytest.raises(ValueError, match="gemv route takes 16 token"):
+        fused_experts_mxfp4(x, weights, ids, w13, s13, w2, s2, config=GEMV)
+
+
 def test_packed_gemv_falls_back_on_weights_not_4_byte_aligned():
     """Expert bytes that start 2 bytes into a buffer cannot be read as int32 words: the fp32 step
     runs (its fp32 tolerance, which the packed step's f16 sums would not meet)."""
@@ -106,7 +128,7 @@ def test_sorted_route_matches_reference(dtype, activation, bias):
 def test_expert_map_skips_other_ranks_experts(config):
     """Experts 3.. live on another rank: their pairs add nothing (the reference agrees)."""
     expert_map = torch.tensor([0, 1, 2, -1, -1, -1], dtype=torch.int32)
-    t = 1 if config is GEMV else 24
+    t = 3 if config is GEMV else 24
     out, _ = check(t, torch.float32, config, expert_map=expert_map, bias=True, activation="swiglu_oai", seed=2)
     assert out.abs().sum() > 0
 

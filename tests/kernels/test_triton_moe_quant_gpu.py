@@ -68,6 +68,14 @@ def test_packed_gemv_matches_reference_and_the_fp32_step(experts, scale):
     assert rel_err(out, fp32_step) < 5e-3, rel_err(out, fp32_step)
 
 
+@pytest.mark.parametrize("config", [FP32_STEP, PACKED], ids=["fp32", "packed_f16"])
+@pytest.mark.parametrize("t", [2, 8, 16])
+def test_few_token_gemv_matches_reference(experts, t, config):
+    """The MXFP4 gemv route past one token (moe_config.GEMV_MAX_TOKENS) at GPT-OSS-20B's widths."""
+    out, ref = run(experts, t, seed=t, config=config)
+    assert not out.isnan().any() and rel_err(out, ref) < REL, rel_err(out, ref)
+
+
 @pytest.mark.parametrize("t", [1, 200])
 def test_expert_map(experts, t):
     expert_map = torch.full((E,), -1, dtype=torch.int32, device=DEV)

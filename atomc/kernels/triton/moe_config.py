@@ -34,6 +34,16 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # grouped GEMM. Its tile is [next_pow2(pairs), block_n] so it must stay a small GEMV-like tile.
 SMALL_PATH_MAX_PAIRS = 64
 PATHS = ("gemv", "small", "sorted")
+# The gemv route's most tokens by expert format (else one): MXFP4's GEMVs take a pair a program, so
+# a few tokens are a few one-token passes whose repeated experts mostly come from L2, where the
+# small route's tensor-core tiles decode every weight once a pair too, and waste 15 of 16 rows.
+GEMV_MAX_TOKENS = {"mxfp4": 16}
+# Up to how many tokens the default (untuned) configuration takes the gemv route, by format.
+GEMV_DEFAULT_TOKENS = {"mxfp4": 1}
+
+
+def gemv_max_tokens(weight_format: str = "") -> int:
+    return GEMV_MAX_TOKENS.get(weight_format, 1)
 
 
 def config_prefix(
@@ -71,7 +81,7 @@ def default_config(tokens: int, top_k: int, experts: int, inter: int = 0, weight
     takes four rows of 1024 values a step, a [4, 32, 16]-byte tile (16 bytes a thread at 4 warps:
     its rows are a quarter of bf16's bytes, so a program takes more of them); its tensor-core
     tiles are the bf16 ones (each block_k a multiple of the 32-value scale group)."""
-    if tokens == 1 and weight_format == "mxfp4":
+    if weight_format == "mxfp4" and tokens <= GEMV_DEFAULT_TOKENS["mxfp4"]:
         tile = dict(block_m=0, block_n=4, block_k=1024, num_warps=4, num_stages=4)
         return {"path": "gemv", "gate_up": tile, "down": dict(tile)}
     if tokens == 1:
@@ -93,27 +103,28 @@ def default_config(tokens: int, top_k: int, experts: int, inter: int = 0, weight
     return {"path": "sorted", "gate_up": tile, "down": dict(tile)}
 
 
-def fits(path: str, tokens: int, top_k: int) -> bool:
-    """Whether a route can take this many tokens."""
+def fits(path: str, tokens: int, top_k: int, weight_format: str = "") -> bool:
+    """Whether a route can take this many tokens (of experts in `weight_format`)."""
     if path == "gemv":
-        return tokens == 1
+        return 1 <= tokens <= gemv_max_tokens(weight_format)
     return path == "sorted" or tokens * top_k <= SMALL_PATH_MAX_PAIRS
 
 
-# The one-token route on the packed-f16 loops (mxfp4_packed.py; moe_gemv.py for per-row FP8) by
-# expert format, where a tile does not say; on where a GPU timed the packed loop faster than the
-# fp32 one (docs/kernels.md, "Fused MoE"). MXFP4: GPT-OSS-20B's experts at one token 42.9 us
-# against 69.7 (H200, moe_kernel.py). ROCm runs the fp32 step whatever this says (PTX FMAs).
-PACKED_ONE_TOKEN = {"mxfp4": True, "fp8_channel": False}
+# The gemv route on the packed-f16 loops (mxfp4_packed.py; moe_gemv.py for per-row FP8) by expert
+# format, where a tile does not say; on where a GPU timed the packed loop faster than the fp32 one
+# (docs/kernels.md, "Fused MoE"). MXFP4: GPT-OSS-20B's experts at one token 42.9 us against 69.7
+# (H200, moe_kernel.py); ROCm runs the fp32 step whatever this says (PTX FMAs). Per-row FP8: off,
+# Qwen3-30B-A3B's experts 38.2 us against the fp32 loop's 33.8 (H100; the small route's 25.5).
+PACKED_GEMV = {"mxfp4": True, "fp8_channel": False}
 
 
 def with_packed_default(cfg: dict, weight_format: str, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """`cfg` with PACKED_ONE_TOKEN's choice in both GEMV tiles that do not name `packed_f16`. fp32
+    """`cfg` with PACKED_GEMV's choice in both GEMV tiles that do not name `packed_f16`. fp32
     activations keep the fp32 loops (f16 sums would cost an fp32 model its precision); a tile that
     names the knob is obeyed at any dtype."""
-    if cfg["path"] != "gemv" or weight_format not in PACKED_ONE_TOKEN:
+    if cfg["path"] != "gemv" or weight_format not in PACKED_GEMV:
         return cfg
-    on = PACKED_ONE_TOKEN[weight_format] and dtype in (torch.bfloat16, torch.float16)
+    on = PACKED_GEMV[weight_format] and dtype in (torch.bfloat16, torch.float16)
     return {**cfg, "gate_up": {"packed_f16": on, **cfg["gate_up"]}, "down": {"packed_f16": on, **cfg["down"]}}
 
 
@@ -132,6 +143,6 @@ def pick_config(
         return default
     below = [m for m in tuned if m <= tokens]
     cfg = {"path": default["path"], **tuned[max(below) if below else min(tuned)]}
-    if not fits(cfg["path"], tokens, top_k):
+    if not fits(cfg["path"], tokens, top_k, weight_format):
         return default  # e.g. a one-token gemv entry or a small-route tile too short for these pairs
     return with_packed_default(cfg, weight_format, dtype)

@@ -1,10 +1,13 @@
-"""The one-token (batch-1 decode) expert GEMVs with MXFP4 weights, dequantised in registers.
+"""The few-token (decode) expert GEMVs with MXFP4 weights, dequantised in registers.
 
-The fused MoE's gemv route (moe_gemv.py) for MXFP4 experts: program (j, n) owns pair j and
-BLOCK_N weight rows (gate/up), or BLOCK_N output rows over the token's k experts in slot order
-(down, with the weighted sum: no [k, H] expert outputs, no combine kernel); same rounding as the
-bf16 GEMVs. The tensor-core routes need no kernel of their own: moe_gemm.py's take the format as a
-constexpr (moe_tiles.weight_tile).
+The fused MoE's gemv route (moe_gemv.py) for MXFP4 experts: program (j, n) owns (token, expert)
+pair j (token j // TOPK) and BLOCK_N weight rows (gate/up), or (n, t) BLOCK_N output rows of token
+t over its k experts in slot order (down, with the weighted sum: no [k, H] expert outputs, no
+combine kernel); same rounding as the bf16 GEMVs. Past one token each pair reads its expert's
+rows itself: pairs of one expert run side by side, so the repeats mostly come from L2, and the
+decode, the kernel's real cost, is paid once a pair either way (moe_config.GEMV_MAX_TOKENS). The
+tensor-core routes need no kernel of their own: moe_gemm.py's take the format as a constexpr
+(moe_tiles.weight_tile).
 
 At one token the decode is the work (a byte of weights feeds two multiply-adds), so a weight step
 is a [BLOCK_N, BLOCK_K / 32, 16]-byte tile: 16 contiguous bytes (one scale group) innermost, a
@@ -55,17 +58,19 @@ def _mxfp4_gemv_step(acc, w_rows, s_rows, n_ok, x_even, x_odd, k0, K, BLOCK_K: t
 def mxfp4_gate_up_gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, local_ids,
     H, INTER, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am,
-    alpha, limit,
+    alpha, limit, stride_xm,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr, PACKED: tl.constexpr = False, ASM: tl.constexpr = False,
+    PDL: tl.constexpr, PACKED: tl.constexpr = False, ASM: tl.constexpr = False, TOPK: tl.constexpr = 1,
 ):  # fmt: skip
-    """One token: act[j, n] = act(x @ w13[e_j, n], x @ w13[e_j, INTER + n]); BLOCK_K values a step.
-    PACKED: mxfp4_packed.py's f16-pair step (ASM: its PTX; H a multiple of 8)."""
+    """act[j, n] = act(x_t @ w13[e_j, n], x_t @ w13[e_j, INTER + n]) for pair j of token
+    t = j // TOPK; BLOCK_K values a step. PACKED: mxfp4_packed.py's f16-pair step (ASM: its PTX;
+    H a multiple of 8)."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
     j = tl.program_id(0)
     e = tl.load(local_ids + j)
     if e < 0:  # on another rank
         return
+    x_ptr += (j // TOPK).to(tl.int64) * stride_xm
     dtype = act_ptr.dtype.element_ty
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < INTER
@@ -107,13 +112,19 @@ def mxfp4_gate_up_gemv_kernel(
 @triton.jit
 def mxfp4_down_combine_gemv_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, weights_ptr, local_ids, out_ptr,
-    H, INTER, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be,
+    H, INTER, stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_om,
     TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr, PACKED: tl.constexpr = False, ASM: tl.constexpr = False,
 ):  # fmt: skip
-    """One token: out[n] = sum over slots s (in order) of weight[s] * round(act[s] @ w2[e_s, n] (+ b)).
-    PACKED / ASM: as the gate/up kernel's (INTER a multiple of 8)."""
+    """Token t = program_id(1): out[t, n] = sum over its slots s (in order) of
+    weight[t, s] * round(act[t * TOPK + s] @ w2[e_s, n] (+ b)). PACKED / ASM: as the gate/up
+    kernel's (INTER a multiple of 8)."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
+    token = tl.program_id(1).to(tl.int64)
+    local_ids += token * TOPK
+    weights_ptr += token * TOPK
+    act_ptr += token * TOPK * stride_am
+    out_ptr += token * stride_om
     dtype = out_ptr.dtype.element_ty
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H

@@ -1,7 +1,8 @@
 """`fused_moe_quant`: atomc::moe_quant on Triton: quantised experts dequantised in registers.
 
 The routes of moe.py's `fused_experts` on the same kernels with the format as a constexpr
-(moe_tiles.py): one token, the two GEMVs with the weighted sum done in the down GEMV (the
+(moe_tiles.py): one token (MXFP4: a few, moe_config.GEMV_MAX_TOKENS), the two GEMVs with the
+weighted sum done in the down GEMV (the
 "fuse_combine" tile flag is not read: this route always fuses; FP8 on moe_gemv.py's kernels,
 MXFP4 on its own, moe_mxfp4_gemv.py); few pairs, moe_gemm.py's unsorted tensor-core kernels; many
 pairs, the expert-sorted ones, then `moe_combine_kernel`. Tiles come from moe_config.py with the
@@ -123,29 +124,35 @@ def fused_experts_quant(
     sb2 = 0 if w2_bias is None else w2_bias.stride(0)
     s13, s2 = _scale_strides(w13_scale), _scale_strides(w2_scale)
     if config["path"] == "gemv":
-        if t != 1:
-            raise ValueError(f"fused_moe_quant: the gemv route takes one token, got {t}")
-        if mx:  # scales indexed by (row, group): the group stride is 1 (contiguous)
-            gate_up, down, fmt = mxfp4_gate_up_gemv_kernel, mxfp4_down_combine_gemv_kernel, {}
+        if not moe_config.fits("gemv", t, k, weight_format):
+            raise ValueError(
+                f"fused_moe_quant: the gemv route takes {moe_config.gemv_max_tokens(weight_format)} token(s) "
+                f"with {weight_format} experts, got {t}"
+            )
+        if mx:  # scales indexed by (row, group): the group stride is 1 (contiguous); a few tokens
+            gate_up, down = mxfp4_gate_up_gemv_kernel, mxfp4_down_combine_gemv_kernel
             s13, s2 = s13[:2], s2[:2]
             gu, dn = _packed_mxfp4_knob(gu, x, h, w13), _packed_mxfp4_knob(dn, x, inter, w2)
+            fmt_gu, fmt_dn = dict(stride_xm=x.stride(0), TOPK=k), dict(stride_om=out.stride(0))
         else:
             gate_up, down = moe_gate_up_gemv_kernel, moe_down_combine_gemv_kernel
-            fmt = {"WEIGHTS": WEIGHT_CODES[weight_format]}
+            fmt_gu = fmt_dn = {"WEIGHTS": WEIGHT_CODES[weight_format]}
             if weight_format == "fp8_channel":
                 gu, dn = _packed_fp8_knob(gu, h), _packed_fp8_knob(dn, inter)
-        gate_up[(k, triton.cdiv(inter, gu["block_n"]))](
+        gate_up[(t * k, triton.cdiv(inter, gu["block_n"]))](
             x, w13, w13_scale, b13, act, local,
             h, inter, w13.stride(0), w13.stride(1), *s13, sb13, act.stride(0),
             float(alpha), float(limit),
-            ACT=code, HAS_BIAS=w13_bias is not None, **fmt, BLOCK_N=gu["block_n"], BLOCK_K=_block_k(gu, weight_format),
-            num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x), **gu.get("packed", {}),
+            ACT=code, HAS_BIAS=w13_bias is not None, **fmt_gu, BLOCK_N=gu["block_n"],
+            BLOCK_K=_block_k(gu, weight_format), num_warps=gu["num_warps"], num_stages=gu["num_stages"],
+            **pdl.launch(x), **gu.get("packed", {}),
         )  # fmt: skip
-        down[(triton.cdiv(h, dn["block_n"]),)](
+        down[(triton.cdiv(h, dn["block_n"]), t)](
             act, w2, w2_scale, b2, weights, local, out,
             h, inter, act.stride(0), w2.stride(0), w2.stride(1), *s2, sb2,
-            TOPK=k, HAS_BIAS=w2_bias is not None, **fmt, BLOCK_N=dn["block_n"], BLOCK_K=_block_k(dn, weight_format),
-            num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x), **dn.get("packed", {}),
+            TOPK=k, HAS_BIAS=w2_bias is not None, **fmt_dn, BLOCK_N=dn["block_n"],
+            BLOCK_K=_block_k(dn, weight_format), num_warps=dn["num_warps"], num_stages=dn["num_stages"],
+            **pdl.launch(x), **dn.get("packed", {}),
         )  # fmt: skip
         return out
     sorted_route = config["path"] == "sorted"
