@@ -34,7 +34,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from atomc.kernels.triton.moe_gemm import moe_gate_up_kernel  # noqa: E402
 from atomc.kernels.triton.moe_gemv import moe_gate_up_gemv_kernel  # noqa: E402
 from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, mxfp4_gate_up_gemv_kernel  # noqa: E402
-from atomc.kernels.triton.moe_tiles import MXFP4  # noqa: E402
+from atomc.kernels.triton.moe_tiles import FP8_BLOCK, MXFP4  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ROUTE = dict(local_ids="*i32", sorted_ids="*i32", block_expert="*i32", num_padded="*i32", P="i32", H="i32", INTER="i32")
@@ -69,6 +69,13 @@ KERNELS = {
              stride_am="i32", alpha="fp32", limit="fp32"),
         dict(TOPK=4, ACT=1, HAS_BIAS=True, ROUTE_SORTED=True, IEEE=False, WEIGHTS=MXFP4, BLOCK_M=64, BLOCK_N=64,
              BLOCK_K=128, BLOCK_SLOTS=4, PDL=False), 4, 3),
+    # DeepSeek-V3's block-FP8 experts on the default tile for many rows an expert (moe_config)
+    "fp8_block_gate_up_sorted": (moe_gate_up_kernel,
+        dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", act_ptr="*bf16", **ROUTE, stride_xm="i32",
+             stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32", stride_be="i32",
+             stride_am="i32", alpha="fp32", limit="fp32"),
+        dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=True, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=128, BLOCK_N=128,
+             BLOCK_K=64, BLOCK_SLOTS=8, PDL=False), 8, 3),
 }  # fmt: skip
 
 

@@ -161,8 +161,12 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             p.fill_(120)
         elif name.endswith("_blocks") and p.dtype == torch.uint8:  # MXFP4 codes: any byte is two values
             p.copy_(torch.randint(0, 256, p.shape, device=p.device, generator=gen, dtype=torch.uint8))
-        elif p.dtype == torch.float8_e4m3fn:
-            p.copy_(torch.empty(p.shape, device=p.device).normal_(0.0, 1.0, generator=gen).to(p.dtype))
+        elif p.dtype == torch.float8_e4m3fn:  # through fp32 a slice at a time: a whole temporary is 4x the
+            rows = p.view(p.shape[0], -1) if p.dim() else p.view(1)  # weight (7 GiB for V3's stacked experts)
+            step = max(1, (1 << 26) // max(1, rows[0].numel()))
+            for i in range(0, rows.shape[0], step):
+                part = rows[i : i + step]
+                part.copy_(torch.empty(part.shape, device=p.device).normal_(0.0, 1.0, generator=gen).to(p.dtype))
         elif p.is_floating_point():
             p.normal_(0.0, 0.02, generator=gen)
 

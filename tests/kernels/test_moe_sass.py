@@ -76,3 +76,12 @@ def test_the_packed_fp8_expert_step_is_f16_pairs(report):
     packed, fp32 = report["fp8_gate_up_gemv_packed"]["loop"], report["fp8_gate_up_gemv"]["loop"]
     assert packed.get("HFMA2", 0) >= 16 and "FFMA" not in packed and "HADD2" not in packed, packed
     assert sum(packed.values()) < 0.5 * sum(fp32.values()), (sum(packed.values()), sum(fp32.values()))
+
+
+def test_block_fp8_sorted_tile_fits_shared_memory(report):
+    """The block-FP8 experts' tile for many rows an expert (128 x 128 x 64, 3 stages) once gathered
+    a per-element fp32 scale tile a stage: 240 KiB of shared memory, over sm_90's 227, so
+    DeepSeek-V3's FP8 layers failed to launch. A tile of <= 128 columns loads one scale a row."""
+    r = report["fp8_block_gate_up_sorted"]
+    assert r["smem"] <= 160 * 1024, r["smem"]
+    assert r["spills"] == 0 and r["loop"].get("HGMMA", 0) > 0, r

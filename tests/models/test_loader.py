@@ -148,3 +148,23 @@ def test_an_8b_shape_builds_without_any_init():
     model = build_on_meta(ModelArch.from_dict(cfg), torch.bfloat16)
     assert time.perf_counter() - start < 5.0
     assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 8.03
+
+
+def test_dummy_fp8_weights_fill_in_slices_deterministically():
+    """FP8 parameters are filled through fp32 a slice at a time (a whole fp32 temporary of
+    DeepSeek-V3's stacked experts is 7 GiB): every row gets values, the same for the same seed."""
+    from models.loader.safetensors import fill_dummy_weights
+
+    def model():
+        m = torch.nn.Module()
+        m.w = torch.nn.Parameter(torch.zeros(3, 1 << 25, dtype=torch.float8_e4m3fn), requires_grad=False)
+        m.s = torch.nn.Parameter(torch.zeros((), dtype=torch.float8_e4m3fn), requires_grad=False)
+        return m
+
+    a, b = model(), model()
+    fill_dummy_weights(a, seed=1)
+    fill_dummy_weights(b, seed=1)
+    rows = a.w.float()
+    assert (rows.abs().amax(1) > 0).all() and rows.isfinite().all()
+    assert 0.9 < rows[:, :4096].std() < 1.1
+    assert torch.equal(a.w.view(torch.uint8), b.w.view(torch.uint8)) and a.s.float() != 0

@@ -102,14 +102,22 @@ def mxfp4_tile(w_rows, s_rows, n_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.c
 
 
 @triton.jit
-def fp8_tile(w_rows, s_base, rows, n_ok, offs_k, k_ok, stride_sn, stride_sk, BLOCK_SCALES: tl.constexpr):
+def fp8_tile(
+    w_rows, s_base, rows, n_ok, k0, offs_k, k_ok, stride_sn, stride_sk, BLOCK_SCALES: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
     """Dequantised fp32 [BLOCK_N, BLOCK_K] of fp8 rows times their per-row (one fp32 a row, loaded
-    once a tile) or 128x128-block scale (each element's block scale: a tile row holds BLOCK_K / 128
-    distinct ones, so the gather is served from cache). rows: the tile's row numbers in the
-    expert's stacked weight, which index the scales."""
+    once a tile) or 128x128-block scale. rows: the tile's row numbers in the expert's stacked
+    weight, which index the scales. Block scales: a tile of at most 128 columns (k0 a multiple of
+    BLOCK_K, a power of two) lies in one column block, so one scale a row; wider tiles gather each
+    element's (BLOCK_K / 128 distinct a row, served from cache). The per-element gather at every
+    width cost the tensor-core tiles a [BLOCK_N, BLOCK_K] fp32 tile of shared memory a stage:
+    DeepSeek-V3's 128x128x64 tiles at 3 stages asked 240 KiB, over sm_90's 227."""
     mask = n_ok[:, None] & k_ok[None, :]
     w = tl.load(w_rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-    if BLOCK_SCALES:
+    if BLOCK_SCALES and BLOCK_K <= 128:
+        s = tl.load(s_base + (rows // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)[:, None]
+    elif BLOCK_SCALES:
         s = tl.load(s_base + (rows // 128)[:, None] * stride_sn + (offs_k // 128)[None, :] * stride_sk,
                     mask=mask, other=0.0)  # fmt: skip
     else:
@@ -133,4 +141,4 @@ def weight_tile(
     k_ok = offs_k < K
     if WEIGHTS == 0:
         return tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    return fp8_tile(w_rows, s_base, rows, n_ok, offs_k, k_ok, stride_sn, stride_sk, WEIGHTS == 2).to(dtype)
+    return fp8_tile(w_rows, s_base, rows, n_ok, k0, offs_k, k_ok, stride_sn, stride_sk, WEIGHTS == 2, BLOCK_K).to(dtype)
