@@ -47,14 +47,16 @@ def start_server(
     return proc
 
 
-def server_formats(server_args: str) -> tuple[str, int]:
-    """(weight format, KV bytes a value) that `--server-args` give the server, for its ceiling."""
+def server_formats(server_args: str, cfg: dict | None = None) -> tuple[str, int]:
+    """(weight format, KV bytes a value) the server runs, for its ceiling: `--server-args`' flags,
+    else the checkpoint's own `quantization_config` (`cfg`: GPT-OSS's MXFP4 experts)."""
     words = server_args.replace("=", " ").split()
 
     def flag(name: str) -> str | None:
         return words[words.index(name) + 1] if name in words[:-1] else None
 
-    weights = "fp8" if flag("--quantization") == "fp8" else "bf16"
+    published = ((cfg or {}).get("quantization_config") or {}).get("quant_method")
+    weights = "fp8" if flag("--quantization") == "fp8" else published if published in ("mxfp4", "fp8") else "bf16"
     kv = 1 if flag("--kv-cache-dtype") in ("fp8", "fp8_e4m3") else 2
     return weights, kv
 
@@ -177,7 +179,7 @@ def main() -> None:
     result = {"model": args.model + (" (tiny)" if args.tiny else ""), "isl": args.isl, "osl": args.osl,
               "bandwidth": bw, "matmul_flops": flops}  # fmt: skip
 
-    weights, kv_dtype_bytes = server_formats(args.server_args)
+    weights, kv_dtype_bytes = server_formats(args.server_args, cfg)
     result.update(weights=weights, kv_dtype_bytes=kv_dtype_bytes)
 
     def save(rows: list[dict]) -> None:  # after every cell: a run stopped later keeps the cells measured

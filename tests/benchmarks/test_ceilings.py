@@ -59,6 +59,9 @@ def test_serving_reads_the_formats_from_the_server_flags():
     assert serving.server_formats("--quantization fp8") == ("fp8", 2)
     assert serving.server_formats("--quantization=fp8 --kv-cache-dtype fp8_e4m3") == ("fp8", 1)
     assert serving.server_formats("--kv-cache-dtype auto") == ("bf16", 2)
+    # a checkpoint published quantised is counted in its format (GPT-OSS's MXFP4 experts)
+    assert serving.server_formats("", serving.CONFIGS["gpt-oss-20b-mxfp4"]) == ("mxfp4", 2)
+    assert serving.server_formats("", serving.CONFIGS["gpt-oss-20b"]) == ("bf16", 2)
 
 
 # --- mixtures of experts ---------------------------------------------------------------------------
