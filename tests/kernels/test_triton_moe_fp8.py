@@ -56,9 +56,10 @@ def quantize(w: torch.Tensor, block: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / full).to(FP8), s
 
 
-def check(t, dtype, config, fmt, *, activation="silu", bias=False, expert_map=None, seed=0, tol=None, scale=0.05):
+def check(t, dtype, config, fmt, *, activation="silu", bias=False, expert_map=None, seed=0, tol=None, scale=0.05,
+          h=H, inter=INTER):  # fmt: skip
     block = fmt == "fp8_block"
-    x, logits, w13, w2, b13, b2 = make_moe(t, E, H, INTER, K, torch.float32, "cpu", bias=bias, seed=seed)
+    x, logits, w13, w2, b13, b2 = make_moe(t, E, h, inter, K, torch.float32, "cpu", bias=bias, seed=seed)
     x = (x * scale).to(dtype)  # the weights' rows grow up to 64x: keep activations O(1)
     b13, b2 = (None, None) if not bias else (b13.to(dtype), b2.to(dtype))
     (q13, s13), (q2, s2) = quantize(w13, block), quantize(w2, block)
@@ -81,6 +82,15 @@ def test_packed_gemv_matches_reference(dtype, scale):
     """x at 1e-4, 0.05 and 20 (the down GEMV's input is the activation of those): x_shift moves each
     into f16's range; per-row scales only (block scales keep the dequantising loop)."""
     check(1, dtype, PACKED, "fp8_channel", activation="swiglu_oai", seed=7, tol=PACKED_TOL, scale=scale)
+
+
+def test_block_scales_on_gemv_steps_wider_than_a_block():
+    """The one-token defaults step 1,024-2,048 columns: a [rows, columns / 128] scale load times the
+    [rows, columns / 128, 128] view of the tile, stepping over 600 / 400 columns (the last step ends
+    inside a block, masked)."""
+    wide = {"path": "gemv", "gate_up": dict(TILE, block_n=2, block_k=256), "down": dict(TILE, block_n=2, block_k=256)}
+    check(1, torch.float32, wide, "fp8_block", activation="swiglu_oai", bias=True, seed=9, h=600, inter=400)
+    check(1, torch.float16, wide, "fp8_block", seed=10, h=600, inter=400)
 
 
 def test_packed_knob_leaves_block_scales_on_the_dequantising_loop():

@@ -103,26 +103,31 @@ def mxfp4_tile(w_rows, s_rows, n_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.c
 
 @triton.jit
 def fp8_tile(
-    w_rows, s_base, rows, n_ok, k0, offs_k, k_ok, stride_sn, stride_sk, BLOCK_SCALES: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    w_rows, s_base, rows, n_ok, k0, offs_k, k_ok, K, stride_sn, stride_sk, BLOCK_SCALES: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """Dequantised fp32 [BLOCK_N, BLOCK_K] of fp8 rows times their per-row (one fp32 a row, loaded
     once a tile) or 128x128-block scale. rows: the tile's row numbers in the expert's stacked
     weight, which index the scales. Block scales: a tile of at most 128 columns (k0 a multiple of
-    BLOCK_K, a power of two) lies in one column block, so one scale a row; wider tiles gather each
-    element's (BLOCK_K / 128 distinct a row, served from cache). The per-element gather at every
-    width cost the tensor-core tiles a [BLOCK_N, BLOCK_K] fp32 tile of shared memory a stage:
-    DeepSeek-V3's 128x128x64 tiles at 3 stages asked 240 KiB, over sm_90's 227."""
+    BLOCK_K, a power of two) lies in one column block, so one scale a row; a wider tile loads
+    [BLOCK_N, BLOCK_K / 128] scales and multiplies its [BLOCK_N, BLOCK_K / 128, 128] view. Each
+    element's scale gathered instead cost the tensor-core tiles a [BLOCK_N, BLOCK_K] fp32 tile of
+    shared memory a stage (DeepSeek-V3's 128x128x64 tiles at 3 stages asked 240 KiB, over sm_90's
+    227) and the one-token GEMVs a 4-byte load a weight byte."""
     mask = n_ok[:, None] & k_ok[None, :]
     w = tl.load(w_rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
     if BLOCK_SCALES and BLOCK_K <= 128:
-        s = tl.load(s_base + (rows // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)[:, None]
+        s = tl.load(s_base + (rows // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)
+        out = w * s[:, None]
     elif BLOCK_SCALES:
-        s = tl.load(s_base + (rows // 128)[:, None] * stride_sn + (offs_k // 128)[None, :] * stride_sk,
-                    mask=mask, other=0.0)  # fmt: skip
+        G: tl.constexpr = BLOCK_K // 128
+        grp = k0 // 128 + tl.arange(0, G)
+        s = tl.load(s_base + (rows // 128)[:, None] * stride_sn + grp[None, :] * stride_sk,
+                    mask=n_ok[:, None] & (grp * 128 < K)[None, :], other=0.0)  # fmt: skip
+        out = tl.reshape(tl.reshape(w, (BLOCK_N, G, 128)) * s[:, :, None], (BLOCK_N, BLOCK_K))
     else:
-        s = tl.load(s_base + rows * stride_sn, mask=n_ok, other=0.0)[:, None]
-    return w * s
+        out = w * tl.load(s_base + rows * stride_sn, mask=n_ok, other=0.0)[:, None]
+    return out
 
 
 @triton.jit
@@ -141,4 +146,5 @@ def weight_tile(
     k_ok = offs_k < K
     if WEIGHTS == 0:
         return tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    return fp8_tile(w_rows, s_base, rows, n_ok, k0, offs_k, k_ok, stride_sn, stride_sk, WEIGHTS == 2, BLOCK_K).to(dtype)
+    return fp8_tile(w_rows, s_base, rows, n_ok, k0, offs_k, k_ok, K, stride_sn, stride_sk, WEIGHTS == 2, BLOCK_N,
+                    BLOCK_K).to(dtype)  # fmt: skip
