@@ -91,7 +91,11 @@ def wall_us(fn, reps: int = 3) -> float:
 
 
 def quantize_experts(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stacked [E, N, K] experts in atomc::moe_quant's `fmt` layout (amax scaling, round to nearest)."""
+    """Stacked [E, N, K] experts in atomc::moe_quant's `fmt` layout (amax scaling, round to nearest),
+    an expert at a time: DeepSeek-V3's stacked gate/up in fp32 at once is 28 GiB."""
+    if w.shape[0] > 1:
+        parts = [quantize_experts(w[i : i + 1], fmt) for i in range(w.shape[0])]
+        return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
     if fmt == "mxfp4":
         from models.quant.mxfp4 import quantize_mxfp4
 
@@ -158,7 +162,9 @@ def bench_shape(
 
         (q13, s13), (q2, s2) = quantize_experts(w13, weights_fmt), quantize_experts(w2, weights_fmt)
         # every bf16 row runs the dequantised experts: the same model
-        w13, w2 = dequantize_experts(q13, s13, weights_fmt, BF16), dequantize_experts(q2, s2, weights_fmt, BF16)
+        del w13, w2  # an expert at a time (fp32 temporaries of V3's stacked experts would not fit)
+        w13, w2 = (torch.cat([dequantize_experts(q[i : i + 1], s[i : i + 1], weights_fmt, BF16) for i in range(e)])
+                   for q, s in ((q13, s13), (q2, s2)))  # fmt: skip
         per_value = 0.5 + 1 / 32 if weights_fmt == "mxfp4" else 1 + (4 / 128 if weights_fmt == "fp8_channel" else 0)
         q_bytes = 3 * h * inter * per_value + (3 * h * 2 if bias else 0)
     for t in tokens:
