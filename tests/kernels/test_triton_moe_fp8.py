@@ -86,11 +86,11 @@ def test_packed_gemv_matches_reference(dtype, scale):
 
 def test_block_scales_on_gemv_steps_wider_than_a_block():
     """The one-token defaults step 1,024-2,048 columns: a [rows, columns / 128] scale load times the
-    [rows, columns / 128, 128] view of the tile, stepping over 600 / 400 columns (the last step ends
+    [rows, columns / 128, 128] view of the tile, stepping over 400 / 300 columns (the last step ends
     inside a block, masked)."""
     wide = {"path": "gemv", "gate_up": dict(TILE, block_n=2, block_k=256), "down": dict(TILE, block_n=2, block_k=256)}
-    check(1, torch.float32, wide, "fp8_block", activation="swiglu_oai", bias=True, seed=9, h=600, inter=400)
-    check(1, torch.float16, wide, "fp8_block", seed=10, h=600, inter=400)
+    check(1, torch.float32, wide, "fp8_block", activation="swiglu_oai", bias=True, seed=9, h=400, inter=300)
+    check(1, torch.float16, wide, "fp8_block", seed=10, h=400, inter=300)
 
 
 def test_packed_knob_leaves_block_scales_on_the_dequantising_loop():
