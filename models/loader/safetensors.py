@@ -161,8 +161,9 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             p.fill_(120)
         elif name.endswith("_blocks") and p.dtype == torch.uint8:  # MXFP4 codes: any byte is two values
             p.copy_(torch.randint(0, 256, p.shape, device=p.device, generator=gen, dtype=torch.uint8))
-        elif p.dtype == torch.float8_e4m3fn:  # through fp32 a slice at a time: a whole temporary is 4x the
-            rows = p.view(p.shape[0], -1) if p.dim() else p.view(1)  # weight (7 GiB for V3's stacked experts)
+        elif p.dtype == torch.float8_e4m3fn:
+            # through fp32 a slice at a time: a whole temporary is 4x the weight (7 GiB for V3's experts)
+            rows = p.view(p.shape[0], -1) if p.dim() else p.view(1)
             step = max(1, (1 << 26) // max(1, rows[0].numel()))
             for i in range(0, rows.shape[0], step):
                 part = rows[i : i + step]

@@ -1,11 +1,11 @@
 """Tile configurations of the fused MoE: tuned JSON files per shape and device, and a default.
 
 A file under `configs/` is named by (experts, hidden, intermediate, top_k, dtype, [weight format,]
-device) and maps
-M buckets (token counts) to a configuration; a call takes the bucket nearest its token count (the
-largest bucket <= M, else the smallest). A configuration:
+device) and maps M buckets (token counts) to a configuration; a call takes the bucket nearest its
+token count (the largest bucket <= M, else the smallest). A configuration:
 
-    {"path": "gemv" | "small" | "sorted",   # optional; else gemv for one token, then by SMALL_PATH_MAX_PAIRS
+    {"path": "gemv" | "small" | "sorted",   # optional; else gemv for one token (MXFP4: up to
+                                            # GEMV_DEFAULT_TOKENS), then by SMALL_PATH_MAX_PAIRS
      "gate_up": {"block_m", "block_n", "block_k", "num_warps", "num_stages"},
      "down": {...the same keys..., "fuse_combine": bool}}   # gemv only: combine in the down GEMV
                                                            # (default true)
@@ -82,7 +82,8 @@ def default_config(tokens: int, top_k: int, experts: int, inter: int = 0, weight
     growing with the expected rows per expert (tokens * top_k / experts) for many. MXFP4's GEMV
     takes four rows of 1024 values a step, a [4, 32, 16]-byte tile (16 bytes a thread at 4 warps:
     its rows are a quarter of bf16's bytes, so a program takes more of them); its tensor-core
-    tiles are the bf16 ones (each block_k a multiple of the 32-value scale group)."""
+    tiles are the bf16 ones (each block_k a multiple of the 32-value scale group), and its GEMVs
+    take up to GEMV_DEFAULT_TOKENS tokens (a pair a program)."""
     if weight_format == "mxfp4" and tokens <= GEMV_DEFAULT_TOKENS["mxfp4"]:
         tile = dict(block_m=0, block_n=4, block_k=1024, num_warps=4, num_stages=4)
         return {"path": "gemv", "gate_up": tile, "down": dict(tile)}

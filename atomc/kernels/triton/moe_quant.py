@@ -1,11 +1,11 @@
 """`fused_moe_quant`: atomc::moe_quant on Triton: quantised experts dequantised in registers.
 
 The routes of moe.py's `fused_experts` on the same kernels with the format as a constexpr
-(moe_tiles.py): one token (MXFP4: a few, moe_config.GEMV_MAX_TOKENS), the two GEMVs with the
-weighted sum done in the down GEMV (the
-"fuse_combine" tile flag is not read: this route always fuses; FP8 on moe_gemv.py's kernels,
-MXFP4 on its own, moe_mxfp4_gemv.py); few pairs, moe_gemm.py's unsorted tensor-core kernels; many
-pairs, the expert-sorted ones, then `moe_combine_kernel`. Tiles come from moe_config.py with the
+(moe_tiles.py): one token (MXFP4: up to moe_config.GEMV_MAX_TOKENS), the two GEMVs with the
+weighted sum done in the down GEMV (the "fuse_combine" tile flag is not read: this route always
+fuses; FP8 on moe_gemv.py's kernels, MXFP4 on its own, moe_mxfp4_gemv.py); few pairs,
+moe_gemm.py's unsorted tensor-core kernels; many pairs, the expert-sorted ones, then
+`moe_combine_kernel`. Tiles come from moe_config.py with the
 format as `weight_format` (its own tuned files, else its defaults); `block_k` counts input values,
 for MXFP4 a multiple of 32 (whole scale groups).
 """
