@@ -38,6 +38,10 @@ from atomc.kernels.triton.moe_tiles import FP8_BLOCK, MXFP4  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ROUTE = dict(local_ids="*i32", sorted_ids="*i32", block_expert="*i32", num_padded="*i32", P="i32", H="i32", INTER="i32")
+# moe_gemm's gate/up kernel, bf16 activations; the weight and scale pointers by format
+SORTED_GATE_UP = dict(x_ptr="*bf16", w_ptr=None, s_ptr=None, b_ptr="*bf16", act_ptr="*bf16", **ROUTE, stride_xm="i32",
+                      stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32",
+                      stride_be="i32", stride_am="i32", alpha="fp32", limit="fp32")  # fmt: skip
 # Qwen3-30B-A3B's per-row FP8 experts (weight-only: bf16 activations)
 FP8_GATE_UP = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32",
                    H="i32", INTER="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
@@ -63,17 +67,11 @@ KERNELS = {
                                        dict(DOWN_TILE, PACKED=True, ASM=True), 4, 4),
     "fp8_gate_up_gemv": (moe_gate_up_gemv_kernel, FP8_GATE_UP, dict(FP8_TILE, PACKED=False, X_TOP=0), 4, 4),
     "fp8_gate_up_gemv_packed": (moe_gate_up_gemv_kernel, FP8_GATE_UP, dict(FP8_TILE, PACKED=True, X_TOP=6), 4, 4),
-    "mxfp4_gate_up_sorted": (moe_gate_up_kernel,
-        dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", act_ptr="*bf16", **ROUTE, stride_xm="i32",
-             stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32", stride_be="i32",
-             stride_am="i32", alpha="fp32", limit="fp32"),
+    "mxfp4_gate_up_sorted": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*u8", s_ptr="*u8"),
         dict(TOPK=4, ACT=1, HAS_BIAS=True, ROUTE_SORTED=True, IEEE=False, WEIGHTS=MXFP4, BLOCK_M=64, BLOCK_N=64,
              BLOCK_K=128, BLOCK_SLOTS=4, PDL=False), 4, 3),
     # DeepSeek-V3's block-FP8 experts on the default tile for many rows an expert (moe_config)
-    "fp8_block_gate_up_sorted": (moe_gate_up_kernel,
-        dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", act_ptr="*bf16", **ROUTE, stride_xm="i32",
-             stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32", stride_be="i32",
-             stride_am="i32", alpha="fp32", limit="fp32"),
+    "fp8_block_gate_up_sorted": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32"),
         dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=True, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=128, BLOCK_N=128,
              BLOCK_K=64, BLOCK_SLOTS=8, PDL=False), 8, 3),
 }  # fmt: skip
