@@ -196,8 +196,8 @@ def bench_shape(
             for packed in (False, True):
                 variant = {**gemv, "gate_up": {**gemv["gate_up"], "packed_f16": packed},
                            "down": {**gemv["down"], "packed_f16": packed}}  # fmt: skip
-                label = "[gemv" * (qcfg["path"] != "gemv") + ("," if qcfg["path"] != "gemv" else "[")
-                label = f"{label}{'packed_f16' if packed else 'fp32'}]"
+                route = "[" if qcfg["path"] == "gemv" else "[gemv,"
+                label = f"{route}{'packed_f16' if packed else 'fp32'}]"
                 impls[f"atomc_triton_{weights_fmt}{label}"] = (
                     lambda x, w, i, c=variant: fused_experts_quant(x, w, i, q13, s13, q2, s2, b13, b2, None, act,
                                                                    1.702, 7.0, weights_fmt, config=c),

@@ -5,7 +5,7 @@ device) and maps M buckets (token counts) to a configuration; a call takes the b
 token count (the largest bucket <= M, else the smallest). A configuration:
 
     {"path": "gemv" | "small" | "sorted",   # optional; else gemv for one token (MXFP4: up to
-                                            # GEMV_DEFAULT_TOKENS), then by SMALL_PATH_MAX_PAIRS
+                                            # GEMV_MAX_TOKENS), then by SMALL_PATH_MAX_PAIRS
      "gate_up": {"block_m", "block_n", "block_k", "num_warps", "num_stages"},
      "down": {...the same keys..., "fuse_combine": bool}}   # gemv only: combine in the down GEMV
                                                            # (default true)
@@ -34,14 +34,13 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 # grouped GEMM. Its tile is [next_pow2(pairs), block_n] so it must stay a small GEMV-like tile.
 SMALL_PATH_MAX_PAIRS = 64
 PATHS = ("gemv", "small", "sorted")
-# The gemv route's most tokens by expert format (else one): MXFP4's GEMVs take a pair a program, so
-# a few tokens are a few one-token passes whose repeated experts mostly come from L2, where the
-# small route's tensor-core tiles decode every weight once a pair too, and waste 15 of 16 rows.
+# The gemv route's most tokens by expert format (else one), and the default's: MXFP4's GEMVs take a
+# pair a program, so a few tokens are a few one-token passes whose repeated experts mostly come
+# from L2, where the small route's tensor-core tiles decode every weight once a pair too, and waste
+# 15 of 16 rows. The packed GEMVs against the small route on GPT-OSS-20B's experts (H100,
+# moe_kernel.py): 72.4 us against 284.7 at 2 tokens, 121.5 / 464.2 at 4, 222.3 / 756.8 at 8,
+# 428.8 / 987.8 at 16.
 GEMV_MAX_TOKENS = {"mxfp4": 16}
-# Up to how many tokens the default (untuned) configuration takes the gemv route, by format. MXFP4:
-# all 16, the packed GEMVs against the small route on GPT-OSS-20B's experts (H100, moe_kernel.py):
-# 72.4 us against 284.7 at 2 tokens, 121.5 / 464.2 at 4, 222.3 / 756.8 at 8, 428.8 / 987.8 at 16.
-GEMV_DEFAULT_TOKENS = {"mxfp4": 16}
 
 
 def gemv_max_tokens(weight_format: str = "") -> int:
@@ -83,8 +82,8 @@ def default_config(tokens: int, top_k: int, experts: int, inter: int = 0, weight
     takes four rows of 1024 values a step, a [4, 32, 16]-byte tile (16 bytes a thread at 4 warps:
     its rows are a quarter of bf16's bytes, so a program takes more of them); its tensor-core
     tiles are the bf16 ones (each block_k a multiple of the 32-value scale group), and its GEMVs
-    take up to GEMV_DEFAULT_TOKENS tokens (a pair a program)."""
-    if weight_format == "mxfp4" and tokens <= GEMV_DEFAULT_TOKENS["mxfp4"]:
+    take up to GEMV_MAX_TOKENS tokens (a pair a program)."""
+    if weight_format == "mxfp4" and tokens <= gemv_max_tokens(weight_format):
         tile = dict(block_m=0, block_n=4, block_k=1024, num_warps=4, num_stages=4)
         return {"path": "gemv", "gate_up": tile, "down": dict(tile)}
     if tokens == 1:
