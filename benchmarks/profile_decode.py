@@ -1,8 +1,10 @@
 """Where a batch-1 decode step spends its GPU time: the kernels of one step, grouped by name, with
 their count and time per step, and the step's GPU-busy time against its wall time (the gap is
-launch and host overhead that CUDA graphs should hide).
+launch and host overhead that CUDA graphs should hide). With PDL on (the default) a kernel is
+launched while the one before it runs and its time includes that wait, so the times overlap and
+add up to more than the step; `--no-pdl` gives each kernel's own time.
 
-    python benchmarks/profile_decode.py --model qwen3-30b-a3b [--eager] [--steps 32] [--quantization fp8] [--out F.json]
+    python benchmarks/profile_decode.py --model qwen3-30b-a3b [--eager] [--steps 32] [--quantization fp8] [--no-pdl] [--out F.json]
 
 Random weights with the real shapes (`checkpoints.py`), bf16, 128 tokens in. The profile covers
 `--steps` decode steps after a warm-up; kernels launched inside a CUDA graph are listed when the
@@ -49,6 +51,8 @@ def main() -> None:
     ap.add_argument("--quantization", default=None, help="e.g. fp8: quantise the bf16 checkpoint at load")
     ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                     help="profile rank 0 of N: its table shows the collectives' kernels (NCCL time a step)")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="--no-enable-pdl: kernels do not overlap, so each one's time is its own")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -64,7 +68,7 @@ def main() -> None:
     llm = LLM(
         model=model_dir, dtype="float32" if args.tiny else "bfloat16", device=device, load_format="dummy",
         max_model_len=1024, max_num_seqs=8, enforce_eager=args.eager or args.tiny, quantization=args.quantization,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size, enable_pdl=not args.no_pdl,
     )  # fmt: skip
     prompt = {"prompt_token_ids": decode_bs1.prompt_ids(16 if args.tiny else decode_bs1.PROMPT_LEN, vocab)}
     greedy = SamplingParams(temperature=0, max_tokens=args.steps + 1, ignore_eos=True)
@@ -85,6 +89,7 @@ def main() -> None:
         "quantization": args.quantization,
         "tensor_parallel_size": args.tensor_parallel_size,
         "cuda_graphs": not args.eager,
+        "pdl": not args.no_pdl,
         "decode_step_ms": step_ms,
         "request_wall_s": wall,
         "gpu_busy_us_per_step": busy_us,
