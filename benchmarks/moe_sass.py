@@ -67,6 +67,12 @@ KERNELS = {
                                        dict(DOWN_TILE, PACKED=True, ASM=True), 4, 4),
     "fp8_gate_up_gemv": (moe_gate_up_gemv_kernel, FP8_GATE_UP, dict(FP8_TILE, PACKED=False, X_TOP=0), 4, 4),
     "fp8_gate_up_gemv_packed": (moe_gate_up_gemv_kernel, FP8_GATE_UP, dict(FP8_TILE, PACKED=True, X_TOP=6), 4, 4),
+    # DeepSeek-V3's block-FP8 experts at one token, the default tile: the dequantising loop, and
+    # the packed one with the scales folded into x
+    "fp8_block_gate_up_gemv": (moe_gate_up_gemv_kernel, FP8_GATE_UP,
+                               dict(FP8_TILE, WEIGHTS=FP8_BLOCK, PACKED=False, X_TOP=0), 4, 4),
+    "fp8_block_gate_up_gemv_packed": (moe_gate_up_gemv_kernel, FP8_GATE_UP,
+                                      dict(FP8_TILE, WEIGHTS=FP8_BLOCK, PACKED=True, X_TOP=3), 4, 4),
     "mxfp4_gate_up_sorted": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*u8", s_ptr="*u8"),
         dict(TOPK=4, ACT=1, HAS_BIAS=True, ROUTE_SORTED=True, IEEE=False, WEIGHTS=MXFP4, BLOCK_M=64, BLOCK_N=64,
              BLOCK_K=128, BLOCK_SLOTS=4, PDL=False), 4, 3),

@@ -4,7 +4,8 @@ launch and host overhead that CUDA graphs should hide). With PDL on (the default
 launched while the one before it runs and its time includes that wait, so the times overlap and
 add up to more than the step; `--no-pdl` gives each kernel's own time.
 
-    python benchmarks/profile_decode.py --model qwen3-30b-a3b [--eager] [--steps 32] [--quantization fp8] [--no-pdl] [--out F.json]
+    python benchmarks/profile_decode.py --model qwen3-30b-a3b [--eager] [--steps 32] [--quantization fp8]
+        [--no-pdl] [--out F.json]
 
 Random weights with the real shapes (`checkpoints.py`), bf16, 128 tokens in. The profile covers
 `--steps` decode steps after a warm-up; kernels launched inside a CUDA graph are listed when the

@@ -7,7 +7,8 @@ atomc/kernels/triton/moe_config.py reads (configs/E=..,H=..,I=..,topk=..,dtype=.
 `--weights mxfp4 | fp8_channel | fp8_block` tunes the quantised kernels (moe_quant.py) on the
 experts quantised as benchmarks/moe_kernel.py does it, into the file named with the format
 (`...,weights=mxfp4,device=...json`); their one-token route always fuses the combine, so the
-unfused down candidates are left out.
+unfused down candidates are left out, and each GEMV tile is tried on both loops (`packed_f16`
+false and true), so the file records which one wins.
 
 Per M bucket it tries every route that can take M tokens (the one-token GEMV, the few-pair route
 when M * top_k fits it, the sorted route) and keeps the fastest, so the file also records where
@@ -110,7 +111,7 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
             weights, ids = select_experts(torch.randn(t, e, generator=g, device=DEV), k)
             calls.append((torch.randn(t, h, generator=g, device=DEV).to(BF16), weights, ids))
         time_config = timer(w13, w2, b13, b2, act, calls, weights_fmt)
-        default = moe_config.default_config(t, k, e, inter, fmt)
+        default = moe_config.with_packed_default(moe_config.default_config(t, k, e, inter, fmt), fmt)
         default_us = time_config(default)
         found = []
         if t == 1:
@@ -118,6 +119,9 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
             down = GEMV_DOWN_TILES[::3] if quick else GEMV_DOWN_TILES
             if fmt:  # the quantised one-token route always fuses the combine
                 down = [tile for tile in down if tile["fuse_combine"]]
+            if fmt in moe_config.PACKED_GEMV:  # each tile on both loops (the knob decides, not the default)
+                tiles = [dict(tile, packed_f16=p) for tile in tiles for p in (False, True)]
+                down = [dict(tile, packed_f16=p) for tile in down for p in (False, True)]
             found.append(search(time_config, "gemv", tiles, down, default["gate_up"]))
         if t * k <= moe_config.SMALL_PATH_MAX_PAIRS:
             tiles = SMALL_TILES[::3] if quick else SMALL_TILES

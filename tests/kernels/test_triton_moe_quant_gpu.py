@@ -111,25 +111,37 @@ def test_deterministic_and_graph_capturable(experts):
 FP8_GEMV_TILE = dict(block_m=0, block_n=2, block_k=1024, num_warps=4, num_stages=4)
 
 
+def quantize_fp8(w: torch.Tensor, block: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 experts with per-row or 128x128-block scales (amax / 448); dims multiples of 128."""
+    if not block:
+        s = w.abs().amax(-1) / 448
+        return (w / s[..., None]).to(torch.float8_e4m3fn), s
+    s = w.unflatten(1, (-1, 128)).unflatten(3, (-1, 128)).abs().amax((2, 4)) / 448
+    full = s.repeat_interleave(128, 1).repeat_interleave(128, 2)
+    return (w / full).to(torch.float8_e4m3fn), s
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "fp8_block"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dequantising", "packed_f16"])
 @pytest.mark.parametrize("scale", [1e-2, 1.0, 100.0])
-def test_fp8_channel_gemv_loops_at_qwen3_moe_widths(packed, scale):
-    """One token's per-row FP8 experts on the dequantising loop and on moe_gemv.py's packed-f16 loop
-    (x at three magnitudes: x_shift moves each into f16's range), both against the reference."""
+def test_fp8_gemv_loops_at_qwen3_moe_widths(fmt, packed, scale):
+    """One token's FP8 experts, per-row or block scales, on the dequantising loop and on moe_gemv.py's
+    packed-f16 loop (block scales folded into x; x at three magnitudes: the shift moves each into
+    f16's range), against the reference."""
     from atomc.kernels.triton.moe_quant import fused_experts_quant
     from atomc.ops.moe_quant import dequantize_fp8_experts
 
     e, h, inter, k = 128, 2048, 768, 8
+    block = fmt == "fp8_block"
     _, _, w13, w2, _, _ = make_moe(1, e, h, inter, k, torch.float32, DEV, seed=4)
-    quant = lambda w: ((w / (w.abs().amax(-1) / 448)[..., None]).to(torch.float8_e4m3fn), w.abs().amax(-1) / 448)  # noqa: E731
-    (q13, s13), (q2, s2) = quant(w13), quant(w2)
+    (q13, s13), (q2, s2) = quantize_fp8(w13, block), quantize_fp8(w2, block)
     g = torch.Generator(DEV).manual_seed(9)
     x = (torch.randn(1, h, generator=g, device=DEV) * scale).to(BF16)
     weights, ids = select_experts(torch.randn(1, e, generator=g, device=DEV), k)
     tile = dict(FP8_GEMV_TILE, packed_f16=packed)
     config = {"path": "gemv", "gate_up": tile, "down": dict(tile)}
-    out = fused_experts_quant(x, weights, ids, q13, s13, q2, s2, weight_format="fp8_channel", config=config)
-    d13, d2 = dequantize_fp8_experts(q13, s13, False, BF16), dequantize_fp8_experts(q2, s2, False, BF16)
+    out = fused_experts_quant(x, weights, ids, q13, s13, q2, s2, weight_format=fmt, config=config)
+    d13, d2 = dequantize_fp8_experts(q13, s13, block, BF16), dequantize_fp8_experts(q2, s2, block, BF16)
     ref = experts_reference(x, weights, ids, d13, d2, None, None, None, "silu", 1.702, 7.0)
     assert not out.isnan().any() and rel_err(out, ref) < REL, rel_err(out, ref)
 
@@ -144,16 +156,7 @@ def test_fp8_experts_at_qwen3_moe_widths(fmt, t):
     e, h, inter, k = 128, 2048, 768, 8
     _, _, w13, w2, _, _ = make_moe(1, e, h, inter, k, torch.float32, DEV, seed=2)
     block = fmt == "fp8_block"
-
-    def quant(w):
-        if not block:
-            s = w.abs().amax(-1) / 448
-            return (w / s[..., None]).to(torch.float8_e4m3fn), s
-        s = w.unflatten(1, (-1, 128)).unflatten(3, (-1, 128)).abs().amax((2, 4)) / 448
-        full = s.repeat_interleave(128, 1).repeat_interleave(128, 2)
-        return (w / full).to(torch.float8_e4m3fn), s
-
-    (q13, s13), (q2, s2) = quant(w13), quant(w2)
+    (q13, s13), (q2, s2) = quantize_fp8(w13, block), quantize_fp8(w2, block)
     g = torch.Generator(DEV).manual_seed(t)
     x = torch.randn(t, h, generator=g, device=DEV).to(BF16)
     weights, ids = select_experts(torch.randn(t, e, generator=g, device=DEV), k)

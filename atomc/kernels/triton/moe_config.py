@@ -117,7 +117,8 @@ def fits(path: str, tokens: int, top_k: int, weight_format: str = "") -> bool:
 # (docs/kernels.md, "Fused MoE"). MXFP4: GPT-OSS-20B's experts at one token 42.9 us against 69.7
 # (H200, moe_kernel.py); ROCm runs the fp32 step whatever this says (PTX FMAs). Per-row FP8: off,
 # Qwen3-30B-A3B's experts 38.2 us against the fp32 loop's 33.8 (H100; the small route's 25.5).
-PACKED_GEMV = {"mxfp4": True, "fp8_channel": False}
+# Block FP8 (scales folded into x, moe_gemv.py): off until timed on a GPU.
+PACKED_GEMV = {"mxfp4": True, "fp8_channel": False, "fp8_block": False}
 
 
 def with_packed_default(cfg: dict, weight_format: str, dtype: torch.dtype = torch.bfloat16) -> dict:

@@ -34,40 +34,85 @@ import triton.language as tl
 
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.moe_tiles import DENSE, bias_row, round_activate, weight_tile
-from atomc.kernels.triton.packed_f16 import x_shift
+from atomc.kernels.triton.packed_f16 import shift_for, x_shift
 from atomc.kernels.triton.pdl import after_producer
 
 
 @triton.jit
-def _x_f16(x_row, offs_k, k_ok, mult):
-    return (tl.load(x_row + offs_k, mask=k_ok, other=0.0).to(tl.float32) * mult).to(tl.float16)[None, :]
+def _times_group_scales(x, s_row, stride_sk, k0, K, mult, BLOCK_K: tl.constexpr):
+    """x[k0 : k0 + BLOCK_K] (fp32) times mult and each value's 128-column weight scale in the row
+    block s_row points at (mult folded into the scales: one multiply a value): one scale for a step
+    of at most 128 columns (k0 a multiple of BLOCK_K, a power of two), else a [BLOCK_K / 128] load
+    times the [BLOCK_K / 128, 128] view."""
+    if BLOCK_K <= 128:
+        return x * (tl.load(s_row + (k0 // 128) * stride_sk) * mult)
+    G: tl.constexpr = BLOCK_K // 128
+    grp = k0 // 128 + tl.arange(0, G)
+    s = tl.load(s_row + grp * stride_sk, mask=grp * 128 < K, other=0.0) * mult
+    return tl.reshape(tl.reshape(x, (G, 128)) * s[:, None], (BLOCK_K,))
 
 
 @triton.jit
-def _row_dot_f16(x_row, w_rows, n_ok, K, mult, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """fp32 [BLOCK_N]: the rows' e4m3 weights (unscaled) dot x * mult, products and per-column
-    partial sums in f16 (Triton packs them into f16x2 FMAs), summed in fp32 at the end."""
+def _x_f16(x_row, s_row, stride_sk, k0, K, mult, BLOCK_SCALED: tl.constexpr, BLOCK_K: tl.constexpr):
+    """f16 [1, BLOCK_K]: x[k0 : k0 + BLOCK_K] * mult, with BLOCK_SCALED each value also times its
+    group's weight scale in row block s_row (block FP8: every row of the program shares it)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    if BLOCK_SCALED:
+        x = _times_group_scales(x, s_row, stride_sk, k0, K, mult, BLOCK_K)
+    else:
+        x = x * mult
+    return x.to(tl.float16)[None, :]
+
+
+@triton.jit
+def _block_scaled_x_shift(x_row, s_a, s_b, stride_sk, K, BLOCK_K: tl.constexpr, TOP: tl.constexpr):
+    """x_shift's pair for x times its group scales in row block s_a or s_b, whichever is larger
+    (gate and up rows; the down GEMV passes one block twice). One pass over x."""
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        x = tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32))
+        xs = tl.maximum(_times_group_scales(x, s_a, stride_sk, k0, K, 1.0, BLOCK_K),
+                        _times_group_scales(x, s_b, stride_sk, k0, K, 1.0, BLOCK_K))  # fmt: skip
+        amax = tl.maximum(amax, xs)
+    return shift_for(tl.max(amax), TOP)
+
+
+@triton.jit
+def _row_dot_f16(
+    x_row, w_rows, s_row, stride_sk, n_ok, K, mult, BLOCK_SCALED: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """fp32 [BLOCK_N]: the rows' e4m3 weights (unscaled) dot x * mult (_x_f16: block scales folded
+    into x), products and per-column partial sums in f16 (Triton packs them into f16x2 FMAs),
+    summed in fp32 at the end."""
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float16)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += w.to(tl.float16) * _x_f16(x_row, offs_k, k_ok, mult)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+        acc += w.to(tl.float16) * _x_f16(x_row, s_row, stride_sk, k0, K, mult, BLOCK_SCALED, BLOCK_K)
     return tl.sum(acc.to(tl.float32), 1)
 
 
 @triton.jit
-def _gate_up_dot_f16(x_row, w_gate, w_up, n_ok, K, mult, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """_row_dot_f16 for the gate and the up rows in one loop: x converted once a step for both."""
+def _gate_up_dot_f16(
+    x_row, w_gate, w_up, s_gate, s_up, stride_sk, n_ok, K, mult, BLOCK_SCALED: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """_row_dot_f16 for the gate and the up rows in one loop: x converted once a step for both
+    (per-row scales), or once for each row block (block scales)."""
     acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float16)
     acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float16)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        mask = n_ok[:, None] & k_ok[None, :]
-        x = _x_f16(x_row, offs_k, k_ok, mult)
-        acc_g += tl.load(w_gate + offs_k[None, :], mask=mask, other=0.0).to(tl.float16) * x
-        acc_u += tl.load(w_up + offs_k[None, :], mask=mask, other=0.0).to(tl.float16) * x
+        mask = n_ok[:, None] & (offs_k < K)[None, :]
+        x_g = _x_f16(x_row, s_gate, stride_sk, k0, K, mult, BLOCK_SCALED, BLOCK_K)
+        x_u = x_g
+        if BLOCK_SCALED:
+            x_u = _x_f16(x_row, s_up, stride_sk, k0, K, mult, BLOCK_SCALED, BLOCK_K)
+        acc_g += tl.load(w_gate + offs_k[None, :], mask=mask, other=0.0).to(tl.float16) * x_g
+        acc_u += tl.load(w_up + offs_k[None, :], mask=mask, other=0.0).to(tl.float16) * x_u
     return tl.sum(acc_g.to(tl.float32), 1), tl.sum(acc_u.to(tl.float32), 1)
 
 
@@ -93,9 +138,18 @@ def moe_gate_up_gemv_kernel(
     w_gate = w_ptr + e.to(tl.int64) * stride_we + rows[:, None] * stride_wn
     w_up = w_gate + INTER * stride_wn
     s_base = s_ptr + e.to(tl.int64) * stride_se
-    if PACKED:
+    if PACKED and WEIGHTS == 2:  # block scales: the program's gate rows share one row block, its up rows another
+        n0 = tl.program_id(1) * BLOCK_N
+        s_gate = s_base + (n0 // 128) * stride_sn
+        s_up = s_base + ((INTER + n0) // 128) * stride_sn
+        mult, undo = _block_scaled_x_shift(x_ptr, s_gate, s_up, stride_sk, H, BLOCK_K, X_TOP)
+        gate, up = _gate_up_dot_f16(x_ptr, w_gate, w_up, s_gate, s_up, stride_sk, n_ok, H, mult, True, BLOCK_N,
+                                    BLOCK_K)  # fmt: skip
+        gate *= undo
+        up *= undo
+    elif PACKED:
         mult, undo = x_shift(x_ptr, H, BLOCK_K, X_TOP)
-        gate, up = _gate_up_dot_f16(x_ptr, w_gate, w_up, n_ok, H, mult, BLOCK_N, BLOCK_K)
+        gate, up = _gate_up_dot_f16(x_ptr, w_gate, w_up, s_base, s_base, 0, n_ok, H, mult, False, BLOCK_N, BLOCK_K)
         gate *= tl.load(s_base + rows * stride_sn, mask=n_ok, other=0.0) * undo
         up *= tl.load(s_base + (rows + INTER) * stride_sn, mask=n_ok, other=0.0) * undo
     else:
@@ -166,9 +220,14 @@ def moe_down_combine_gemv_kernel(
         if e >= 0:
             w_rows = w_ptr + e.to(tl.int64) * stride_we + rows[:, None] * stride_wn
             s_base = s_ptr + e.to(tl.int64) * stride_se
-            if PACKED:
+            if PACKED and WEIGHTS == 2:  # block scales: the program's rows share one row block
+                s_row = s_base + (tl.program_id(0) * BLOCK_N // 128) * stride_sn
+                a_row = act_ptr + s * stride_am
+                mult, undo = _block_scaled_x_shift(a_row, s_row, s_row, stride_sk, INTER, BLOCK_K, X_TOP)
+                y = _row_dot_f16(a_row, w_rows, s_row, stride_sk, n_ok, INTER, mult, True, BLOCK_N, BLOCK_K) * undo
+            elif PACKED:
                 mult, undo = x_shift(act_ptr + s * stride_am, INTER, BLOCK_K, X_TOP)
-                y = _row_dot_f16(act_ptr + s * stride_am, w_rows, n_ok, INTER, mult, BLOCK_N, BLOCK_K)
+                y = _row_dot_f16(act_ptr + s * stride_am, w_rows, s_base, 0, n_ok, INTER, mult, False, BLOCK_N, BLOCK_K)
                 y *= tl.load(s_base + rows * stride_sn, mask=n_ok, other=0.0) * undo
             else:
                 acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)

@@ -75,10 +75,13 @@ def _packed_mxfp4_knob(tile: dict, x: torch.Tensor, k: int, w: torch.Tensor) -> 
     return {**tile, "packed": {"PACKED": True, "ASM": cuda}}
 
 
-def _packed_fp8_knob(tile: dict, k: int) -> dict:
-    """The FP8 (per-row) GEMV tile with PACKED / X_TOP (under "packed") where it asks for
-    `packed_f16` (moe_gemv.py's f16-pair loop: plain Triton, so every backend runs it)."""
-    if not tile.get("packed_f16", False):
+def _packed_fp8_knob(tile: dict, k: int, block_rows: bool = True) -> dict:
+    """The FP8 GEMV tile with PACKED / X_TOP (under "packed") where it asks for `packed_f16`
+    (moe_gemv.py's f16-pair loop: plain Triton, so every backend runs it). Block scales are folded
+    into x, one row block a program: that needs `block_rows` (the program's rows in one 128-row
+    block: block_n dividing 128, and for gate/up an intermediate size that is whole blocks, so the
+    up rows start a block); a tile that cannot keeps the dequantising loop."""
+    if not tile.get("packed_f16", False) or not block_rows:
         return tile
     return {**tile, "packed": {"PACKED": True, "X_TOP": e4m3_weight_x_top(k, tile["block_k"])}}
 
@@ -139,6 +142,9 @@ def fused_experts_quant(
             fmt_gu = fmt_dn = {"WEIGHTS": WEIGHT_CODES[weight_format]}
             if weight_format == "fp8_channel":
                 gu, dn = _packed_fp8_knob(gu, h), _packed_fp8_knob(dn, inter)
+            else:
+                gu = _packed_fp8_knob(gu, h, 128 % gu["block_n"] == 0 and inter % 128 == 0)
+                dn = _packed_fp8_knob(dn, inter, 128 % dn["block_n"] == 0)
         gate_up[(t * k, triton.cdiv(inter, gu["block_n"]))](
             x, w13, w13_scale, b13, act, local,
             h, inter, w13.stride(0), w13.stride(1), *s13, sb13, act.stride(0),

@@ -43,6 +43,12 @@ def x_shift(x_row, K, BLOCK_K: tl.constexpr, TOP: tl.constexpr):
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         amax = tl.maximum(amax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
-    f = (tl.max(amax).to(tl.int32, bitcast=True) >> 23) & 0xFF  # the biased exponent: max in [2^(f-127), 2^(f-126))
+    return shift_for(tl.max(amax), TOP)
+
+
+@triton.jit
+def shift_for(amax, TOP: tl.constexpr):
+    """x_shift's pair for a given max |x'| (fp32 scalar, >= 0)."""
+    f = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # the biased exponent: max in [2^(f-127), 2^(f-126))
     f = tl.minimum(tl.maximum(f, TOP), TOP + 252)  # zero or tiny x: any finite shift
     return ((253 - f + TOP) << 23).to(tl.float32, bitcast=True), ((f + 1 - TOP) << 23).to(tl.float32, bitcast=True)
