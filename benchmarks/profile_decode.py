@@ -50,10 +50,16 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--quantization", default=None, help="e.g. fp8: quantise the bf16 checkpoint at load")
-    ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                    help="profile rank 0 of N: its table shows the collectives' kernels (NCCL time a step)")
-    ap.add_argument("--no-pdl", action="store_true",
-                    help="--no-enable-pdl: kernels do not overlap, so each one's time is its own")
+    ap.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="profile rank 0 of N: its table shows the collectives' kernels (NCCL time a step)",
+    )
+    ap.add_argument(
+        "--no-pdl", action="store_true", help="--no-enable-pdl: kernels do not overlap, so each one's time is its own"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
