@@ -193,6 +193,8 @@ def bench_shape(
             )  # fmt: skip
         if weights_fmt in moe_config.PACKED_GEMV and moe_config.fits("gemv", t, k, weights_fmt):  # both loops
             gemv = qcfg if qcfg["path"] == "gemv" else moe_config.default_config(1, k, e, inter, weights_fmt)
+            if gemv["path"] != "gemv":  # FP8's one-token default is the small route: the GEMVs' default tiles
+                gemv = moe_config.default_config(1, k, e, inter)
             for packed in (False, True):
                 variant = {**gemv, "gate_up": {**gemv["gate_up"], "packed_f16": packed},
                            "down": {**gemv["down"], "packed_f16": packed}}  # fmt: skip

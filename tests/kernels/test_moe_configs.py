@@ -44,17 +44,28 @@ def test_tuned_file_is_a_valid_configuration(path):
             assert cfg["gate_up"]["block_m"] == cfg["down"]["block_m"]  # one alignment for both GEMMs
 
 
-@pytest.mark.parametrize("weights", ["mxfp4", "fp8_channel"])
+def _gemv_file(directory, shape, weights) -> None:
+    """A tuned file whose one-token bucket is the gemv route without the packed knob."""
+    tile = dict(block_m=0, block_n=4, block_k=1024, num_warps=4, num_stages=4)
+    name = moe_config.config_name(*shape, "none", weights)
+    body = {"buckets": {"1": {"path": "gemv", "gate_up": tile, "down": tile}}, "meta": {"device": "none"}}
+    (directory / name).write_text(json.dumps(body))
+
+
+@pytest.mark.parametrize("weights", ["mxfp4", "fp8_channel", "fp8_block"])
 def test_one_token_packed_loops_follow_the_format_switch_unless_a_tile_says(weights, monkeypatch, tmp_path, request):
-    """PACKED_GEMV fills `packed_f16` into the one-token tiles, default or tuned, of its formats
+    """PACKED_GEMV fills `packed_f16` into the one-token GEMV tiles, default or tuned, of its formats
     (on where a GPU timed the packed loop faster); a tile's own value wins; other formats and routes
     are left as they were."""
     request.addfinalizer(moe_config.pick_config.cache_clear)  # no cached switch for the tests after this one
     shape = (32, 2880, 2880, 4, torch.bfloat16)
+    if weights != "mxfp4":  # FP8's one-token default is the small route: a tuned gemv bucket instead
+        _gemv_file(tmp_path, shape, weights)
+        _gemv_file(tmp_path, (*shape[:-1], torch.float32), weights)
     monkeypatch.setitem(moe_config.PACKED_GEMV, weights, False)
     moe_config.pick_config.cache_clear()
     off = moe_config.pick_config(1, *shape, "none", tmp_path, weight_format=weights)
-    assert off["gate_up"]["packed_f16"] is False and off["down"]["packed_f16"] is False
+    assert off["path"] == "gemv" and off["gate_up"]["packed_f16"] is False and off["down"]["packed_f16"] is False
     monkeypatch.setitem(moe_config.PACKED_GEMV, weights, True)
     moe_config.pick_config.cache_clear()  # the switch is read once per shape, as a process sets it before
     on = moe_config.pick_config(1, *shape, "none", tmp_path, weight_format=weights)
@@ -67,3 +78,16 @@ def test_one_token_packed_loops_follow_the_format_switch_unless_a_tile_says(weig
     assert "packed_f16" not in moe_config.pick_config(64, *shape, "none", tmp_path, weight_format=weights)["gate_up"]
     fp32 = moe_config.pick_config(1, *shape[:-1], torch.float32, "none", tmp_path, weight_format=weights)
     assert fp32["gate_up"]["packed_f16"] is False  # an fp32 model keeps the fp32 loops
+
+
+@pytest.mark.parametrize("weights", ["fp8_channel", "fp8_block"])
+def test_fp8_experts_default_to_the_small_route_at_one_token(weights, tmp_path):
+    """Untuned FP8 shapes take the small route's tensor-core tiles at one token (what every tuned FP8
+    file picked), bf16 experts the GEMVs, MXFP4 its packed GEMVs."""
+    shape = (64, 2048, 1408, 6, torch.bfloat16)
+    cfg = moe_config.pick_config(1, *shape, "none", tmp_path, weight_format=weights)
+    assert cfg["path"] == "small" and cfg["gate_up"] == moe_config.FP8_ONE_TOKEN["gate_up"]
+    assert cfg["down"] == moe_config.FP8_ONE_TOKEN["down"]
+    assert moe_config.pick_config(1, *shape, "none", tmp_path)["path"] == "gemv"
+    assert moe_config.pick_config(1, *shape, "none", tmp_path, weight_format="mxfp4")["path"] == "gemv"
+    assert moe_config.pick_config(2, *shape, "none", tmp_path, weight_format=weights)["gate_up"]["block_n"] == 16

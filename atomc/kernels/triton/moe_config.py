@@ -43,6 +43,17 @@ PATHS = ("gemv", "small", "sorted")
 GEMV_MAX_TOKENS = {"mxfp4": 16}
 
 
+# FP8 experts at one token: the small route's tensor-core tiles beat the GEMVs in every tuned file,
+# with these same tiles: Qwen3-30B-A3B per-row FP8 (H200) and DeepSeek-V3 block FP8 (H100, tune_moe.py:
+# 138.6 us against the GEMVs' 145.4 at their best tiles and 220.9 at the defaults). The tensor core
+# widens e4m3 itself, where a GEMV pays conversions on the CUDA cores.
+FP8_ONE_TOKEN = {
+    "path": "small",
+    "gate_up": dict(block_m=0, block_n=32, block_k=128, num_warps=4, num_stages=3),
+    "down": dict(block_m=0, block_n=64, block_k=256, num_warps=8, num_stages=3),
+}
+
+
 def gemv_max_tokens(weight_format: str = "") -> int:
     return GEMV_MAX_TOKENS.get(weight_format, 1)
 
@@ -82,10 +93,13 @@ def default_config(tokens: int, top_k: int, experts: int, inter: int = 0, weight
     takes four rows of 1024 values a step, a [4, 32, 16]-byte tile (16 bytes a thread at 4 warps:
     its rows are a quarter of bf16's bytes, so a program takes more of them); its tensor-core
     tiles are the bf16 ones (each block_k a multiple of the 32-value scale group), and its GEMVs
-    take up to GEMV_MAX_TOKENS tokens (a pair a program)."""
+    take up to GEMV_MAX_TOKENS tokens (a pair a program). FP8 experts take the small route at one
+    token too (FP8_ONE_TOKEN)."""
     if weight_format == "mxfp4" and tokens <= gemv_max_tokens(weight_format):
         tile = dict(block_m=0, block_n=4, block_k=1024, num_warps=4, num_stages=4)
         return {"path": "gemv", "gate_up": tile, "down": dict(tile)}
+    if weight_format in ("fp8_channel", "fp8_block") and tokens == 1 and top_k <= SMALL_PATH_MAX_PAIRS:
+        return {"path": "small", "gate_up": dict(FP8_ONE_TOKEN["gate_up"]), "down": dict(FP8_ONE_TOKEN["down"])}
     if tokens == 1:
         down_k = 2048 if inter >= 2048 else max(16, 1 << max(0, inter - 1).bit_length())
         return {"path": "gemv", "gate_up": dict(block_m=0, block_n=2, block_k=1024, num_warps=4, num_stages=4),
