@@ -34,7 +34,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from atomc.kernels.triton.moe_gemm import moe_gate_up_kernel  # noqa: E402
 from atomc.kernels.triton.moe_gemv import moe_gate_up_gemv_kernel  # noqa: E402
 from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, mxfp4_gate_up_gemv_kernel  # noqa: E402
-from atomc.kernels.triton.moe_tiles import FP8_BLOCK, MXFP4  # noqa: E402
+from atomc.kernels.triton.moe_tiles import FP8_BLOCK, FP8_ROW, MXFP4  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 ROUTE = dict(local_ids="*i32", sorted_ids="*i32", block_expert="*i32", num_padded="*i32", P="i32", H="i32", INTER="i32")
@@ -75,11 +75,22 @@ KERNELS = {
                                       dict(FP8_TILE, WEIGHTS=FP8_BLOCK, PACKED=True, X_TOP=3), 4, 4),
     "mxfp4_gate_up_sorted": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*u8", s_ptr="*u8"),
         dict(TOPK=4, ACT=1, HAS_BIAS=True, ROUTE_SORTED=True, IEEE=False, WEIGHTS=MXFP4, BLOCK_M=64, BLOCK_N=64,
-             BLOCK_K=128, BLOCK_SLOTS=4, PDL=False), 4, 3),
+             BLOCK_K=128, BLOCK_SLOTS=4, PDL=False, A8=False), 4, 3),
+    # FP8 experts at one token on the small route (moe_config.FP8_ONE_TOKEN's gate/up tile, block_k
+    # 128): the weights dequantised before a bf16 dot, or with `a8` raw into an e4m3 dot
+    "fp8_block_gate_up_small": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32"),
+        dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=False, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=16, BLOCK_N=32,
+             BLOCK_K=128, BLOCK_SLOTS=8, PDL=False, A8=False), 4, 3),
+    "fp8_block_gate_up_small_a8": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32"),
+        dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=False, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=16, BLOCK_N=32,
+             BLOCK_K=128, BLOCK_SLOTS=8, PDL=False, A8=True), 4, 3),
+    "fp8_channel_gate_up_small_a8": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32"),
+        dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=False, IEEE=False, WEIGHTS=FP8_ROW, BLOCK_M=16, BLOCK_N=32,
+             BLOCK_K=128, BLOCK_SLOTS=8, PDL=False, A8=True), 4, 3),
     # DeepSeek-V3's block-FP8 experts on the default tile for many rows an expert (moe_config)
     "fp8_block_gate_up_sorted": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32"),
         dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=True, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=128, BLOCK_N=128,
-             BLOCK_K=64, BLOCK_SLOTS=8, PDL=False), 8, 3),
+             BLOCK_K=64, BLOCK_SLOTS=8, PDL=False, A8=False), 8, 3),
 }  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from triton_kernel_cases import make_moe, rel_err  # noqa: E402
 
 from atomc.kernels.triton import moe_quant  # noqa: E402
 from atomc.kernels.triton.moe_quant import fused_experts_quant  # noqa: E402
-from atomc.ops.moe import experts_reference, select_experts  # noqa: E402
+from atomc.ops.moe import apply_activation, experts_reference, select_experts  # noqa: E402
 from atomc.ops.moe_quant import dequantize_fp8_experts  # noqa: E402
 
 E, H, INTER, K = 4, 200, 136, 2
@@ -140,3 +140,68 @@ def test_scales_of_the_wrong_shape_are_refused():
     weights, ids = select_experts(logits, K)
     with pytest.raises(ValueError, match="are not fp8_block experts of this width"):
         fused_experts_quant(x, weights, ids, q13, s13, q2, s2, weight_format="fp8_block")
+
+
+def fp8_activations(a: torch.Tensor, block: bool) -> torch.Tensor:
+    """a's dynamic e4m3 quantisation (per row, or per 128-value group of a row), dequantised in fp32."""
+    a = a.float()
+    k = a.shape[-1]
+    g = torch.nn.functional.pad(a, (0, -k % 128)).unflatten(-1, (-1, 128)) if block else a[..., None, :]
+    amax = g.abs().amax(-1, keepdim=True)
+    s = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+    return ((g / s).clamp(-448, 448).to(FP8).float() * s).flatten(-2)[..., :k]
+
+
+def w8a8_reference(x, weights, ids, q13, s13, q2, s2, b13, b2, block, activation):
+    """The experts with e4m3 activations: each GEMM's input quantised dynamically, products and sums
+    in fp32, rounded to x's dtype where the kernels round (gate/up, the activation, down)."""
+    dtype = x.dtype
+    d13 = dequantize_fp8_experts(q13, s13, block, torch.float32)
+    d2 = dequantize_fp8_experts(q2, s2, block, torch.float32)
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for e in torch.unique(ids).tolist():
+        token, slot = torch.nonzero(ids == e, as_tuple=True)
+        h = fp8_activations(x[token], block) @ d13[e].T + (0 if b13 is None else b13[e].float())
+        a = apply_activation(h.to(dtype).float(), activation, 1.702, 7.0).to(dtype)
+        y = fp8_activations(a, block) @ d2[e].T + (0 if b2 is None else b2[e].float())
+        out.index_add_(0, token, y.to(dtype).float() * weights[token, slot, None])
+    return out.to(dtype)
+
+
+# the same arithmetic in another order: fp32 sums of exact e4m3 products, the scales applied after
+# (the reference scales every product); an activation rounded one ulp apart moves its e4m3 code in
+# the down GEMM's input now and then. Measured below 1e-5 (fp32) / 2e-3 (fp16).
+A8_TOL = {torch.float32: 1e-4, torch.float16: 3e-3}
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "fp8_block"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("t,path", [(1, "small"), (5, "small"), (37, "sorted")])
+def test_a8_tiles_match_the_w8a8_reference(fmt, dtype, t, path):
+    """`a8` tiles: x and the activation quantised to e4m3 in the kernels (per token for per-row
+    weights, per 128-value group for blocks: H = 400 ends inside a group), raw e4m3 weights into
+    the dot; against the fp32 W8A8 reference, both activations, biases."""
+    block = fmt == "fp8_block"
+    tile = dict(TILE, block_k=128, a8=True)
+    config = {"path": path, "gate_up": tile, "down": dict(tile, block_n=32)}
+    x, logits, w13, w2, b13, b2 = make_moe(t, E, 400, 256, K, torch.float32, "cpu", bias=True, seed=20 + t)
+    x, b13, b2 = (x * 0.5).to(dtype), b13.to(dtype), b2.to(dtype)
+    (q13, s13), (q2, s2) = quantize(w13, block), quantize(w2, block)
+    weights, ids = select_experts(logits, K)
+    for activation in ("silu", "swiglu_oai"):
+        out = fused_experts_quant(x, weights, ids, q13, s13, q2, s2, b13, b2, None, activation, 1.702, 7.0, fmt,
+                                  config=config)  # fmt: skip
+        ref = w8a8_reference(x, weights, ids, q13, s13, q2, s2, b13, b2, block, activation)
+        assert not out.isnan().any() and ref.abs().max() > 0
+        assert rel_err(out, ref) < A8_TOL[dtype], (activation, rel_err(out, ref))
+
+
+def test_a8_tiles_are_checked():
+    x = torch.zeros(1, H)
+    for fmt, block_k in (("fp8_block", 64), ("fp8_channel", 16)):
+        config = {"path": "small", "gate_up": dict(TILE, block_k=block_k, a8=True), "down": dict(TILE, a8=True)}
+        block = fmt == "fp8_block"
+        (q13, s13), (q2, s2) = quantize(torch.randn(E, 2 * INTER, H), block), quantize(torch.randn(E, H, INTER), block)
+        with pytest.raises(ValueError, match="a8 tile steps"):
+            fused_experts_quant(x, torch.ones(1, K), torch.zeros(1, K, dtype=torch.int32), q13, s13, q2, s2,
+                                weight_format=fmt, config=config)  # fmt: skip

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from atomc.kernels.triton.moe_tiles import bias_row, round_activate, weight_tile
+from atomc.kernels.triton.moe_tiles import bias_row, e4m3_scale, quantize_e4m3, round_activate, weight_tile
 from atomc.kernels.triton.pdl import after_producer
 
 
@@ -68,6 +68,43 @@ def _dot(acc, a, w, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _a8_row_scale(a_rows, ok, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Each row's dynamic per-token FP8 scale over its K values (one pass, rows from L2)."""
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < K)[None, :], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(a.to(tl.float32)), 1))
+    return e4m3_scale(amax)
+
+
+@triton.jit
+def _a8_step(a_rows, ok, k0, K, row_scale, BLOCKS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(e4m3 [BLOCK_M, BLOCK_K] activations of this step, their fp32 scale a row): the per-token
+    scale given, or (BLOCKS) the step's own, the step being one 128-value group (BLOCK_K = 128)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+    scale = row_scale
+    if BLOCKS:
+        scale = e4m3_scale(tl.max(tl.abs(a), 1))
+    return quantize_e4m3(a, scale), scale
+
+
+@triton.jit
+def _a8_dot(aq, w_rows, n_ok, k0, K, BLOCK_K: tl.constexpr):
+    """e4m3 activations times the raw e4m3 weight rows' tile (transposed), fp32: products exact."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    return tl.dot(aq, tl.trans(w))
+
+
+@triton.jit
+def _block_scale_row(s_base, rows, n_ok, k0, stride_sn, stride_sk):
+    """[1, BLOCK_N] 128x128-block weight scales of these rows at column k0."""
+    return tl.load(s_base + (rows // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)[None, :]
+
+
+@triton.jit
 def moe_gate_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, act_ptr,
     local_ids, sorted_ids, block_expert, num_padded,
@@ -77,10 +114,12 @@ def moe_gate_up_kernel(
     TOPK: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
     WEIGHTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, A8: tl.constexpr = False,
 ):  # fmt: skip
     """act[p, n] = act(x[p // TOPK] @ w13[e, n] (gate), x @ w13[e, INTER + n] (up)) for this block's
-    pairs; w13 in the WEIGHTS format (moe_tiles.py; s_ptr its scales, unused for DENSE)."""
+    pairs; w13 in the WEIGHTS format (moe_tiles.py; s_ptr its scales, unused for DENSE). A8 (FP8
+    weights): x quantised to e4m3 with dynamic scales (per token for per-row weights, per 128-value
+    group for blocks) and the raw e4m3 weights into an e4m3 dot, scales applied to the fp32 sums."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
     e, rows, ok, go = _rows(
         local_ids, sorted_ids, block_expert, num_padded, P, TOPK, ROUTE_SORTED, BLOCK_M, BLOCK_SLOTS
@@ -98,14 +137,34 @@ def moe_gate_up_kernel(
     x_rows = x_ptr + tokens[:, None] * stride_xm
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < H)[None, :], other=0.0)
-        wg = weight_tile(w_gate, s_base, rows_g, n_ok, k0, H, stride_sn, stride_sk, a.dtype, WEIGHTS, BLOCK_N, BLOCK_K)
-        wu = weight_tile(w_up, s_base, rows_g + INTER, n_ok, k0, H, stride_sn, stride_sk, a.dtype, WEIGHTS, BLOCK_N,
-                         BLOCK_K)  # fmt: skip
-        acc_g = _dot(acc_g, a, wg, IEEE)
-        acc_u = _dot(acc_u, a, wu, IEEE)
+    BLOCKS: tl.constexpr = WEIGHTS == 2
+    if A8:
+        x_scale = tl.full((BLOCK_M,), 1.0, tl.float32)
+        if not BLOCKS:
+            x_scale = _a8_row_scale(x_rows, ok, H, BLOCK_M, BLOCK_K)
+        for k0 in range(0, H, BLOCK_K):
+            aq, s_x = _a8_step(x_rows, ok, k0, H, x_scale, BLOCKS, BLOCK_K)
+            dg = _a8_dot(aq, w_gate, n_ok, k0, H, BLOCK_K)
+            du = _a8_dot(aq, w_up, n_ok, k0, H, BLOCK_K)
+            if BLOCKS:
+                acc_g += dg * s_x[:, None] * _block_scale_row(s_base, rows_g, n_ok, k0, stride_sn, stride_sk)
+                acc_u += du * s_x[:, None] * _block_scale_row(s_base, rows_g + INTER, n_ok, k0, stride_sn, stride_sk)
+            else:
+                acc_g += dg
+                acc_u += du
+        if not BLOCKS:
+            acc_g *= x_scale[:, None] * tl.load(s_base + rows_g * stride_sn, mask=n_ok, other=0.0)[None, :]
+            acc_u *= x_scale[:, None] * tl.load(s_base + (rows_g + INTER) * stride_sn, mask=n_ok, other=0.0)[None, :]
+    else:
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(x_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < H)[None, :], other=0.0)
+            wg = weight_tile(w_gate, s_base, rows_g, n_ok, k0, H, stride_sn, stride_sk, a.dtype, WEIGHTS, BLOCK_N,
+                             BLOCK_K)  # fmt: skip
+            wu = weight_tile(w_up, s_base, rows_g + INTER, n_ok, k0, H, stride_sn, stride_sk, a.dtype, WEIGHTS,
+                             BLOCK_N, BLOCK_K)  # fmt: skip
+            acc_g = _dot(acc_g, a, wg, IEEE)
+            acc_u = _dot(acc_u, a, wu, IEEE)
     if HAS_BIAS:
         b = b_ptr + e.to(tl.int64) * stride_be
         acc_g += bias_row(b, offs_n, n_ok)[None, :]
@@ -124,9 +183,10 @@ def moe_down_kernel(
     TOPK: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTE_SORTED: tl.constexpr, IEEE: tl.constexpr,
     WEIGHTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, A8: tl.constexpr = False,
 ):  # fmt: skip
-    """y[p, n] = act[p] @ w2[e, n] (+ b2[e, n]) for this block's pairs, in y's dtype; w2 in the WEIGHTS format."""
+    """y[p, n] = act[p] @ w2[e, n] (+ b2[e, n]) for this block's pairs, in y's dtype; w2 in the WEIGHTS
+    format; A8 as the gate/up kernel's (act quantised)."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
     e, rows, ok, go = _rows(
         local_ids, sorted_ids, block_expert, num_padded, P, TOPK, ROUTE_SORTED, BLOCK_M, BLOCK_SLOTS
@@ -140,11 +200,27 @@ def moe_down_kernel(
     w_rows = w_ptr + e.to(tl.int64) * stride_we + w_n[:, None] * stride_wn
     s_base = s_ptr + e.to(tl.int64) * stride_se
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, INTER, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < INTER)[None, :], other=0.0)
-        w = weight_tile(w_rows, s_base, w_n, n_ok, k0, INTER, stride_sn, stride_sk, a.dtype, WEIGHTS, BLOCK_N, BLOCK_K)
-        acc = _dot(acc, a, w, IEEE)
+    BLOCKS: tl.constexpr = WEIGHTS == 2
+    if A8:
+        a_scale = tl.full((BLOCK_M,), 1.0, tl.float32)
+        if not BLOCKS:
+            a_scale = _a8_row_scale(a_rows, ok, INTER, BLOCK_M, BLOCK_K)
+        for k0 in range(0, INTER, BLOCK_K):
+            aq, s_a = _a8_step(a_rows, ok, k0, INTER, a_scale, BLOCKS, BLOCK_K)
+            d = _a8_dot(aq, w_rows, n_ok, k0, INTER, BLOCK_K)
+            if BLOCKS:
+                acc += d * s_a[:, None] * _block_scale_row(s_base, w_n, n_ok, k0, stride_sn, stride_sk)
+            else:
+                acc += d
+        if not BLOCKS:
+            acc *= a_scale[:, None] * tl.load(s_base + w_n * stride_sn, mask=n_ok, other=0.0)[None, :]
+    else:
+        for k0 in range(0, INTER, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < INTER)[None, :], other=0.0)
+            w = weight_tile(w_rows, s_base, w_n, n_ok, k0, INTER, stride_sn, stride_sk, a.dtype, WEIGHTS, BLOCK_N,
+                            BLOCK_K)  # fmt: skip
+            acc = _dot(acc, a, w, IEEE)
     if HAS_BIAS:
         acc += bias_row(b_ptr + e.to(tl.int64) * stride_be, offs_n, n_ok)[None, :]
     out = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]

@@ -86,6 +86,21 @@ def _packed_fp8_knob(tile: dict, k: int, block_rows: bool = True) -> dict:
     return {**tile, "packed": {"PACKED": True, "X_TOP": e4m3_weight_x_top(k, tile["block_k"])}}
 
 
+def _a8_knob(tile: dict, weight_format: str) -> dict:
+    """{"A8": True} where an FP8 tile of the tensor-core routes asks for `a8` (activations quantised
+    to e4m3 in the kernel, moe_gemm.py), else nothing. Block scales quantise each 128-value group
+    with its own scale, so a step is exactly one group; an e4m3 dot takes K in 32s."""
+    if not tile.get("a8", False):
+        return {}
+    if weight_format not in FP8_FORMATS:
+        raise ValueError(f"fused_moe_quant: `a8` takes FP8 experts, not {weight_format}")
+    if tile["block_k"] < 32 or (weight_format == "fp8_block" and tile["block_k"] != 128):
+        raise ValueError(
+            f"fused_moe_quant: an a8 tile steps 128 columns for block scales (>= 32 for per-row), got {tile['block_k']}"
+        )
+    return {"A8": True}
+
+
 def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:
     """(expert, row, column) strides of a scale tensor; column 0 for per-row scales."""
     return scale.stride(0), scale.stride(1), scale.stride(2) if scale.dim() == 3 else 0
@@ -188,7 +203,7 @@ def fused_experts_quant(
         float(alpha), float(limit),
         TOPK=k, ACT=code, HAS_BIAS=w13_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=wcode,
         BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=_block_k(gu, weight_format), BLOCK_SLOTS=slots,
-        num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x),
+        num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x), **_a8_knob(gu, weight_format),
     )  # fmt: skip
     moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2_scale, b2, y, *route,
@@ -196,7 +211,7 @@ def fused_experts_quant(
         act.stride(0), w2.stride(0), w2.stride(1), *s2, sb2, y.stride(0),
         TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=wcode,
         BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=_block_k(dn, weight_format), BLOCK_SLOTS=slots,
-        num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x),
+        num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x), **_a8_knob(dn, weight_format),
     )  # fmt: skip
     block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
     moe_combine_kernel[(t, triton.cdiv(h, block_h))](

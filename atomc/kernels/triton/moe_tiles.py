@@ -31,6 +31,33 @@ TWO_POW_126 = tl.constexpr(2.0**126)  # exact in fp32; a constexpr so jit code m
 
 
 @triton.jit
+def e4m3_grid(v):
+    """fp32 v (|v| <= 448) rounded to the nearest e4m3 value, ties to even, still fp32: what a
+    round-to-nearest fp32 -> e4m3 cast gives, in integer arithmetic, so the cast after it is exact
+    on every backend (the Triton interpreter's own cast drops the carry into the exponent: 124.8
+    became 64). Normals keep 3 mantissa bits; below 2^-6 the grid is multiples of 2^-9."""
+    bits = v.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) & 0x7FF00000) | (bits & -0x80000000)
+    sub = ((v * 512.0 + 12582912.0) - 12582912.0) / 512.0  # + 1.5 * 2^23: rounds to an integer, ties to even
+    return tl.where(mag < 0x3C800000, sub, normal.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def e4m3_scale(amax):
+    """The dynamic FP8 scale of values with this max |value|: amax / 448, 1 where amax is 0 (padding
+    rows, zero groups) so the quotient stays finite."""
+    return tl.where(amax > 0, amax / 448.0, 1.0)
+
+
+@triton.jit
+def quantize_e4m3(a, scale):
+    """a [M, K] fp32 / scale [M] as float8e4nv, rounded to nearest even (e4m3_grid)."""
+    v = tl.minimum(tl.maximum(a / scale[:, None], -448.0), 448.0)
+    return e4m3_grid(v).to(tl.float8e4nv)
+
+
+@triton.jit
 def activate(gate, up, alpha, limit, ACT: tl.constexpr):
     """silu(gate) * up, or GPT-OSS's: gate clamped above, up both ways, gate * sigmoid(alpha * gate) * (up + 1)."""
     if ACT == 0:
