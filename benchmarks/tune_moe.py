@@ -3,6 +3,7 @@ atomc/kernels/triton/moe_config.py reads (configs/E=..,H=..,I=..,topk=..,dtype=.
 
     python benchmarks/tune_moe.py --shapes qwen3_moe [--tokens 1,8,64,512] [--quick] [--out-dir DIR]
     python benchmarks/tune_moe.py --shapes gpt_oss --weights mxfp4   # quantised experts' own file
+    python benchmarks/tune_moe.py --shapes deepseek_v3 --weights fp8_block --tokens 2,8 --merge  # add buckets
 
 `--weights mxfp4 | fp8_channel | fp8_block` tunes the quantised kernels (moe_quant.py) on the
 experts quantised as benchmarks/moe_kernel.py does it, into the file named with the format
@@ -149,6 +150,8 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=moe_config.CONFIG_DIR)
     ap.add_argument("--weights", choices=("bf16", *WEIGHT_FORMATS), default="bf16", help="expert weight format")
     ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the buckets an existing file in --out-dir has and this run does not tune")  # fmt: skip
     args = ap.parse_args()
     global VERBOSE
     VERBOSE = args.verbose
@@ -158,9 +161,14 @@ def main() -> None:
         e, h, inter, k, _, _ = SHAPES[name]
         fmt = "" if args.weights == "bf16" else args.weights
         path = args.out_dir / moe_config.config_name(e, h, inter, k, BF16, tile_device(torch.device(DEV)).name, fmt)
-        tune_shape(
-            name, tokens, args.quick, args.weights, save=lambda r, p=path: p.write_text(json.dumps(r, indent=1) + "\n")
-        )
+        kept = json.loads(path.read_text())["buckets"] if args.merge and path.is_file() else {}
+
+        def save(result: dict, path: Path = path, kept: dict = kept) -> None:
+            merged = {**kept, **result["buckets"]}
+            buckets = {m: merged[m] for m in sorted(merged, key=int)}
+            path.write_text(json.dumps({**result, "buckets": buckets}, indent=1) + "\n")
+
+        tune_shape(name, tokens, args.quick, args.weights, save=save)
         print(f"wrote {path}")
         torch.cuda.empty_cache()
 
