@@ -5,7 +5,7 @@ device) and maps M buckets (token counts) to a configuration; a call takes the b
 token count (the largest bucket <= M, else the smallest). A configuration:
 
     {"path": "gemv" | "small" | "sorted",   # optional; else gemv for one token (MXFP4: up to
-                                            # GEMV_MAX_TOKENS), then by SMALL_PATH_MAX_PAIRS
+                                            # GEMV_MAX_TOKENS; FP8: small), then by SMALL_PATH_MAX_PAIRS
      "gate_up": {"block_m", "block_n", "block_k", "num_warps", "num_stages"},
      "down": {...the same keys..., "fuse_combine": bool}}   # gemv only: combine in the down GEMV
                                                            # (default true)

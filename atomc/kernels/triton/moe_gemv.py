@@ -24,7 +24,12 @@ times the row scale, round to bf16 as the reference does, multiply-add) against 
 e4m3 -> f16 pairs, f16x2 FMAs with x shifted into f16's range (packed_f16.x_shift, TOP from
 `e4m3_weight_x_top`: a column adds ceil(K / BLOCK_K) products of at most 448 * 2^TOP), the row scale once
 after the sum. It does not round each dequantised weight to bf16 as the reference does; the
-difference is that rounding's, 2^-9 a weight, plus f16's on the few partial sums.
+difference is that rounding's, 2^-9 a weight, plus f16's on the few partial sums. Block scales
+(128 x 128) take the same loop with each column group's scale folded into x: a program's rows lie
+in one row block (block_n divides 128; moe_quant.py keeps the dequantising loop for a gate/up
+whose intermediate size is not whole blocks), so x times the group's scale is one vector for the
+program (one for its gate rows, one for its up rows); x * scale has f16's 11 significant bits, so
+the products round too.
 """
 
 from __future__ import annotations
