@@ -38,7 +38,7 @@ from atomc.kernels.triton.fp8_gemv import fp8_gemv  # noqa: E402
 from atomc.kernels.triton.gemv import gemv  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
 from atomc.kernels.triton.moe_quant import fused_experts_quant  # noqa: E402
-from atomc.kernels.triton.moe_routing import softmax_topk  # noqa: E402
+from atomc.kernels.triton.moe_routing import grouped_topk, softmax_topk  # noqa: E402
 from atomc.ops import fp8 as ref  # noqa: E402
 from atomc.ops.moe import select_experts  # noqa: E402
 from models.quant.mxfp4 import quantize_mxfp4  # noqa: E402
@@ -214,6 +214,11 @@ def test_silu_and_mul(trace):
 
 def test_softmax_topk(trace):
     softmax_topk(torch.randn(3, 24), 4)
+    assert trace.check([]) == 1 and len(trace.programs) == 3
+
+
+def test_grouped_topk(trace):
+    grouped_topk(torch.randn(3, 32), 4, "sigmoid", True, 0.1 * torch.randn(32), 4, 2, 2.5)
     assert trace.check([]) == 1 and len(trace.programs) == 3
 
 

@@ -229,6 +229,57 @@ def test_softmax_topk_ties_go_to_the_lower_expert():
     assert weights[0, 0] == weights[0, 1] == weights[0, 2] > weights[0, 3]
 
 
+# (experts, k, scoring, bias, groups, kept groups, renormalise, scale): DeepSeek-V3 (sigmoid, bias,
+# 8 groups of 32 keeping 4, the sum of each group's best two), V2 (softmax, 160 in 8 groups of 20:
+# not a power of two, keeping 3, the group's best), a bias without groups, and one group
+DEEPSEEK_ROUTINGS = [
+    (256, 8, "sigmoid", True, 8, 4, True, 2.5),
+    (160, 6, "softmax", False, 8, 3, False, 16.0),
+    (64, 6, "sigmoid", True, 0, 0, True, 1.0),
+    (24, 4, "softmax", False, 1, 1, True, 1.0),
+]
+
+
+@pytest.mark.parametrize("e,k,scoring,bias,groups,keep,renormalize,scale", DEEPSEEK_ROUTINGS)
+def test_grouped_topk_matches_select_experts(e, k, scoring, bias, groups, keep, renormalize, scale):
+    from atomc.kernels.triton.moe_routing import grouped_topk
+
+    g = torch.Generator().manual_seed(e + k)
+    logits = torch.randn(9, e, generator=g)
+    correction = 0.1 * torch.randn(e, generator=g) if bias else None
+    args = (k, scoring, renormalize, correction, groups, keep, scale)
+    weights, ids = grouped_topk(logits, *args)
+    ref_w, ref_ids = select_experts(logits, *args)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-5)
+    if groups > 1:  # every chosen expert lies in one of the kept groups: at most `keep` groups hit
+        assert max(len(set((ids[t] // (e // groups)).tolist())) for t in range(9)) <= keep
+
+
+def test_grouped_topk_refuses_what_it_does_not_take():
+    from atomc.kernels.triton.moe_routing import grouped_topk
+
+    with pytest.raises(ValueError, match="groups"):
+        grouped_topk(torch.randn(2, 30), 2, "sigmoid", True, None, 8, 4, 1.0)  # 30 experts in 8 groups
+
+
+def test_route_takes_the_grouped_kernel_when_on(monkeypatch):
+    from atomc.kernels.triton import moe_routing
+
+    logits, bias = torch.randn(5, 64), 0.1 * torch.randn(64)
+    args = (logits, 6, "sigmoid", True, bias, 8, 3, 2.5)
+    calls = []
+    monkeypatch.setattr(moe_routing, "grouped_topk", lambda *a: calls.append(a) or select_experts(*a))
+    moe_routing.route(*args)
+    assert not calls  # off: select_experts
+    monkeypatch.setattr(moe_routing, "GROUPED_KERNEL", True)
+    weights, ids = moe_routing.route(*args)
+    assert len(calls) == 1 and torch.equal(ids, select_experts(*args)[1])
+    moe_routing.route(torch.randn(2, 2048), 2, "sigmoid", True, None, 0, 0, 1.0)  # past MAX_EXPERTS: select_experts
+    assert len(calls) == 1
+
+
 def test_routing_choice():
     from atomc.kernels.triton.moe_routing import handles
 

@@ -4,7 +4,9 @@
 divide); at batch-1 decode a Qwen3-MoE layer reads only ~75 MB of expert weights (about 18 µs on
 an H200), so those launches would be a third of the layer. This kernel does the common case
 (softmax scoring, no expert groups, no correction bias: Mixtral, Qwen3-MoE, GPT-OSS) in one
-launch, one program per token; other routings stay on `select_experts`.
+launch, one program per token. DeepSeek's routings (sigmoid scores, a correction bias, expert
+groups) have their own kernel, `grouped_topk` (one program per token: the logits as [groups,
+experts a group]), behind GROUPED_KERNEL until timed; without it they stay on `select_experts`.
 
 The results of `select_experts` up to ties: fp32 softmax over all experts, the k largest in
 descending order, then optional renormalisation over the chosen k and scaling. Among equal scores
@@ -55,6 +57,64 @@ def _softmax_topk_kernel(
     tl.store(ids_ptr + out, ids, mask=slots < TOPK)
 
 
+@triton.jit
+def _grouped_topk_kernel(
+    logits_ptr, bias_ptr, weights_ptr, ids_ptr, E, PER_GROUP, stride_lt, scale,
+    TOPK: tl.constexpr, TOPK_GROUP: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
+    RENORMALIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """DeepSeek's routing for one token: the logits as [groups, experts a group]; scores (sigmoid or
+    softmax) plus the correction bias choose; a group's score is its best choice score, or the sum
+    of its best two with a bias (sigmoid, V3); the TOPK_GROUP best groups are kept; the k best
+    experts among them are taken in order (ties: the lower group, then the lower expert id), with
+    their scores (no bias) as weights."""
+    after_producer(PDL)  # pdl.py: the logits come from the step
+    t = tl.program_id(0)
+    g = tl.arange(0, BLOCK_G)[:, None]
+    j = tl.arange(0, BLOCK_P)[None, :]
+    expert = g * PER_GROUP + j
+    ok = (j < PER_GROUP) & (expert < E)
+    logits = tl.load(logits_ptr + t.to(tl.int64) * stride_lt + expert, mask=ok, other=-float("inf")).to(tl.float32)
+    if SIGMOID:
+        scores = 1.0 / (1.0 + tl.exp(-logits))
+    else:
+        num = tl.exp(logits - tl.max(tl.max(logits, 1), 0))
+        scores = num / tl.sum(tl.sum(num, 1), 0)
+    choose = scores
+    if HAS_BIAS:
+        choose += tl.load(bias_ptr + expert, mask=ok, other=0.0).to(tl.float32)
+    choose = tl.where(ok, choose, -float("inf"))
+    best = tl.max(choose, 1)  # [BLOCK_G]
+    if HAS_BIAS:  # the sum of the group's best two (the first best taken out by its lowest index)
+        first = tl.min(tl.where(choose == best[:, None], j, BLOCK_P), 1)
+        best += tl.max(tl.where(j == first[:, None], -float("inf"), choose), 1)
+    groups = tl.arange(0, BLOCK_G)
+    keep = tl.zeros((BLOCK_G,), dtype=tl.int1)
+    for _ in tl.static_range(TOPK_GROUP):
+        top = tl.max(tl.where(keep, -float("inf"), best), 0)
+        pick = tl.min(tl.where((best == top) & ~keep, groups, BLOCK_G), 0)
+        keep = keep | (groups == pick)
+    left = tl.where(keep[:, None] & ok, choose, -float("inf"))
+    slots = tl.arange(0, BLOCK_K)
+    weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    taken = expert < 0  # all false
+    for s in tl.static_range(TOPK):
+        top = tl.max(tl.max(tl.where(taken, -float("inf"), left), 1), 0)
+        idx = tl.min(tl.min(tl.where((left == top) & ~taken, expert, E + BLOCK_G * BLOCK_P), 1), 0)
+        hit = expert == idx
+        weights = tl.where(slots == s, tl.sum(tl.sum(tl.where(hit, scores, 0.0), 1), 0), weights)
+        ids = tl.where(slots == s, idx, ids)
+        taken = taken | hit
+    if RENORMALIZE:
+        weights = weights / tl.sum(weights, 0)
+    weights = weights * scale
+    out = t * TOPK + slots
+    tl.store(weights_ptr + out, weights, mask=slots < TOPK)
+    tl.store(ids_ptr + out, ids, mask=slots < TOPK)
+
+
 def handles(scoring: str, correction_bias, num_expert_group: int, experts: int) -> bool:
     """Whether `softmax_topk` covers this routing (else use select_experts)."""
     return scoring == "softmax" and correction_bias is None and num_expert_group == 0 and experts <= MAX_EXPERTS
@@ -79,13 +139,57 @@ def softmax_topk(
     return weights, ids
 
 
+# DeepSeek's routings (sigmoid or softmax scores, expert groups, a correction bias) in one launch
+# instead of select_experts' dozen torch launches; off until a GPU has timed the two against each
+# other (tests/kernels/test_triton_moe.py checks it against select_experts on the interpreter).
+GROUPED_KERNEL = False
+
+
+def takes_grouped(experts: int, num_expert_group: int, topk_group: int) -> bool:
+    """Whether `grouped_topk` takes this routing (whole groups, a kept count it can keep)."""
+    groups = max(1, num_expert_group)
+    keep = topk_group if num_expert_group > 0 else 1
+    return experts <= MAX_EXPERTS and experts % groups == 0 and 1 <= keep <= groups
+
+
+def grouped_topk(
+    router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, correction_bias,
+    num_expert_group: int, topk_group: int, routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`select_experts` with expert groups and/or a correction bias (DeepSeek-V2/V3), one launch;
+    no groups is one group of every expert, all kept."""
+    t, e = router_logits.shape
+    groups = max(1, num_expert_group)
+    keep = topk_group if num_expert_group > 0 else 1
+    if not takes_grouped(e, num_expert_group, topk_group):
+        raise ValueError(f"grouped_topk: {e} experts in {groups} groups keeping {keep} is not a routing it takes")
+    if router_logits.stride(-1) != 1:
+        router_logits = router_logits.contiguous()
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=router_logits.device)
+    bias = correction_bias if correction_bias is not None else router_logits
+    if t:
+        _grouped_topk_kernel[(t,)](
+            router_logits, bias, weights, ids, e, e // groups, router_logits.stride(0), float(routed_scaling_factor),
+            TOPK=top_k, TOPK_GROUP=keep, SIGMOID=scoring == "sigmoid", HAS_BIAS=correction_bias is not None,
+            RENORMALIZE=renormalize, BLOCK_G=triton.next_power_of_2(groups),
+            BLOCK_P=max(2, triton.next_power_of_2(e // groups)), BLOCK_K=triton.next_power_of_2(top_k),
+            num_warps=1 if e <= 128 else 4, **pdl.launch(router_logits),
+        )  # fmt: skip
+    return weights, ids
+
+
 def route(
     router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, correction_bias,
     num_expert_group: int, topk_group: int, routed_scaling_factor: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """`select_experts`' (weights, ids), through `softmax_topk` where it `handles` the routing."""
+    """`select_experts`' (weights, ids), through `softmax_topk` where it `handles` the routing, and
+    `grouped_topk` for DeepSeek's when GROUPED_KERNEL is on."""
     if handles(scoring, correction_bias, num_expert_group, router_logits.shape[-1]):
         return softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor)
+    if GROUPED_KERNEL and takes_grouped(router_logits.shape[-1], num_expert_group, topk_group):
+        return grouped_topk(router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group,
+                            topk_group, routed_scaling_factor)  # fmt: skip
     return select_experts(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
         routed_scaling_factor,
