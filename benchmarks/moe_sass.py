@@ -56,6 +56,11 @@ MXFP4_DOWN = dict(act_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", b_ptr="*bf16", weig
 GATE_UP_TILE = dict(ACT=1, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False, TOPK=4)
 DOWN_TILE = dict(TOPK=4, HAS_BIAS=True, BLOCK_N=4, BLOCK_K=1024, PDL=False)
 FP8_TILE = dict(ACT=0, HAS_BIAS=False, WEIGHTS=1, BLOCK_N=2, BLOCK_K=1024, PDL=False)
+# moe_gemm's gate/up on e4m3 experts (DeepSeek-V3's top 8, SiLU, no bias), the small route's 16-row
+# tile of FP8_ONE_TOKEN's gate/up (32 x 128) in block FP8
+FP8_SORTED_GATE_UP = dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32")
+FP8_SMALL = dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=False, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=16,
+                 BLOCK_N=32, BLOCK_K=128, BLOCK_SLOTS=8, PDL=False)  # fmt: skip
 # name: (kernel, signature, constexprs, num_warps, num_stages)
 KERNELS = {
     "mxfp4_gate_up_gemv": (mxfp4_gate_up_gemv_kernel, MXFP4_GATE_UP, dict(GATE_UP_TILE, PACKED=False, ASM=False), 4, 4),
@@ -78,19 +83,13 @@ KERNELS = {
              BLOCK_K=128, BLOCK_SLOTS=4, PDL=False, A8=False), 4, 3),
     # FP8 experts at one token on the small route (moe_config.FP8_ONE_TOKEN's gate/up tile, block_k
     # 128): the weights dequantised before a bf16 dot, or with `a8` raw into an e4m3 dot
-    "fp8_block_gate_up_small": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32"),
-        dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=False, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=16, BLOCK_N=32,
-             BLOCK_K=128, BLOCK_SLOTS=8, PDL=False, A8=False), 4, 3),
-    "fp8_block_gate_up_small_a8": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32"),
-        dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=False, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=16, BLOCK_N=32,
-             BLOCK_K=128, BLOCK_SLOTS=8, PDL=False, A8=True), 4, 3),
-    "fp8_channel_gate_up_small_a8": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32"),
-        dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=False, IEEE=False, WEIGHTS=FP8_ROW, BLOCK_M=16, BLOCK_N=32,
-             BLOCK_K=128, BLOCK_SLOTS=8, PDL=False, A8=True), 4, 3),
+    "fp8_block_gate_up_small": (moe_gate_up_kernel, FP8_SORTED_GATE_UP, dict(FP8_SMALL, A8=False), 4, 3),
+    "fp8_block_gate_up_small_a8": (moe_gate_up_kernel, FP8_SORTED_GATE_UP, dict(FP8_SMALL, A8=True), 4, 3),
+    "fp8_channel_gate_up_small_a8": (moe_gate_up_kernel, FP8_SORTED_GATE_UP, dict(FP8_SMALL, WEIGHTS=FP8_ROW, A8=True),
+                                     4, 3),
     # DeepSeek-V3's block-FP8 experts on the default tile for many rows an expert (moe_config)
-    "fp8_block_gate_up_sorted": (moe_gate_up_kernel, dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32"),
-        dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=True, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=128, BLOCK_N=128,
-             BLOCK_K=64, BLOCK_SLOTS=8, PDL=False, A8=False), 8, 3),
+    "fp8_block_gate_up_sorted": (moe_gate_up_kernel, FP8_SORTED_GATE_UP,
+        dict(FP8_SMALL, ROUTE_SORTED=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, A8=False), 8, 3),
 }  # fmt: skip
 
 

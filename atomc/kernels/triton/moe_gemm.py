@@ -27,7 +27,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from atomc.kernels.triton.moe_tiles import bias_row, e4m3_scale, quantize_e4m3, round_activate, weight_tile
+from atomc.kernels.triton.moe_tiles import (
+    bias_row,
+    block_scales_at,
+    e4m3_scale,
+    quantize_e4m3,
+    round_activate,
+    weight_tile,
+)
 from atomc.kernels.triton.pdl import after_producer
 
 
@@ -68,14 +75,18 @@ def _dot(acc, a, w, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _a8_row_scale(a_rows, ok, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Each row's dynamic per-token FP8 scale over its K values (one pass, rows from L2)."""
-    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < K)[None, :], other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(a.to(tl.float32)), 1))
-    return e4m3_scale(amax)
+def _a8_token_scale(a_rows, ok, K, BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Each row's dynamic per-token FP8 scale over its K values (one pass, rows from L2); ones for
+    block weights, whose scales come a step at a time (`_a8_step`)."""
+    scale = tl.full((BLOCK_M,), 1.0, tl.float32)
+    if not BLOCKS:
+        amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_rows + offs_k[None, :], mask=ok[:, None] & (offs_k < K)[None, :], other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(a.to(tl.float32)), 1))
+        scale = e4m3_scale(amax)
+    return scale
 
 
 @triton.jit
@@ -99,9 +110,21 @@ def _a8_dot(aq, w_rows, n_ok, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _block_scale_row(s_base, rows, n_ok, k0, stride_sn, stride_sk):
-    """[1, BLOCK_N] 128x128-block weight scales of these rows at column k0."""
-    return tl.load(s_base + (rows // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)[None, :]
+def _a8_step_scales(d, a_scale, s_base, rows, n_ok, k0, stride_sn, stride_sk, BLOCKS: tl.constexpr):
+    """A step's dot times its activation and 128x128-block weight scales for block weights; per-row
+    scales wait for `_a8_row_scales`, after the last step."""
+    if BLOCKS:
+        d = d * a_scale[:, None] * block_scales_at(s_base, rows, n_ok, k0, stride_sn, stride_sk)[None, :]
+    return d
+
+
+@triton.jit
+def _a8_row_scales(acc, a_scale, s_base, rows, n_ok, stride_sn, BLOCKS: tl.constexpr):
+    """The per-token activation and per-row weight scales on the finished sums (block weights had
+    theirs a step at a time)."""
+    if not BLOCKS:
+        acc *= a_scale[:, None] * tl.load(s_base + rows * stride_sn, mask=n_ok, other=0.0)[None, :]
+    return acc
 
 
 @triton.jit
@@ -139,22 +162,15 @@ def moe_gate_up_kernel(
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     BLOCKS: tl.constexpr = WEIGHTS == 2
     if A8:
-        x_scale = tl.full((BLOCK_M,), 1.0, tl.float32)
-        if not BLOCKS:
-            x_scale = _a8_row_scale(x_rows, ok, H, BLOCK_M, BLOCK_K)
+        x_scale = _a8_token_scale(x_rows, ok, H, BLOCKS, BLOCK_M, BLOCK_K)
         for k0 in range(0, H, BLOCK_K):
             aq, s_x = _a8_step(x_rows, ok, k0, H, x_scale, BLOCKS, BLOCK_K)
             dg = _a8_dot(aq, w_gate, n_ok, k0, H, BLOCK_K)
             du = _a8_dot(aq, w_up, n_ok, k0, H, BLOCK_K)
-            if BLOCKS:
-                acc_g += dg * s_x[:, None] * _block_scale_row(s_base, rows_g, n_ok, k0, stride_sn, stride_sk)
-                acc_u += du * s_x[:, None] * _block_scale_row(s_base, rows_g + INTER, n_ok, k0, stride_sn, stride_sk)
-            else:
-                acc_g += dg
-                acc_u += du
-        if not BLOCKS:
-            acc_g *= x_scale[:, None] * tl.load(s_base + rows_g * stride_sn, mask=n_ok, other=0.0)[None, :]
-            acc_u *= x_scale[:, None] * tl.load(s_base + (rows_g + INTER) * stride_sn, mask=n_ok, other=0.0)[None, :]
+            acc_g += _a8_step_scales(dg, s_x, s_base, rows_g, n_ok, k0, stride_sn, stride_sk, BLOCKS)
+            acc_u += _a8_step_scales(du, s_x, s_base, rows_g + INTER, n_ok, k0, stride_sn, stride_sk, BLOCKS)
+        acc_g = _a8_row_scales(acc_g, x_scale, s_base, rows_g, n_ok, stride_sn, BLOCKS)
+        acc_u = _a8_row_scales(acc_u, x_scale, s_base, rows_g + INTER, n_ok, stride_sn, BLOCKS)
     else:
         for k0 in range(0, H, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -202,18 +218,12 @@ def moe_down_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     BLOCKS: tl.constexpr = WEIGHTS == 2
     if A8:
-        a_scale = tl.full((BLOCK_M,), 1.0, tl.float32)
-        if not BLOCKS:
-            a_scale = _a8_row_scale(a_rows, ok, INTER, BLOCK_M, BLOCK_K)
+        a_scale = _a8_token_scale(a_rows, ok, INTER, BLOCKS, BLOCK_M, BLOCK_K)
         for k0 in range(0, INTER, BLOCK_K):
             aq, s_a = _a8_step(a_rows, ok, k0, INTER, a_scale, BLOCKS, BLOCK_K)
             d = _a8_dot(aq, w_rows, n_ok, k0, INTER, BLOCK_K)
-            if BLOCKS:
-                acc += d * s_a[:, None] * _block_scale_row(s_base, w_n, n_ok, k0, stride_sn, stride_sk)
-            else:
-                acc += d
-        if not BLOCKS:
-            acc *= a_scale[:, None] * tl.load(s_base + w_n * stride_sn, mask=n_ok, other=0.0)[None, :]
+            acc += _a8_step_scales(d, s_a, s_base, w_n, n_ok, k0, stride_sn, stride_sk, BLOCKS)
+        acc = _a8_row_scales(acc, a_scale, s_base, w_n, n_ok, stride_sn, BLOCKS)
     else:
         for k0 in range(0, INTER, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)

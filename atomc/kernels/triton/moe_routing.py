@@ -28,6 +28,17 @@ MAX_EXPERTS = 1024  # one program holds a token's whole logit row
 
 
 @triton.jit
+def _store_choice(weights_ptr, ids_ptr, t, weights, ids, slots, scale, TOPK: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """Token t's k (weight, id) pairs, the weights renormalised over the k if asked, then scaled."""
+    if RENORMALIZE:
+        weights = weights / tl.sum(weights, 0)
+    weights = weights * scale
+    out = t * TOPK + slots
+    tl.store(weights_ptr + out, weights, mask=slots < TOPK)
+    tl.store(ids_ptr + out, ids, mask=slots < TOPK)
+
+
+@triton.jit
 def _softmax_topk_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, stride_lt, scale,
     TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -49,12 +60,7 @@ def _softmax_topk_kernel(
         weights = tl.where(slots == s, best, weights)
         ids = tl.where(slots == s, idx, ids)
         left = tl.where(offs == idx, -2.0, left)
-    if RENORMALIZE:
-        weights = weights / tl.sum(weights, 0)
-    weights = weights * scale
-    out = t * TOPK + slots
-    tl.store(weights_ptr + out, weights, mask=slots < TOPK)
-    tl.store(ids_ptr + out, ids, mask=slots < TOPK)
+    _store_choice(weights_ptr, ids_ptr, t, weights, ids, slots, scale, TOPK, RENORMALIZE)
 
 
 @triton.jit
@@ -107,12 +113,7 @@ def _grouped_topk_kernel(
         weights = tl.where(slots == s, tl.sum(tl.sum(tl.where(hit, scores, 0.0), 1), 0), weights)
         ids = tl.where(slots == s, idx, ids)
         taken = taken | hit
-    if RENORMALIZE:
-        weights = weights / tl.sum(weights, 0)
-    weights = weights * scale
-    out = t * TOPK + slots
-    tl.store(weights_ptr + out, weights, mask=slots < TOPK)
-    tl.store(ids_ptr + out, ids, mask=slots < TOPK)
+    _store_choice(weights_ptr, ids_ptr, t, weights, ids, slots, scale, TOPK, RENORMALIZE)
 
 
 def handles(scoring: str, correction_bias, num_expert_group: int, experts: int) -> bool:

@@ -129,6 +129,13 @@ def mxfp4_tile(w_rows, s_rows, n_ok, k0, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.c
 
 
 @triton.jit
+def block_scales_at(s_base, rows, n_ok, k0, stride_sn, stride_sk):
+    """[BLOCK_N] 128x128-block scales of these rows (their numbers in the expert's stacked weight)
+    at column k0."""
+    return tl.load(s_base + (rows // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)
+
+
+@triton.jit
 def fp8_tile(
     w_rows, s_base, rows, n_ok, k0, offs_k, k_ok, K, stride_sn, stride_sk, BLOCK_SCALES: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -144,8 +151,7 @@ def fp8_tile(
     mask = n_ok[:, None] & k_ok[None, :]
     w = tl.load(w_rows + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
     if BLOCK_SCALES and BLOCK_K <= 128:
-        s = tl.load(s_base + (rows // 128) * stride_sn + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)
-        out = w * s[:, None]
+        out = w * block_scales_at(s_base, rows, n_ok, k0, stride_sn, stride_sk)[:, None]
     elif BLOCK_SCALES:
         G: tl.constexpr = BLOCK_K // 128
         grp = k0 // 128 + tl.arange(0, G)
