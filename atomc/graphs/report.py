@@ -18,7 +18,9 @@ from atomc.kernels.registry import NAMESPACES
 
 _MATMULS = {"linear", "mm", "addmm", "matmul", "bmm"}
 # atomc's FP8 GEMMs (models/quant/fp8.py): args (xq [..., K], x_scale, weight [N, K], ...)
-_FP8_GEMMS = {"fp8_gemm", "fp8_block_gemm", "fp8_gemm_shuffled", "fp8_block_gemm_shuffled"}
+# FP8 linears: x is args[0] ([..., K]; fp8_linear_dynamic's may be [..., 2K] before SiLU·mul), the
+# e4m3 weight [N, K] args[2]
+_FP8_GEMMS = {"fp8_gemm", "fp8_block_gemm", "fp8_gemm_shuffled", "fp8_block_gemm_shuffled", "fp8_linear_dynamic"}
 REF_CONTEXT = 1024
 
 

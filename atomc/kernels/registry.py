@@ -45,6 +45,7 @@ OPS = (
     "fp8_gemm_shuffled",
     "fp8_block_gemm_shuffled",
     *FUSED_QUANT_OPS,
+    "fp8_linear_dynamic",
     "all_reduce",
     "all_gather",
     "all_reduce_add_rms_norm",

@@ -15,8 +15,8 @@ from atomc.ops import mla, mla_latent  # noqa: F401
 
 # isort: split
 # FP8 linears (quantised checkpoints, --quantization fp8), and their activation quant fused into
-# RMSNorm / SiLU·mul (the passes rewrite to these)
-from atomc.ops import fp8, fp8_fused  # noqa: F401
+# RMSNorm / SiLU·mul, or into the linear that reads it (the passes rewrite to these)
+from atomc.ops import fp8, fp8_fused, fp8_linear  # noqa: F401
 
 # isort: split
 # the FP8 GEMMs over AITER's pre-shuffled weight layout (weights laid out so on ROCm with AITER only)

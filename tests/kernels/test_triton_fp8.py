@@ -751,3 +751,37 @@ def test_fp8_gemm_takes_the_unit_route_and_falls_back_to_triton(unit_scaled_mm_c
     monkeypatch.setattr(backend, "scaled_mm_unit", lambda *a: None)  # where it declines: the Triton GEMM
     close(tri.fp8_gemm(xq, xs, w, ws, bias, torch.float32), want)
     assert len(unit_scaled_mm_calls) == 1
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("scales", ["row", "tensor"])
+def test_fp8_linear_dynamic_one_row_skips_the_quant(silu, scales, monkeypatch):
+    """One row: the activation times the e4m3 weights (W8A16), no quant kernel; the result is the
+    dequantised product to fp32 round-off, and differs from the W8A8 reference only by the
+    activation's e4m3 rounding. More rows: the quant kernel and fp8_gemm, as the reference."""
+    tri = torch.ops.atomc_triton
+    registry.ensure_registered("cuda")
+    k, n = 256, 48
+    x = _rand((1, 2 * k if silu else k), 3, 2)
+    w = _fp8((n, k), 4)
+    ws = torch.rand(n) / 100 if scales == "row" else torch.tensor([0.013])
+    bias = _rand(n, 5)
+    quants = []
+    for name in ("fp8_quant_dynamic", "_silu"):
+        real = getattr(backend, name)
+        monkeypatch.setattr(backend, name, lambda *a, real=real: quants.append(a) or real(*a))
+    got = tri.fp8_linear_dynamic(x, k, w, ws, bias, torch.float32, silu)
+    assert quants == []  # the one-row path quantises nothing
+    a = torch.nn.functional.silu(x[:, :k]) * x[:, k:] if silu else x
+    w16 = w.float() * ws.reshape(-1, 1)
+    close(got, a @ w16.t() + bias)
+    w8a8 = ops.fp8_linear_dynamic(x, k, w, ws, bias, torch.float32, silu)
+    assert not torch.equal(got, w8a8)
+    close(got, w8a8, rel=0.08)  # e4m3's rounding of the activation: 2^-4 a value at most
+    monkeypatch.setattr(backend, "ONE_ROW_W8A16", False)
+    close(tri.fp8_linear_dynamic(x, k, w, ws, bias, torch.float32, silu), w8a8)
+    assert len(quants) == 1
+
+    xs = _rand((3, x.shape[1]), 6, 2)  # several rows: quant + GEMM, the reference's numbers
+    close(tri.fp8_linear_dynamic(xs, k, w, ws, bias, torch.float32, silu),
+          ops.fp8_linear_dynamic(xs, k, w, ws, bias, torch.float32, silu))  # fmt: skip

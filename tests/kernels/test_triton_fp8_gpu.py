@@ -463,3 +463,51 @@ def test_cublas_block_gemm_replays_in_a_cuda_graph(sm90):
     q, s = torch.ops.atomc.rms_norm_fp8_quant_dynamic(x, nw, 1e-5, 128)
     assert backend.cublas_block_applies(q, s, w, ws, 128, 128, BF16)  # what was captured is cuBLAS's
     assert rel(out, ref.fp8_block_gemm_reference(q, s, w, ws, 128, 128, None, torch.float32)) < 1e-2
+
+
+# ---- fp8_linear_dynamic: the quant owned by the linear; W8A16 at one row ----
+
+
+@pytest.mark.parametrize("shape,silu", [("o", False), ("down", True), ("down", False)])
+@pytest.mark.parametrize("scheme", ["tensor", "channel"])
+def test_fp8_linear_dynamic_one_row_at_8b_shapes(shape, silu, scheme):
+    """One row: bf16 activation times e4m3 weights (no quant) against the dequantised product in
+    fp32; more rows: the reference composition (quant, then the GEMM)."""
+    tri = torch.ops.atomc_triton
+    from atomc.kernels import registry
+    from atomc.ops.fp8_fused import silu_and_mul_reference
+    from atomc.ops.fp8_linear import fp8_linear_dynamic_reference
+
+    registry.ensure_registered("cuda")
+    n, k = SHAPES[shape]
+    w, ws = _weights(n, k, scheme)
+    bias = torch.randn(n, device="cuda", dtype=BF16)
+    x = torch.randn(1, 2 * k if silu else k, device="cuda", dtype=BF16)
+    got = tri.fp8_linear_dynamic(x, k, w, ws, bias, BF16, silu)
+    a = silu_and_mul_reference(x) if silu else x
+    want = a.float() @ (w.float() * ws.float().reshape(-1, 1)).t() + bias.float()
+    assert rel(got, want) < 1e-2
+    xs = torch.randn(16, x.shape[1], device="cuda", dtype=BF16)
+    got = tri.fp8_linear_dynamic(xs, k, w, ws, bias, BF16, silu)
+    assert rel(got, fp8_linear_dynamic_reference(xs, k, w, ws, bias, torch.float32, silu)) < 1e-2
+
+
+def test_fp8_linear_dynamic_replays_in_a_cuda_graph():
+    """The one-row path (SiLU·mul kernel, W8A16 GEMV, the kept unit scale) captured and replayed."""
+    tri = torch.ops.atomc_triton
+    from atomc.kernels import registry
+    from atomc.ops.fp8_fused import silu_and_mul_reference
+
+    registry.ensure_registered("cuda")
+    w, ws = _weights(4096, 14336, "channel")
+    x = torch.randn(1, 2 * 14336, device="cuda", dtype=BF16)
+    tri.fp8_linear_dynamic(x, 14336, w, ws, None, BF16, True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tri.fp8_linear_dynamic(x, 14336, w, ws, None, BF16, True)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = silu_and_mul_reference(x).float() @ (w.float() * ws.reshape(-1, 1)).t()
+    assert rel(out, want) < 1e-2

@@ -7,7 +7,8 @@ from atomc.passes.noop_elimination import NoopElimination
 
 ORDER = [
     "noop_elimination", "canonicalize", "fuse_add_rmsnorm", "fuse_silu_mul", "share_fp8_quant",
-    "fuse_rmsnorm_fp8_quant", "fuse_silu_mul_fp8_quant", "fuse_rope_kv_write", "fuse_qk_norm_rope",
+    "fuse_rmsnorm_fp8_quant", "fuse_silu_mul_fp8_quant", "fuse_fp8_quant_linear", "fuse_rope_kv_write",
+    "fuse_qk_norm_rope",
     "fuse_mla_latent_norm_rope", "decode_gemv", "lowering",
 ]  # fmt: skip
 
@@ -45,6 +46,7 @@ def test_source_files_name_what_each_pass_is_made_of():
     assert files["fuse_silu_mul_fp8_quant"] == {"fuse_silu_mul_fp8_quant.py", "fp8_match.py"}
     assert files["fuse_rmsnorm_fp8_quant"] == {"fuse_rmsnorm_fp8_quant.py", "fp8_match.py"}
     assert files["share_fp8_quant"] == {"share_fp8_quant.py", "fp8_match.py"}
+    assert files["fuse_fp8_quant_linear"] == {"fuse_fp8_quant_linear.py", "fp8_match.py"}
     assert {"canonicalize.py", "rope.py", "rms_norm.py", "__init__.py"} <= files["canonicalize"]
     assert {"lowering.py", "registry.py"} <= files["lowering"]
     assert set(pm.source_files()) == {f for p in pm.passes for f in p.source_files()}

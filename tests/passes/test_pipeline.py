@@ -16,6 +16,7 @@ EXPECTED = {
         "share_fp8_quant": (0, 0),  # no FP8 linears (the FP8 pipeline: tests/quant/test_fp8_models.py)
         "fuse_rmsnorm_fp8_quant": (0, 0),
         "fuse_silu_mul_fp8_quant": (0, 0),
+        "fuse_fp8_quant_linear": (0, 0),
         "fuse_rope_kv_write": (2, 2),
         "fuse_qk_norm_rope": (2, 0),  # no q/k norms
         "fuse_mla_latent_norm_rope": (0, 0),  # no latent attention (DeepSeek's: test_fuse_mla_latent_norm_rope.py)
@@ -30,6 +31,7 @@ EXPECTED = {
         "share_fp8_quant": (0, 0),
         "fuse_rmsnorm_fp8_quant": (0, 0),
         "fuse_silu_mul_fp8_quant": (0, 0),
+        "fuse_fp8_quant_linear": (0, 0),
         "fuse_rope_kv_write": (2, 2),
         "fuse_qk_norm_rope": (2, 2),  # 4 q/k norms folded into the 2 rope + KV writes
         "fuse_mla_latent_norm_rope": (0, 0),

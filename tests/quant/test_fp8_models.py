@@ -151,17 +151,22 @@ def test_passes_leave_quantised_linears_as_atomc_ops(fmt, quantized):
     assert by_name["fuse_rmsnorm_fp8_quant"] == (4, 4) and by_name["fuse_silu_mul_fp8_quant"] == (2, 2)
     # 11 as for bf16 Llama, less the 4 norms and 2 SiLU·muls now fused with their quants (+6 fused
     # ops), plus o_proj's 2 quants and the 8 GEMMs; on the CPU those stay the torch bodies (the model
-    # calls the op packets: lowering pins the overload)
-    assert by_name["lowering"] == (11 + 10, 10)
+    # calls the op packets: lowering pins the overload). Per-token scales (quark-ptpc): the o and
+    # down projections own their quants (fuse_fp8_quant_linear), 4 ops for 2 quants + 2 SiLU quants
+    # + 4 GEMMs
+    per_token = fmt == "quark-ptpc"
+    assert by_name["fuse_fp8_quant_linear"] == ((4, 4) if per_token else (0, 0))
+    assert by_name["lowering"] == ((11 + 6, 4) if per_token else (11 + 10, 10))
     assert "torch.ops.atomc_triton" not in reports[-1].graph_after
     code = reports[-1].graph_after
     gemm = "fp8_block_gemm" if "block" in fmt else "fp8_gemm"
-    assert code.count(f"torch.ops.atomc.{gemm}") == 8 and "torch._C._nn.linear" not in code
+    assert code.count(f"torch.ops.atomc.{gemm}") == (4 if per_token else 8) and "torch._C._nn.linear" not in code
+    assert code.count("torch.ops.atomc.fp8_linear_dynamic") == (4 if per_token else 0)
     kind = "static" if "static" in fmt else "dynamic"
     assert code.count(f"torch.ops.atomc.fused_add_rms_norm_fp8_quant_{kind}") == 3  # one norm is the first
     assert code.count(f"torch.ops.atomc.rms_norm_fp8_quant_{kind}") == 1  # layer's input norm (no residual)
-    assert code.count(f"torch.ops.atomc.silu_and_mul_fp8_quant_{kind}") == 2
-    assert code.count(f"torch.ops.atomc.fp8_quant_{kind}") == 2
+    assert code.count(f"torch.ops.atomc.silu_and_mul_fp8_quant_{kind}") == (0 if per_token else 2)
+    assert code.count(f"torch.ops.atomc.fp8_quant_{kind}") == (0 if per_token else 2)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     # the compile report: every linear of the forward runs in an FP8 GEMM, counted at its own size
     flops = graph_flops(seen[-1])

@@ -42,12 +42,14 @@ import torch.nn.functional as F
 
 from atomc import compat
 from atomc.kernels.triton import fp8_quant
+from atomc.kernels.triton.activation import silu_and_mul as triton_silu_and_mul
 from atomc.kernels.triton.fp8_epilogue import scale_epilogue
 from atomc.kernels.triton.fp8_gemm import fp8_gemm as triton_fp8_gemm
-from atomc.kernels.triton.fp8_gemv import fp8_gemv
+from atomc.kernels.triton.fp8_gemv import fp8_gemv, w8a16_gemv
 from atomc.kernels.triton.ops import custom
 from atomc.ops import fp8 as ref
 from atomc.ops import fp8_fused as fused_ref
+from atomc.ops.fp8_linear import fp8_linear_dynamic_reference
 from atomc.ops.norm import rms_norm_reference
 
 # the choice rule (table above)
@@ -311,6 +313,33 @@ def fp8_quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, t
     if not kernels_run_on(x):
         return ref.fp8_quant_dynamic_reference(x, group_size)
     return fp8_quant.quant_dynamic(x, group_size)
+
+
+# fp8_linear_dynamic (atomc/ops/fp8_linear.py) at one row: the activation as it is times the e4m3
+# weights (W8A16), so the step has no quant kernel before the o and down projections
+ONE_ROW_W8A16 = True
+
+
+@custom("fp8_linear_dynamic")
+def fp8_linear_dynamic(
+    x: torch.Tensor,
+    group_size: int,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    silu_and_mul: bool,
+) -> torch.Tensor:
+    """One row (ONE_ROW_W8A16): SiLU·mul in its own kernel when asked, then the W8A16 GEMV
+    (fp8_gemv.w8a16_gemv); more rows: the per-token quant kernel (after SiLU·mul when asked) and
+    fp8_gemm's rule. Where the kernels do not run, the reference composition."""
+    if not kernels_run_on(x) or weight.stride(-1) != 1:
+        return fp8_linear_dynamic_reference(x, group_size, weight, weight_scale, bias, out_dtype, silu_and_mul)
+    if ONE_ROW_W8A16 and _rows(x) == 1:
+        a = triton_silu_and_mul(x.contiguous()) if silu_and_mul else x
+        return w8a16_gemv(a, _unit_scale(x.device), weight, weight_scale, bias, out_dtype)
+    q, s = _silu(x, None, group_size) if silu_and_mul else fp8_quant_dynamic(x, group_size)
+    return fp8_gemm(q, s, weight, weight_scale, bias, out_dtype)
 
 
 # ---- the fused quants (atomc/ops/fp8_fused.py): kernel, else the reference composition ----

@@ -309,6 +309,22 @@ def fp8_gemv(
     return y.view(*xq.shape[:-1], n)
 
 
+def w8a16_gemv(
+    x: torch.Tensor, unit_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias, out_dtype
+) -> torch.Tensor:
+    """y = x . (weight * weight_scale)^T (+ bias) for one row x [..., K] in its own dtype (bf16,
+    fp16, fp32: no activation quant), per-tensor or per-row weight scales: the fp32 CUDA-core loop
+    ("reduce": row_dot widens x and the e4m3 weights to fp32; the packed-f16 loop needs x in f16's
+    range, which only an e4m3 x guarantees), on the tuned tile of (N, K) when that is a CUDA-core
+    one. `unit_scale`: an fp32 one on x's device (the kernel multiplies by an x scale)."""
+    n, k = weight.shape
+    picked = pick_config(n, k, False, x.device)
+    tile = {key: picked[key] for key in ("block_n", "block_k", "num_warps") if key in picked}
+    if picked["kernel"] not in CUDA_CORE_KERNELS:
+        tile = {}  # a dot tile: the loop's own defaults
+    return fp8_gemv(x, unit_scale, weight, weight_scale, bias, out_dtype, kernel="reduce", **tile)
+
+
 def _reduce(x, xs, weight, ws, b, has_bias, out_dtype, block, cfg) -> torch.Tensor:
     """The CUDA-core kernels (row_dot for per-tensor / per-row scales, the block loop for blocks)."""
     n, k = weight.shape
