@@ -95,21 +95,55 @@ def test_paged_attention_2d(case, dtype):
 @needs_loops
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["decode", "mixed"])
-def test_paged_attention_split_kv(case, dtype):
-    # 4 segments: the 150-token sequence spans several, short ones leave segments empty
-    run_attention(case, dtype, hq=4, hkv=1, d=16, num_segments=4)
+@pytest.mark.parametrize("merge_in_kernel", [False, True])
+def test_paged_attention_split_kv(case, dtype, merge_in_kernel):
+    # 4 segments: the 150-token sequence spans several, short ones leave segments empty; merged by
+    # the reduce kernel or by each q block's last segment program
+    run_attention(case, dtype, hq=4, hkv=1, d=16, num_segments=4, merge_in_kernel=merge_in_kernel)
+
+
+@needs_loops
+def test_in_kernel_merge_launches_no_reduce_and_leaves_the_counters_zero(monkeypatch):
+    pa = importlib.import_module("atomc.kernels.triton.paged_attention")  # the package exports the function
+    launched = []
+    monkeypatch.setattr(pa, "_reduce_kernel", _Recorder(pa._reduce_kernel, launched))
+    run_attention("decode", torch.float32, hq=4, hkv=2, d=16, num_segments=8, tile_n=16, merge_in_kernel=True,
+                  sinks=random_sinks(4))  # fmt: skip
+    assert launched == [] and not pa._COUNTERS[torch.device("cpu")].any()
+    run_attention("decode", torch.float32, hq=4, hkv=2, d=16, num_segments=8, tile_n=16, merge_in_kernel=False)
+    assert len(launched) == 1
+    # the default: in the kernel for one sequence, the reduce kernel for more
+    q, k_cache, v_cache, meta = make_batch([1], [150], 4, 2, 16, torch.float32, "cpu")
+    out = torch.empty_like(q)
+    paged_attention(q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.25,
+                    1, meta.max_seq_len, 1, num_segments=8, tile_n=16)  # fmt: skip
+    assert len(launched) == 1
+    torch.testing.assert_close(out, attention_reference(q, k_cache, v_cache, meta, 0.25, 0, None))
+
+
+class _Recorder:
+    """A kernel's launcher that records each launch and then launches."""
+
+    def __init__(self, kernel, launched):
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(grid)
+        return self.kernel[grid]
 
 
 @needs_loops
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["decode", "mixed", "decode_w24", "mixed_w70"])
 @pytest.mark.parametrize("min_seg_tiles", [1, 4, 16])
-def test_split_kv_segment_sizes(case, dtype, min_seg_tiles):
+@pytest.mark.parametrize("merge_in_kernel", [False, True])
+def test_split_kv_segment_sizes(case, dtype, min_seg_tiles, merge_in_kernel):
     """Segments of at least 1, 4 or 16 16-key tiles: with 16 every sequence fits its first segment
     and its one program writes the output (no partials, the reduce skips it); with 1 the longer
-    ones span several; with sinks and windows, where the reduce must find the same segments."""
+    ones span several; with sinks and windows, where the reduce (or the last segment program to
+    arrive: it must count the same segments) must find the same segments."""
     run_attention(case, dtype, hq=4, hkv=2, d=16, num_segments=8, tile_n=16, min_seg_tiles=min_seg_tiles,
-                  sinks=random_sinks(4))  # fmt: skip
+                  sinks=random_sinks(4), merge_in_kernel=merge_in_kernel)  # fmt: skip
 
 
 @needs_loops

@@ -5,7 +5,9 @@ One kernel, two launch shapes:
   head (packed into the M rows of the tile) and walks the whole causal KV range.
 - split-KV ("3D"): grid (q_blocks, kv_heads, segments); each sequence's KV range is cut into
   `segments` equal pieces, partial (max, sum, acc) go to fp32 scratch and a reduce kernel merges
-  them. Used for decode at small batch, where 2D would leave most SMs idle. Segments are at least
+  them. Used for decode at small batch, where 2D would leave most SMs idle. For a batch of one
+  sequence (MERGE_IN_KERNEL_MAX_SEQS) the last segment program of a q block to finish merges
+  instead (an atomic arrival counter), and the reduce kernel is not launched. Segments are at least
   MIN_SEG_TILES tiles, so a short context fills only the first few, and a context that fits the
   first is finished by its program as in 2D (the reduce skips it): at batch 1 with a short
   context, the split costs no partials and no merge.
@@ -71,7 +73,7 @@ def _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _attn_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    part_acc_ptr, part_m_ptr, part_l_ptr,
+    part_acc_ptr, part_m_ptr, part_l_ptr, counter_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, sinks_ptr, k_scale_ptr, v_scale_ptr,
     qk_scale, num_seqs,
     stride_qt, stride_qh,
@@ -84,7 +86,7 @@ def _attn_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
-    FP8: tl.constexpr, F16_DOTS: tl.constexpr, PDL: tl.constexpr,
+    FP8: tl.constexpr, F16_DOTS: tl.constexpr, MERGE_LAST: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -119,8 +121,10 @@ def _attn_kernel(
     kv_lo, kv_end = _block_keys(seq_len, prefix, q_block_local, BLOCK_Q, TILE_N, WINDOW)
     kv_begin = kv_lo
     alone = True  # this program sees all of the block's keys: it writes the output itself
+    used = 1  # the segments holding keys (split-KV: the programs that write partials)
     if SPLIT:
         seg_len = _seg_len(seq_len, kv_lo, NUM_SEGMENTS, TILE_N, MIN_SEG_TILES)
+        used = tl.cdiv(kv_end - kv_lo, seg_len)
         alone = kv_end - kv_lo <= seg_len  # (a padding sequence with no keys too: it writes zeros)
         if alone:
             if seg > 0:
@@ -180,6 +184,19 @@ def _attn_kernel(
         tl.store(part_m_ptr + idx, m_i, mask=row_ok)
         tl.store(part_l_ptr + idx, l_i, mask=row_ok)
         tl.store(part_acc_ptr + idx[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_ok[:, None])
+        if MERGE_LAST:
+            # the barrier puts every thread's stores before the release; the block's last segment
+            # program to arrive sees all of them after its acquire, merges them and zeroes the
+            # counter for the next launch
+            tl.debug_barrier()
+            counter = counter_ptr + q_block * tl.num_programs(1) + kv_head
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == used - 1:
+                tl.store(counter, 0)
+                _merge_partials(
+                    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used,
+                    stride_ot, stride_oh, HEAD_DIM, BLOCK_M, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS, SINKS,
+                )  # fmt: skip
     else:
         if SINKS:
             m_i, l_i, acc = _fold_sink(sinks_ptr, head, m_i, l_i, acc)
@@ -261,21 +278,38 @@ def _reduce_kernel(
     head = kv_head * GROUP + offs_m % GROUP
     row_ok = (offs_m < BLOCK_Q * GROUP) & (q_local < q_len)
     tok = (q_start + q_local).to(tl.int64)
+    _merge_partials(
+        out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used, stride_ot, stride_oh,
+        HEAD_DIM, BLOCK_M, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS, SINKS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _merge_partials(
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr, SINKS: tl.constexpr,
+):  # fmt: skip
+    """The rows' output from the partials of their first `used` segments (the reduce kernel's body,
+    and the attention kernel's last segment program with MERGE_LAST). Other programs wrote the
+    partials: ".cg" reads them from L2, past this SM's L1."""
     offs_s = tl.arange(0, NUM_SEGMENTS)
     offs_d = tl.arange(0, BLOCK_D)
-
     base = (tok * NUM_Q_HEADS + head) * NUM_SEGMENTS
     idx = base[:, None] + offs_s[None, :]
     wrote = row_ok[:, None] & (offs_s < used)[None, :]
-    m = tl.load(part_m_ptr + idx, mask=wrote, other=float("-inf"))
-    lsum = tl.load(part_l_ptr + idx, mask=wrote, other=0.0)
+    m = tl.load(part_m_ptr + idx, mask=wrote, other=float("-inf"), cache_modifier=".cg")
+    lsum = tl.load(part_l_ptr + idx, mask=wrote, other=0.0, cache_modifier=".cg")
     m_max = tl.max(m, 1)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max[:, None])  # a segment with no visible key (m = -inf) weighs 0
     denom = tl.sum(w * lsum, 1)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for s in range(0, used):
-        a = tl.load(part_acc_ptr + (base + s)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        a = tl.load(
+            part_acc_ptr + (base + s)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+            cache_modifier=".cg",
+        )  # fmt: skip
         w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
         acc += a * w_s[:, None]
     if SINKS:
@@ -294,6 +328,28 @@ def _reduce_kernel(
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
+
+# Per device: one int32 arrival counter per (q block, KV head) for the in-kernel merge (MERGE_LAST),
+# zero between launches (the merging program resets its own). Made by the first call outside a
+# CUDA-graph capture and never freed, since captured graphs keep its address; launches on one
+# stream run one after another, so they share it. A launch that finds none (the first call under a
+# capture) or too few counters merges in the reduce kernel instead.
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+NUM_COUNTERS = 1 << 12
+
+
+def _segment_counters(device: torch.device) -> torch.Tensor | None:
+    counters = _COUNTERS.get(device)
+    if counters is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        counters = _COUNTERS[device] = torch.zeros(NUM_COUNTERS, dtype=torch.int32, device=device)
+    return counters
+
+
+# The in-kernel merge for split-KV decode of at most this many sequences. At batch 1 it dropped the
+# reduce kernel's launch (H200, ctx 1k: 7.8 against 8.9 us, section 1 of docs/performance.md); at
+# batch 8 the version that merged at every batch size slowed the main loop (ctx 4k: 55.3 against
+# 44.4 us), which the constexpr keeps out of every other launch.
+MERGE_IN_KERNEL_MAX_SEQS = 1
 
 MIN_SEG_TILES = 1  # the fewest tiles a split-KV segment takes at run time (a sequence's own length)
 CAPTURE_SEG_TILES = 2  # the fewest a segment takes at the capture bound, when the count is chosen
@@ -363,6 +419,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     fp8_f16_dots: bool | None = None,
+    merge_in_kernel: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over paged K/V [blocks, page, Hkv, D]; writes out [T, Hq, D].
     `sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p only. `sinks` [Hq]: one
@@ -377,7 +434,9 @@ def paged_attention(
     tuning knobs for benchmarks (KV tokens per inner step, a power of two >= 16; the fewest tiles a
     split-KV segment takes); `fp8_f16_dots` over FP8 pages: None (default) fp16 dots for bf16 q,
     False the query's dtype (the benchmark's A/B of the module docstring's choice), True fp16 dots
-    whatever q is (the interpreter tests, which cannot run bf16).
+    whatever q is (the interpreter tests, which cannot run bf16). `merge_in_kernel` (split-KV):
+    the last segment program of a q block merges the partials (an arrival counter), no reduce
+    kernel; None: for at most MERGE_IN_KERNEL_MAX_SEQS sequences.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -410,6 +469,10 @@ def paged_attention(
     num_segments = triton.next_power_of_2(num_segments)
     split = num_segments > 1
 
+    counters = _segment_counters(q.device)
+    if merge_in_kernel is None:
+        merge_in_kernel = num_seqs <= MERGE_IN_KERNEL_MAX_SEQS
+    merge_last = split and merge_in_kernel and counters is not None and q_blocks * num_kv_heads <= counters.numel()
     if split:
         part_acc = torch.empty(num_tokens, num_q_heads, num_segments, block_d, dtype=torch.float32, device=q.device)
         part_m = torch.empty(num_tokens, num_q_heads, num_segments, dtype=torch.float32, device=q.device)
@@ -421,7 +484,7 @@ def paged_attention(
                   **pdl.launch(q))  # fmt: skip
     _attn_kernel[(q_blocks, num_kv_heads, num_segments)](
         q, k_cache, v_cache, out,
-        part_acc, part_m, part_l,
+        part_acc, part_m, part_l, counters if merge_last else out,
         query_start_loc, seq_lens, block_tables, out if sinks is None else sinks, k_scale, v_scale,
         scale * 1.4426950408889634, num_seqs,
         q.stride(0), q.stride(1),
@@ -431,10 +494,10 @@ def paged_attention(
         block_tables.stride(0),
         BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page, NUM_SEGMENTS=num_segments, SPLIT=split,
         MIN_SEG_TILES=min_seg_tiles, IEEE=q.dtype == torch.float32, WINDOW=max(sliding_window, 0),
-        SINKS=sinks is not None, FP8=fp8, F16_DOTS=f16_dots, num_warps=num_warps, num_stages=num_stages,
-        **common,
+        SINKS=sinks is not None, FP8=fp8, F16_DOTS=f16_dots, MERGE_LAST=merge_last, num_warps=num_warps,
+        num_stages=num_stages, **common,
     )  # fmt: skip
-    if split:
+    if split and not merge_last:
         _reduce_kernel[(q_blocks, num_kv_heads)](
             out, part_acc, part_m, part_l, query_start_loc, seq_lens, out if sinks is None else sinks, num_seqs,
             out.stride(0), out.stride(1),
