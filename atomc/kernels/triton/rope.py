@@ -3,7 +3,9 @@ KV-cache write and, before the rotation, with a per-head RMSNorm of q and k (Qwe
 
 cos_sin_cache [max_pos, D] fp32 = cat(cos, sin) over D/2 each (models.layers.rotary.RotaryEmbedding).
 Fusing the write saves re-reading the rotated k and v from memory in a second kernel; fusing the
-norms saves two more kernels per layer (each a few µs at batch 1). FP8 pages are written as
+norms saves two more kernels per layer (each a few µs at batch 1). Two programs a token: one rotates
+q, the other k and writes the cache (at batch 1 one program did all three in turn: 3.6 µs a layer on
+the H100, docs/performance.md section 18). FP8 pages are written as
 kv_cache_write.py writes them (x / scale, saturated, rounded to e4m3), from the rotated k in fp32.
 q and k may have any token and head strides (the q/k slices of the fused qkv GEMM's output), and
 the rotated values may go to other tensors than q and k: the functional ops then need no copy of
@@ -67,10 +69,14 @@ def _rope_kernel(
     cs = cs_ptr + pos * stride_cs + d
     cos = tl.load(cs, mask=d < HALF, other=0.0).to(tl.float32)
     sin = tl.load(cs + HALF, mask=d < HALF, other=0.0).to(tl.float32)
-    _rotate(
-        q_ptr, t * stride_qt, stride_qh, q_out_ptr, t * stride_qot, stride_qoh, cos, sin, qw_ptr, q_eps,
-        NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF, NORM,
-    )  # fmt: skip
+    # program (t, 0) rotates the token's q heads, (t, 1) its k heads and writes its cache slot: at
+    # batch 1 the two halves run on two SMs side by side instead of one after the other
+    if tl.program_id(1) == 0:
+        _rotate(
+            q_ptr, t * stride_qt, stride_qh, q_out_ptr, t * stride_qot, stride_qoh, cos, sin, qw_ptr, q_eps,
+            NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF, NORM,
+        )  # fmt: skip
+        return
     k1, k2, h, d, mask = _rotate(
         k_ptr, t * stride_kt, stride_kh, k_out_ptr, t * stride_kot, stride_koh, cos, sin, kw_ptr, k_eps,
         NUM_KV_HEADS, HALF, BLOCK_HKV, BLOCK_HALF, NORM,
@@ -121,7 +127,7 @@ def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q
     q_weight, q_eps, k_weight, k_eps = qk_norm if qk_norm is not None else (q, 0.0, q, 0.0)  # unused
     if qk_norm is not None:
         assert q_weight.shape == k_weight.shape == (head_dim,) and q_weight.is_contiguous() and k_weight.is_contiguous()
-    _rope_kernel[(num_tokens,)](
+    _rope_kernel[(num_tokens, 2)](
         positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q_weight, k_weight, k_scale, v_scale,
         q_out, k_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), *v_strides, cos_sin_cache.stride(0),
