@@ -340,7 +340,10 @@ def test_rope_and_write_kv(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [32, 24])
-def test_qk_norm_then_rope_and_write_kv(dtype, d):
+@pytest.mark.parametrize("split_qk", [True, False])
+def test_qk_norm_then_rope_and_write_kv(dtype, d, split_qk, monkeypatch):
+    rope_module = importlib.import_module("atomc.kernels.triton.rope")
+    monkeypatch.setattr(rope_module, "SPLIT_QK", split_qk)  # q and k in two programs a token, or one
     from atomc.ops.norm import rms_norm_reference
 
     positions, q, k, v, cs = _rope_inputs(dtype, d)

@@ -23,6 +23,9 @@ from atomc.kernels.triton.fp8_quant import ROUND_IN_FP32
 from atomc.kernels.triton.kv_cache_write import kv_scale_args, quantize_kv_value
 from atomc.kernels.triton.pdl import after_producer
 
+# q and k in two programs a token (the kernel's SPLIT_QK)
+SPLIT_QK = True
+
 
 @triton.jit
 def _rotate(ptr, row, stride_h, out_ptr, out_row, stride_oh, cos, sin, w_ptr, eps, NUM_HEADS: tl.constexpr,
@@ -60,7 +63,7 @@ def _rope_kernel(
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PAGE: tl.constexpr, WRITE_KV: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr,
-    ROUND_IN_FP32: tl.constexpr, PDL: tl.constexpr,
+    ROUND_IN_FP32: tl.constexpr, SPLIT_QK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     after_producer(PDL)  # pdl.py: everything here but the cos/sin table is written in the step
@@ -69,14 +72,15 @@ def _rope_kernel(
     cs = cs_ptr + pos * stride_cs + d
     cos = tl.load(cs, mask=d < HALF, other=0.0).to(tl.float32)
     sin = tl.load(cs + HALF, mask=d < HALF, other=0.0).to(tl.float32)
-    # program (t, 0) rotates the token's q heads, (t, 1) its k heads and writes its cache slot: at
-    # batch 1 the two halves run on two SMs side by side instead of one after the other
-    if tl.program_id(1) == 0:
+    # SPLIT_QK: program (t, 0) rotates the token's q heads, (t, 1) its k heads and writes its cache
+    # slot (at batch 1 the two halves run on two SMs side by side); else one program does both
+    if not SPLIT_QK or tl.program_id(1) == 0:
         _rotate(
             q_ptr, t * stride_qt, stride_qh, q_out_ptr, t * stride_qot, stride_qoh, cos, sin, qw_ptr, q_eps,
             NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF, NORM,
         )  # fmt: skip
-        return
+        if SPLIT_QK:
+            return
     k1, k2, h, d, mask = _rotate(
         k_ptr, t * stride_kt, stride_kh, k_out_ptr, t * stride_kot, stride_koh, cos, sin, kw_ptr, k_eps,
         NUM_KV_HEADS, HALF, BLOCK_HKV, BLOCK_HALF, NORM,
@@ -127,7 +131,7 @@ def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q
     q_weight, q_eps, k_weight, k_eps = qk_norm if qk_norm is not None else (q, 0.0, q, 0.0)  # unused
     if qk_norm is not None:
         assert q_weight.shape == k_weight.shape == (head_dim,) and q_weight.is_contiguous() and k_weight.is_contiguous()
-    _rope_kernel[(num_tokens, 2)](
+    _rope_kernel[(num_tokens, 2 if SPLIT_QK else 1)](
         positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q_weight, k_weight, k_scale, v_scale,
         q_out, k_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), *v_strides, cos_sin_cache.stride(0),
@@ -136,7 +140,7 @@ def _launch(positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping, q
         NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half,
         BLOCK_HQ=triton.next_power_of_2(num_q_heads), BLOCK_HKV=triton.next_power_of_2(num_kv_heads),
         BLOCK_HALF=triton.next_power_of_2(half), PAGE=page, WRITE_KV=write, NORM=qk_norm is not None,
-        FP8=fp8, ROUND_IN_FP32=fp8 and ROUND_IN_FP32, num_warps=4, **pdl.launch(q),
+        FP8=fp8, ROUND_IN_FP32=fp8 and ROUND_IN_FP32, SPLIT_QK=SPLIT_QK, num_warps=4, **pdl.launch(q),
     )  # fmt: skip
 
 
