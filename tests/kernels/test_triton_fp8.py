@@ -761,6 +761,7 @@ def test_fp8_linear_dynamic_one_row_skips_the_quant(silu, scales, monkeypatch):
     activation's e4m3 rounding. More rows: the quant kernel and fp8_gemm, as the reference."""
     tri = torch.ops.atomc_triton
     registry.ensure_registered("cuda")
+    monkeypatch.setattr(backend, "ONE_ROW_W8A16", True)
     k, n = 256, 48
     x = _rand((1, 2 * k if silu else k), 3, 2)
     w = _fp8((n, k), 4)

@@ -470,11 +470,14 @@ def test_cublas_block_gemm_replays_in_a_cuda_graph(sm90):
 
 @pytest.mark.parametrize("shape,silu", [("o", False), ("down", True), ("down", False)])
 @pytest.mark.parametrize("scheme", ["tensor", "channel"])
-def test_fp8_linear_dynamic_one_row_at_8b_shapes(shape, silu, scheme):
+def test_fp8_linear_dynamic_one_row_at_8b_shapes(shape, silu, scheme, monkeypatch):
     """One row: bf16 activation times e4m3 weights (no quant) against the dequantised product in
     fp32; more rows: the reference composition (quant, then the GEMM)."""
     tri = torch.ops.atomc_triton
     from atomc.kernels import registry
+    from atomc.kernels.triton import fp8 as backend
+
+    monkeypatch.setattr(backend, "ONE_ROW_W8A16", True)
     from atomc.ops.fp8_fused import silu_and_mul_reference
     from atomc.ops.fp8_linear import fp8_linear_dynamic_reference
 
@@ -492,10 +495,13 @@ def test_fp8_linear_dynamic_one_row_at_8b_shapes(shape, silu, scheme):
     assert rel(got, fp8_linear_dynamic_reference(xs, k, w, ws, bias, torch.float32, silu)) < 1e-2
 
 
-def test_fp8_linear_dynamic_replays_in_a_cuda_graph():
+def test_fp8_linear_dynamic_replays_in_a_cuda_graph(monkeypatch):
     """The one-row path (SiLU·mul kernel, W8A16 GEMV, the kept unit scale) captured and replayed."""
     tri = torch.ops.atomc_triton
     from atomc.kernels import registry
+    from atomc.kernels.triton import fp8 as backend
+
+    monkeypatch.setattr(backend, "ONE_ROW_W8A16", True)
     from atomc.ops.fp8_fused import silu_and_mul_reference
 
     registry.ensure_registered("cuda")

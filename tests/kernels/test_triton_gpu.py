@@ -34,14 +34,14 @@ def kernels():
     return kt
 
 
-def run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=None, sliding_window=0, sinks=None):
+def run_attention(q_lens, seq_lens, hq, hkv, d, num_segments=None, sliding_window=0, sinks=None, **kw):
     q, k_cache, v_cache, meta = make_batch(q_lens, seq_lens, hq, hkv, d, BF16, DEV)
     scale = d**-0.5
     out = torch.full_like(q, float("nan"))
     kernels().paged_attention(
         q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, scale,
         meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=num_segments,
-        sliding_window=sliding_window, sinks=sinks,
+        sliding_window=sliding_window, sinks=sinks, **kw,
     )  # fmt: skip
     ref = attention_reference(q, k_cache, v_cache, meta, scale, sliding_window, sinks)
     t = meta.query_start_loc_host[-1]
@@ -90,6 +90,15 @@ def test_paged_attention_sliding_window_mistral_decode():
 @pytest.mark.parametrize("bs", [1, 3, 40])
 def test_paged_attention_decode_llama(bs, ctx):
     run_attention([1] * bs, [ctx + 7 * i for i in range(bs)], 32, 8, 128)
+
+
+@pytest.mark.parametrize("ctx", [100, 1000, 5000])
+@pytest.mark.parametrize("bs", [1, 3])
+def test_paged_attention_decode_merged_in_the_kernel(bs, ctx):
+    """Split-KV merged by each q block's last segment program (the arrival counter), twice in a row:
+    the first launch must leave the counters at zero for the second."""
+    for _ in range(2):
+        run_attention([1] * bs, [ctx + 7 * i for i in range(bs)], 32, 8, 128, num_segments=16, merge_in_kernel=True)
 
 
 def test_paged_attention_long_prefill():

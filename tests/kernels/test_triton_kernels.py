@@ -105,6 +105,7 @@ def test_paged_attention_split_kv(case, dtype, merge_in_kernel):
 @needs_loops
 def test_in_kernel_merge_launches_no_reduce_and_leaves_the_counters_zero(monkeypatch):
     pa = importlib.import_module("atomc.kernels.triton.paged_attention")  # the package exports the function
+    monkeypatch.setattr(pa, "MERGE_IN_KERNEL_MAX_SEQS", 1)
     launched = []
     monkeypatch.setattr(pa, "_reduce_kernel", _Recorder(pa._reduce_kernel, launched))
     run_attention("decode", torch.float32, hq=4, hkv=2, d=16, num_segments=8, tile_n=16, merge_in_kernel=True,

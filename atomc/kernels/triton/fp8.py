@@ -316,8 +316,10 @@ def fp8_quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, t
 
 
 # fp8_linear_dynamic (atomc/ops/fp8_linear.py) at one row: the activation as it is times the e4m3
-# weights (W8A16), so the step has no quant kernel before the o and down projections
-ONE_ROW_W8A16 = True
+# weights (W8A16), so the step has no quant kernel before the o and down projections. Off until a
+# GPU times it (docs/kernels.md, the next GPU calls): off, the op runs the quant and fp8_gemm, the
+# kernels the graph ran before the pass
+ONE_ROW_W8A16 = False
 
 
 @custom("fp8_linear_dynamic")

@@ -5,9 +5,10 @@ One kernel, two launch shapes:
   head (packed into the M rows of the tile) and walks the whole causal KV range.
 - split-KV ("3D"): grid (q_blocks, kv_heads, segments); each sequence's KV range is cut into
   `segments` equal pieces, partial (max, sum, acc) go to fp32 scratch and a reduce kernel merges
-  them. Used for decode at small batch, where 2D would leave most SMs idle. For a batch of one
-  sequence (MERGE_IN_KERNEL_MAX_SEQS) the last segment program of a q block to finish merges
-  instead (an atomic arrival counter), and the reduce kernel is not launched. Segments are at least
+  them. Used for decode at small batch, where 2D would leave most SMs idle. With MERGE_LAST (for
+  batches of at most MERGE_IN_KERNEL_MAX_SEQS sequences; off until timed) the last segment
+  program of a q block to finish merges instead (an atomic arrival counter), and the reduce
+  kernel is not launched. Segments are at least
   MIN_SEG_TILES tiles, so a short context fills only the first few, and a context that fits the
   first is finished by its program as in 2D (the reduce skips it): at batch 1 with a short
   context, the split costs no partials and no merge.
@@ -348,8 +349,9 @@ def _segment_counters(device: torch.device) -> torch.Tensor | None:
 # The in-kernel merge for split-KV decode of at most this many sequences. At batch 1 it dropped the
 # reduce kernel's launch (H200, ctx 1k: 7.8 against 8.9 us, section 1 of docs/performance.md); at
 # batch 8 the version that merged at every batch size slowed the main loop (ctx 4k: 55.3 against
-# 44.4 us), which the constexpr keeps out of every other launch.
-MERGE_IN_KERNEL_MAX_SEQS = 1
+# 44.4 us), which the constexpr keeps out of every other launch. 0 (off) until a GPU times this
+# version against the reduce kernel (docs/kernels.md, the next GPU calls).
+MERGE_IN_KERNEL_MAX_SEQS = 0
 
 MIN_SEG_TILES = 1  # the fewest tiles a split-KV segment takes at run time (a sequence's own length)
 CAPTURE_SEG_TILES = 2  # the fewest a segment takes at the capture bound, when the count is chosen

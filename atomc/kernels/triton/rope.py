@@ -3,9 +3,9 @@ KV-cache write and, before the rotation, with a per-head RMSNorm of q and k (Qwe
 
 cos_sin_cache [max_pos, D] fp32 = cat(cos, sin) over D/2 each (models.layers.rotary.RotaryEmbedding).
 Fusing the write saves re-reading the rotated k and v from memory in a second kernel; fusing the
-norms saves two more kernels per layer (each a few µs at batch 1). Two programs a token: one rotates
-q, the other k and writes the cache (at batch 1 one program did all three in turn: 3.6 µs a layer on
-the H100, docs/performance.md section 18). FP8 pages are written as
+norms saves two more kernels per layer (each a few µs at batch 1). SPLIT_QK (off until timed): two
+programs a token, one rotating q, the other k and writing the cache (at batch 1 one program does all
+three in turn: 3.6 µs a layer on the H100, docs/performance.md section 18). FP8 pages are written as
 kv_cache_write.py writes them (x / scale, saturated, rounded to e4m3), from the rotated k in fp32.
 q and k may have any token and head strides (the q/k slices of the fused qkv GEMM's output), and
 the rotated values may go to other tensors than q and k: the functional ops then need no copy of
@@ -23,8 +23,8 @@ from atomc.kernels.triton.fp8_quant import ROUND_IN_FP32
 from atomc.kernels.triton.kv_cache_write import kv_scale_args, quantize_kv_value
 from atomc.kernels.triton.pdl import after_producer
 
-# q and k in two programs a token (the kernel's SPLIT_QK)
-SPLIT_QK = True
+# q and k in two programs a token (the kernel's SPLIT_QK); off until a GPU times it
+SPLIT_QK = False
 
 
 @triton.jit
