@@ -29,8 +29,8 @@ pa = importlib.import_module("atomc.kernels.triton.paged_attention")
 HQ, HKV, D, PAGE, SEGMENTS = 32, 8, 128, 16, 8
 POINTERS = {
     "q_ptr": "*bf16", "out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
-    "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "sinks_ptr": "*bf16",
-    "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+    "counter_ptr": "*i32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32",
+    "sinks_ptr": "*bf16", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
 }  # fmt: skip
 
 
@@ -43,7 +43,7 @@ def compile_decode(fp8: bool, num_warps: int | None = None, tile_n: int | None =
     consts = dict(
         HEAD_DIM=D, BLOCK_D=D, GROUP=group, NUM_Q_HEADS=HQ, BLOCK_M=block_m, BLOCK_Q=block_m // group,
         TILE_N=tile_n, PAGE=PAGE, NUM_SEGMENTS=SEGMENTS, SPLIT=True, MIN_SEG_TILES=pa.MIN_SEG_TILES, IEEE=False,
-        WINDOW=0, SINKS=False, FP8=fp8, F16_DOTS=fp8, PDL=True,
+        WINDOW=0, SINKS=False, FP8=fp8, F16_DOTS=fp8, MERGE_LAST=False, PDL=True,
     )  # fmt: skip
     kv = "*fp8e4nv" if fp8 else "*bf16"
     pointers = {**POINTERS, "k_cache_ptr": kv, "v_cache_ptr": kv}

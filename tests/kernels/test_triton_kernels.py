@@ -119,7 +119,8 @@ def test_in_kernel_merge_launches_no_reduce_and_leaves_the_counters_zero(monkeyp
     paged_attention(q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.25,
                     1, meta.max_seq_len, 1, num_segments=8, tile_n=16)  # fmt: skip
     assert len(launched) == 1
-    torch.testing.assert_close(out, attention_reference(q, k_cache, v_cache, meta, 0.25, 0, None))
+    ref = attention_reference(q, k_cache, v_cache, meta, 0.25, 0, None)
+    assert rel_err(out[:1], ref[:1]) < TOL[torch.float32]  # the one query row (padding rows follow)
 
 
 class _Recorder:
