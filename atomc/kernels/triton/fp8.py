@@ -49,7 +49,6 @@ from atomc.kernels.triton.fp8_gemv import fp8_gemv, w8a16_gemv
 from atomc.kernels.triton.ops import custom
 from atomc.ops import fp8 as ref
 from atomc.ops import fp8_fused as fused_ref
-from atomc.ops.fp8_linear import fp8_linear_dynamic_reference
 from atomc.ops.norm import rms_norm_reference
 
 # the choice rule (table above)
@@ -332,12 +331,10 @@ def fp8_linear_dynamic(
     out_dtype: torch.dtype,
     silu_and_mul: bool,
 ) -> torch.Tensor:
-    """One row (ONE_ROW_W8A16): SiLU·mul in its own kernel when asked, then the W8A16 GEMV
-    (fp8_gemv.w8a16_gemv); more rows: the per-token quant kernel (after SiLU·mul when asked) and
-    fp8_gemm's rule. Where the kernels do not run, the reference composition."""
-    if not kernels_run_on(x) or weight.stride(-1) != 1:
-        return fp8_linear_dynamic_reference(x, group_size, weight, weight_scale, bias, out_dtype, silu_and_mul)
-    if ONE_ROW_W8A16 and _rows(x) == 1:
+    """Where fp8_gemm's rule picks its GEMV (one row, ONE_ROW_W8A16): SiLU·mul in its own kernel
+    when asked, then the W8A16 GEMV (fp8_gemv.w8a16_gemv). Else the quant (after SiLU·mul when
+    asked) and fp8_gemm, each on its kernel or its reference as the unfused graph ran them."""
+    if ONE_ROW_W8A16 and pick_gemm(x, weight, block=False) == "gemv":
         a = triton_silu_and_mul(x.contiguous()) if silu_and_mul else x
         return w8a16_gemv(a, _unit_scale(x.device), weight, weight_scale, bias, out_dtype)
     q, s = _silu(x, None, group_size) if silu_and_mul else fp8_quant_dynamic(x, group_size)
