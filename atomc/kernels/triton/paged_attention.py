@@ -49,6 +49,7 @@ import triton.language as tl
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.kv_cache_write import kv_scale_args
 from atomc.kernels.triton.pdl import after_producer
+from atomc.kernels.triton.split_kv_merge import fold_sink, merge_partials, segment_counters
 
 
 @triton.jit
@@ -194,13 +195,13 @@ def _attn_kernel(
             arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if arrived == used - 1:
                 tl.store(counter, 0)
-                _merge_partials(
+                merge_partials(
                     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used,
                     stride_ot, stride_oh, HEAD_DIM, BLOCK_M, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS, SINKS,
                 )  # fmt: skip
     else:
         if SINKS:
-            m_i, l_i, acc = _fold_sink(sinks_ptr, head, m_i, l_i, acc)
+            m_i, l_i, acc = fold_sink(sinks_ptr, head, m_i, l_i, acc)
         l_safe = tl.where(l_i > 0, l_i, 1.0)  # a row with no keys writes zeros, not NaN
         o = acc / l_safe[:, None]
         o_rows = tok * stride_ot + head * stride_oh
@@ -237,16 +238,6 @@ def _seg_len(seq_len, kv_lo, NUM_SEGMENTS: tl.constexpr, TILE_N: tl.constexpr, M
     return tl.maximum(tl.cdiv(seq_len - kv_lo, NUM_SEGMENTS * TILE_N), MIN_SEG_TILES) * TILE_N
 
 
-@triton.jit
-def _fold_sink(sinks_ptr, head, m_i, l_i, acc):
-    # the sink logit (natural log domain, like the scaled q.k) as one more key with no value;
-    # m_i / l_i are in the log2 domain the kernels keep
-    sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
-    m_new = tl.maximum(m_i, sink)  # finite: a row with no keys still has its sink
-    alpha = tl.exp2(m_i - m_new)
-    return m_new, l_i * alpha + tl.exp2(sink - m_new), acc * alpha[:, None]
-
-
 @triton.jit(do_not_specialize=["num_seqs"])
 def _reduce_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, seq_lens_ptr, sinks_ptr, num_seqs,
@@ -279,71 +270,15 @@ def _reduce_kernel(
     head = kv_head * GROUP + offs_m % GROUP
     row_ok = (offs_m < BLOCK_Q * GROUP) & (q_local < q_len)
     tok = (q_start + q_local).to(tl.int64)
-    _merge_partials(
+    merge_partials(
         out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used, stride_ot, stride_oh,
         HEAD_DIM, BLOCK_M, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS, SINKS,
     )  # fmt: skip
 
 
-@triton.jit
-def _merge_partials(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr, SINKS: tl.constexpr,
-):  # fmt: skip
-    """The rows' output from the partials of their first `used` segments (the reduce kernel's body,
-    and the attention kernel's last segment program with MERGE_LAST). Other programs wrote the
-    partials: ".cg" reads them from L2, past this SM's L1."""
-    offs_s = tl.arange(0, NUM_SEGMENTS)
-    offs_d = tl.arange(0, BLOCK_D)
-    base = (tok * NUM_Q_HEADS + head) * NUM_SEGMENTS
-    idx = base[:, None] + offs_s[None, :]
-    wrote = row_ok[:, None] & (offs_s < used)[None, :]
-    m = tl.load(part_m_ptr + idx, mask=wrote, other=float("-inf"), cache_modifier=".cg")
-    lsum = tl.load(part_l_ptr + idx, mask=wrote, other=0.0, cache_modifier=".cg")
-    m_max = tl.max(m, 1)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max[:, None])  # a segment with no visible key (m = -inf) weighs 0
-    denom = tl.sum(w * lsum, 1)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for s in range(0, used):
-        a = tl.load(
-            part_acc_ptr + (base + s)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
-            cache_modifier=".cg",
-        )  # fmt: skip
-        w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
-        acc += a * w_s[:, None]
-    if SINKS:
-        _, denom, acc = _fold_sink(sinks_ptr, head, m_max, denom, acc)
-    denom = tl.where(denom > 0, denom, 1.0)
-    o = acc / denom[:, None]
-    o_rows = tok * stride_ot + head * stride_oh
-    tl.store(
-        out_ptr + o_rows[:, None] + offs_d[None, :],
-        o.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :],
-    )
-
-
 @functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-# Per device: one int32 arrival counter per (q block, KV head) for the in-kernel merge (MERGE_LAST),
-# zero between launches (the merging program resets its own). Made by the first call outside a
-# CUDA-graph capture and never freed, since captured graphs keep its address; launches on one
-# stream run one after another, so they share it. A launch that finds none (the first call under a
-# capture) or too few counters merges in the reduce kernel instead.
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-NUM_COUNTERS = 1 << 12
-
-
-def _segment_counters(device: torch.device) -> torch.Tensor | None:
-    counters = _COUNTERS.get(device)
-    if counters is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        counters = _COUNTERS[device] = torch.zeros(NUM_COUNTERS, dtype=torch.int32, device=device)
-    return counters
 
 
 # The in-kernel merge for split-KV decode of at most this many sequences. At batch 1 it dropped the
@@ -471,7 +406,7 @@ def paged_attention(
     num_segments = triton.next_power_of_2(num_segments)
     split = num_segments > 1
 
-    counters = _segment_counters(q.device)
+    counters = segment_counters(q.device)
     if merge_in_kernel is None:
         merge_in_kernel = num_seqs <= MERGE_IN_KERNEL_MAX_SEQS
     merge_last = split and merge_in_kernel and counters is not None and q_blocks * num_kv_heads <= counters.numel()
