@@ -4,6 +4,7 @@ segment count is the one for the longest context, and a short context fills only
 segments. Here the op is latency, not bytes (a 512-token context of Llama-3.1-8B is 2 MB a layer).
 
     python benchmarks/decode_attention_short.py --out results/decode_attention_short.json [--cap 4096]
+    python benchmarks/decode_attention_short.py --merge --bs 1 --ctx 256,2048   # split-KV merges, A/B
     python benchmarks/decode_attention_short.py --tiny   # CPU smoke run through the Triton interpreter
 
 Shapes: MHA at Llama-3.1-8B's GQA (32 query / 8 KV heads, head 128) and Qwen3-30B-A3B's (32 / 4);
@@ -39,9 +40,15 @@ MHA = {"llama-3.1-8b": (32, 8, 128), "qwen3-30b-a3b": (32, 4, 128)}  # q heads, 
 MLA = {"deepseek-v2-lite": (16, 512, 64), "deepseek-v3": (128, 512, 64)}  # heads, kv_lora, rope
 
 
-def grid(tiny: bool) -> list[dict]:
+def grid(tiny: bool, kind: str = "mha", merge: bool = False) -> list[dict]:
     """Split at the capture bound's count (None) x fewest tiles a segment x keys a step x warps,
-    and no split (num_segments=1) per keys a step x warps."""
+    and no split (num_segments=1) per keys a step x warps. `merge`: the default tiling with each
+    way of merging the split-KV partials (MHA: the reduce kernel or the attention kernel's last
+    segment program; MLA: merge programs over whole rows or c_kv pieces of 32 / 64 / 128 columns)."""
+    if merge:
+        if kind == "mha":
+            return [dict(merge_in_kernel=False), dict(merge_in_kernel=True)]
+        return [dict(reduce_cols=c) for c in (0, 32, 64, 128)]
     if tiny:
         return [dict(num_segments=None, min_seg_tiles=m, tile_n=16) for m in (1, 4)] + [dict(num_segments=1, tile_n=16)]
     split = [dict(num_segments=None, min_seg_tiles=m, tile_n=n, num_warps=w)
@@ -125,6 +132,7 @@ def main() -> None:
     ap.add_argument("--ctx", default="128,512,2048")
     ap.add_argument("--layers", type=int, default=32, help="separate caches, one call each, in one graph")
     ap.add_argument("--models", default=",".join([*MHA, *MLA]))
+    ap.add_argument("--merge", action="store_true", help="the default tiling, each way of merging split-KV partials")
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args()
     dev = "cpu" if args.tiny else "cuda"
@@ -137,11 +145,11 @@ def main() -> None:
     else:
         layers = args.layers
         mha, mla = MHA, MLA
-    configs = grid(args.tiny)
     rows = []
     for name in args.models.split(",") if not args.tiny else [*mha, *mla]:
         kind = "mha" if name in mha else "mla"
         shape = (mha if kind == "mha" else mla)[name]
+        configs = grid(args.tiny, kind, args.merge)
         for bs, ctx in itertools.product(bss, ctxs):
             rows += run_case(kind, name, shape, bs, ctx, max(args.cap, ctx), layers, configs, dtype, dev)
             if dev == "cuda":

@@ -175,6 +175,15 @@ def test_unpadded_widths_and_c_kv_halves(segments, dv_split):
           dv_split=dv_split)  # fmt: skip
 
 
+@pytest.mark.parametrize("reduce_cols", [16, 32])
+@pytest.mark.parametrize("lora", [LORA, 64])
+def test_split_kv_merge_in_column_pieces(lora, reduce_cols):
+    # the merge over c_kv pieces of 16 / 32 columns (REDUCE_COLS), kv_lora 40 leaving the last
+    # piece of its 64-wide block unstored; 6 heads leave two of the second head block's rows masked
+    check("decode", torch.float32, heads=6, lora=lora, block_h=4, tile_n=16, num_segments=4, reduce_cols=reduce_cols)
+    check("mixed", torch.float16, heads=6, lora=lora, tile_n=16, num_segments=2, reduce_cols=reduce_cols)
+
+
 def test_c_kv_halves_over_a_masked_width():
     check("prefill_over_prefix", torch.float32, heads=3, dv_split=2, tile_n=16)  # kv_lora 40: halves of 32
 

@@ -41,6 +41,7 @@ def run(q_absorbed, q_pe, cache, meta, out, **kw):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("reduce_cols", [0, 64], ids=["merge_whole_rows", "merge_in_64_column_pieces"])
 @pytest.mark.parametrize("segments", [1, 8, None])
 @pytest.mark.parametrize(
     "q_lens,seq_lens",
@@ -52,10 +53,10 @@ def run(q_absorbed, q_pe, cache, meta, out, **kw):
     ],
     ids=["decode", "long_decode", "prefill", "mixed"],
 )
-def test_mla_v3_widths_bf16(q_lens, seq_lens, segments):
+def test_mla_v3_widths_bf16(q_lens, seq_lens, segments, reduce_cols):
     q_absorbed, q_pe, cache, meta = latent_batch(q_lens, seq_lens)
     out = torch.full(q_absorbed.shape, float("nan"), dtype=BF16, device=DEV)
-    run(q_absorbed, q_pe, cache, meta, out, num_segments=segments)
+    run(q_absorbed, q_pe, cache, meta, out, num_segments=segments, reduce_cols=reduce_cols)
     t = meta.query_start_loc_host[-1]
     assert not out[:t].isnan().any() and out[t:].isnan().all()
     assert rel_err(out[:t], reference(q_absorbed, q_pe, cache, meta)[:t]) < REL

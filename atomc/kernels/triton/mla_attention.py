@@ -74,6 +74,12 @@ from atomc.kernels.triton.paged_attention import (
 )
 from atomc.kernels.triton.pdl import after_producer
 
+# c_kv columns a split-KV merge program takes (0: the whole row). With the whole row, V2-Lite's 16
+# heads at batch 1 leave one merge program reading every partial (16 segments x 16 heads x 512
+# fp32, 512 KiB: the 3.4 us "merge" of docs/performance.md section 10); 64 columns spread that over
+# eight. Off until a GPU times it (docs/kernels.md, "What the next GPU calls must measure").
+REDUCE_COLS = 0
+
 
 @triton.jit
 def _rows(ptr, rows, row_ok, COL0: tl.constexpr, COLS: tl.constexpr, LIMIT: tl.constexpr, FULL: tl.constexpr):
@@ -231,13 +237,14 @@ def _mla_reduce_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, seq_lens_ptr, num_seqs,
     stride_ot, stride_oh,
     KV_LORA: tl.constexpr, BLOCK_C: tl.constexpr, NUM_HEADS: tl.constexpr, RED_H: tl.constexpr,
-    RED_HEAD_BLOCKS: tl.constexpr, RED_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr, MIN_SEG_TILES: tl.constexpr,
+    RED_HEAD_BLOCKS: tl.constexpr, RED_M: tl.constexpr, RED_C: tl.constexpr, BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr, MIN_SEG_TILES: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py
     # the attention kernel's q-block mapping (same BLOCK_Q), its own head blocks (RED_H heads: the
-    # merge holds [RED_M, BLOCK_C] fp32, small enough for 4 warps), so only owned rows are written
+    # merge holds [RED_M, RED_C] fp32, small enough for 4 warps), so only owned rows are written;
+    # axis 1 cuts the c_kv columns into BLOCK_C / RED_C pieces (every piece weighs the segments alike)
     head_block = tl.program_id(0) % RED_HEAD_BLOCKS
     q_block = tl.program_id(0) // RED_HEAD_BLOCKS
     seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
@@ -259,7 +266,7 @@ def _mla_reduce_kernel(
     row_ok = (q_local < q_len) & (head < NUM_HEADS)
     tok = (q_start + q_local).to(tl.int64)
     offs_s = tl.arange(0, NUM_SEGMENTS)
-    offs_c = tl.arange(0, BLOCK_C)
+    offs_c = tl.program_id(1) * RED_C + tl.arange(0, RED_C)
 
     base = (tok * NUM_HEADS + head) * NUM_SEGMENTS
     wrote = row_ok[:, None] & (offs_s < used)[None, :]
@@ -269,7 +276,7 @@ def _mla_reduce_kernel(
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp2(m - m_max[:, None])  # a segment with no visible key (m = -inf) weighs 0
     denom = tl.sum(w * lsum, 1)
-    acc = tl.zeros([RED_M, BLOCK_C], tl.float32)
+    acc = tl.zeros([RED_M, RED_C], tl.float32)
     for s in range(0, used):
         a = tl.load(part_acc_ptr + (base + s)[:, None] * BLOCK_C + offs_c[None, :], mask=row_ok[:, None], other=0.0)
         w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
@@ -358,6 +365,7 @@ def mla_attention(
     dv_split: int | None = None,
     min_seg_tiles: int = MIN_SEG_TILES,
     kv_scale: torch.Tensor | None = None,
+    reduce_cols: int | None = None,
 ) -> torch.Tensor:
     """Causal latent attention of q_absorbed [T, H, kv_lora] and q_pe [T, H, rope] over the latent
     pages [blocks, page, 1, kv_lora + rope]; writes out [T, H, kv_lora].
@@ -367,7 +375,8 @@ def mla_attention(
     (> 1) or not (1); by default decode batches too small to fill the GPU are split. `block_h`
     (heads a tile, a power of two), `tile_n` (keys a step, >= 16), `num_warps`, `num_stages`,
     `dv_split` (1: c_kv as one piece; 2: two halves, two accumulators), `min_seg_tiles` (the fewest
-    tiles a split-KV segment takes): tuning knobs for benchmarks (`mla_tiles`).
+    tiles a split-KV segment takes), `reduce_cols` (c_kv columns a merge program; default
+    REDUCE_COLS): tuning knobs for benchmarks (`mla_tiles`).
     `kv_scale` fp32 [1]: the pages are FP8 (e4m3) and hold the latent / kv_scale."""
     num_tokens, num_heads, kv_lora = q_absorbed.shape
     _, page, one, latent_dim = latent_cache.shape
@@ -423,11 +432,13 @@ def mla_attention(
         red_h = max(1, min(block_h, 16 // block_q))  # about 16 rows a merge program
         red_m = block_q * red_h
         red_head_blocks = triton.cdiv(num_heads, red_h)
-        _mla_reduce_kernel[(red_head_blocks * q_blocks,)](
+        red_c = reduce_cols if reduce_cols is not None else REDUCE_COLS
+        red_c = block_c if red_c <= 0 else min(block_c, max(16, triton.next_power_of_2(red_c)))
+        _mla_reduce_kernel[(red_head_blocks * q_blocks, block_c // red_c)](
             out, part_acc, part_m, part_l, query_start_loc, seq_lens, num_seqs,
             out.stride(0), out.stride(1),
             KV_LORA=kv_lora, BLOCK_C=block_c, NUM_HEADS=num_heads, RED_H=red_h, RED_HEAD_BLOCKS=red_head_blocks,
-            RED_M=red_m, BLOCK_Q=block_q, TILE_N=tile_n, NUM_SEGMENTS=num_segments, MIN_SEG_TILES=min_seg_tiles,
-            num_warps=4 if red_m * block_c <= 16 * 512 else 8, **pdl.launch(q_absorbed),
+            RED_M=red_m, RED_C=red_c, BLOCK_Q=block_q, TILE_N=tile_n, NUM_SEGMENTS=num_segments,
+            MIN_SEG_TILES=min_seg_tiles, num_warps=4 if red_m * red_c <= 16 * 512 else 8, **pdl.launch(q_absorbed),
         )  # fmt: skip
     return out
