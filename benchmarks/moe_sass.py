@@ -31,7 +31,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from atomc.kernels.triton.moe_gemm import moe_gate_up_kernel  # noqa: E402
+from atomc.kernels.triton.moe_gemm import moe_down_kernel, moe_gate_up_kernel  # noqa: E402
 from atomc.kernels.triton.moe_gemv import moe_gate_up_gemv_kernel  # noqa: E402
 from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, mxfp4_gate_up_gemv_kernel  # noqa: E402
 from atomc.kernels.triton.moe_tiles import FP8_BLOCK, FP8_ROW, MXFP4  # noqa: E402
@@ -61,6 +61,14 @@ FP8_TILE = dict(ACT=0, HAS_BIAS=False, WEIGHTS=1, BLOCK_N=2, BLOCK_K=1024, PDL=F
 FP8_SORTED_GATE_UP = dict(SORTED_GATE_UP, w_ptr="*fp8e4nv", s_ptr="*fp32")
 FP8_SMALL = dict(TOPK=8, ACT=0, HAS_BIAS=False, ROUTE_SORTED=False, IEEE=False, WEIGHTS=FP8_BLOCK, BLOCK_M=16,
                  BLOCK_N=32, BLOCK_K=128, BLOCK_SLOTS=8, PDL=False)  # fmt: skip
+# moe_gemm's down kernel on the small route at one token, bf16 experts (Qwen3-30B-A3B's top 8),
+# with the combine inside (COMBINE_LAST: moe.COMBINE_IN_DOWN_ONE_TOKEN) and without
+SMALL_DOWN = dict(act_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", **ROUTE,
+                  stride_am="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
+                  stride_sk="i32", stride_be="i32", stride_ym="i32", weights_ptr="*fp32", out_ptr="*bf16",
+                  counter_ptr="*i32")  # fmt: skip
+SMALL_DOWN_TILE = dict(TOPK=8, HAS_BIAS=False, ROUTE_SORTED=False, IEEE=False, WEIGHTS=0, BLOCK_M=16, BLOCK_N=64,
+                       BLOCK_K=128, BLOCK_SLOTS=8, PDL=True, A8=False)  # fmt: skip
 # name: (kernel, signature, constexprs, num_warps, num_stages)
 KERNELS = {
     "mxfp4_gate_up_gemv": (mxfp4_gate_up_gemv_kernel, MXFP4_GATE_UP, dict(GATE_UP_TILE, PACKED=False, ASM=False), 4, 4),
@@ -87,6 +95,8 @@ KERNELS = {
     "fp8_block_gate_up_small_a8": (moe_gate_up_kernel, FP8_SORTED_GATE_UP, dict(FP8_SMALL, A8=True), 4, 3),
     "fp8_channel_gate_up_small_a8": (moe_gate_up_kernel, FP8_SORTED_GATE_UP, dict(FP8_SMALL, WEIGHTS=FP8_ROW, A8=True),
                                      4, 3),
+    "down_small": (moe_down_kernel, SMALL_DOWN, dict(SMALL_DOWN_TILE, COMBINE_LAST=False), 4, 3),
+    "down_small_combine_last": (moe_down_kernel, SMALL_DOWN, dict(SMALL_DOWN_TILE, COMBINE_LAST=True), 4, 3),
     # DeepSeek-V3's block-FP8 experts on the default tile for many rows an expert (moe_config)
     "fp8_block_gate_up_sorted": (moe_gate_up_kernel, FP8_SORTED_GATE_UP,
         dict(FP8_SMALL, ROUTE_SORTED=True, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, A8=False), 8, 3),

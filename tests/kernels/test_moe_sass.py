@@ -106,3 +106,10 @@ def test_a8_small_route_compiles_to_a_tensor_core_loop(report, kernel):
     so the weights skip only the dequantising loop's scale multiply and bf16 rounding."""
     r = report[kernel]
     assert r["spills"] == 0 and r["loop"].get("HMMA", 0) > 0, r
+
+
+def test_the_in_kernel_combine_leaves_the_down_loop_as_it_was(report):
+    # COMBINE_LAST adds work after the K loop only (an arrival, the last program's weighted sum)
+    plain, combined = report["down_small"], report["down_small_combine_last"]
+    assert combined["spills"] == 0 and combined["regs"] <= plain["regs"] + 8
+    assert combined["loop"].get("HMMA") == plain["loop"].get("HMMA") > 0

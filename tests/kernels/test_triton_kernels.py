@@ -110,7 +110,7 @@ def test_in_kernel_merge_launches_no_reduce_and_leaves_the_counters_zero(monkeyp
     monkeypatch.setattr(pa, "_reduce_kernel", _Recorder(pa._reduce_kernel, launched))
     run_attention("decode", torch.float32, hq=4, hkv=2, d=16, num_segments=8, tile_n=16, merge_in_kernel=True,
                   sinks=random_sinks(4))  # fmt: skip
-    counters = importlib.import_module("atomc.kernels.triton.split_kv_merge").segment_counters(torch.device("cpu"))
+    counters = importlib.import_module("atomc.kernels.triton.arrivals").counters(torch.device("cpu"), "split_kv_merge")
     assert launched == [] and not counters.any()
     run_attention("decode", torch.float32, hq=4, hkv=2, d=16, num_segments=8, tile_n=16, merge_in_kernel=False)
     assert len(launched) == 1

@@ -3,6 +3,7 @@ through the Triton interpreter (fp32 and fp16: the interpreter mishandles bf16).
 pairs without a sort, many pairs sorted by expert), both activations, biases, an expert map, experts
 that receive no token. Shapes are tiny and not powers of two, so every tile edge is masked."""
 
+import importlib
 import os
 import sys
 
@@ -18,7 +19,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
 triton = pytest.importorskip("triton")
 from triton_kernel_cases import make_moe, rel_err  # noqa: E402
 
-from atomc.kernels.triton import moe_config  # noqa: E402
+from atomc.kernels.triton import arrivals, moe_config  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
 from atomc.kernels.triton.moe_align import align_by_expert, max_padded_rows  # noqa: E402
 from atomc.ops.moe import experts_reference, select_experts  # noqa: E402
@@ -67,6 +68,64 @@ def test_gemv_fused_combine_equals_the_combine_kernel():
     x, logits, w13, w2, b13, b2 = make_moe(1, E, H, INTER, 4, torch.float32, "cpu", bias=True, seed=5)
     args = (x, *select_experts(logits, 4), w13, w2, b13, b2)
     torch.testing.assert_close(fused_experts(*args, config=GEMV), fused_experts(*args, config=GEMV_UNFUSED))
+
+
+class _Recorder:
+    """A kernel's launcher that records each launch and then launches."""
+
+    def __init__(self, kernel, launched):
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(grid)
+        return self.kernel[grid]
+
+
+@pytest.fixture
+def combine_in_down(monkeypatch):
+    """COMBINE_IN_DOWN_ONE_TOKEN on; yields the list of combine-kernel launches."""
+    moe = importlib.import_module("atomc.kernels.triton.moe")
+    monkeypatch.setattr(moe, "COMBINE_IN_DOWN_ONE_TOKEN", True)
+    launched = []
+    monkeypatch.setattr(moe, "moe_combine_kernel", _Recorder(moe.moe_combine_kernel, launched))
+    yield launched
+    assert not arrivals.counters(torch.device("cpu"), "moe_down_combine").any(), "counters left for the next launch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("activation,bias", [("silu", False), ("swiglu_oai", True)])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_small_route_combines_in_the_down_kernel_at_one_token(combine_in_down, k, dtype, activation, bias):
+    # H 48 over 32-column tiles: two tiles, the second half masked; each tile's last program sums
+    check(1, dtype, SMALL, activation=activation, bias=bias, k=k, seed=10 + k)
+    assert combine_in_down == []
+    check(3, dtype, SMALL, activation=activation, bias=bias, k=k, seed=20 + k)  # more tokens: the combine kernel
+    assert len(combine_in_down) == 1
+
+
+def test_combine_in_down_equals_the_combine_kernel(monkeypatch):
+    # the same bf16-rounded expert rows summed in the same slot order: equal to fp32 rounding
+    moe = importlib.import_module("atomc.kernels.triton.moe")
+    x, logits, w13, w2, b13, b2 = make_moe(1, E, H, INTER, 4, torch.float32, "cpu", bias=True, seed=5)
+    args = (x, *select_experts(logits, 4), w13, w2, b13, b2)
+    apart = fused_experts(*args, config=SMALL)
+    monkeypatch.setattr(moe, "COMBINE_IN_DOWN_ONE_TOKEN", True)
+    torch.testing.assert_close(fused_experts(*args, config=SMALL), apart)
+
+
+def test_combine_in_down_with_experts_on_other_ranks(combine_in_down):
+    # one token choosing 3 of 6 experts; this rank holds 1 and 4: some seeds pick none of them,
+    # and then no program arrives and the token's share must still be exactly zero
+    expert_map = torch.tensor([-1, 0, -1, -1, 1, -1], dtype=torch.int32)
+    none_here = 0
+    for seed in range(8):
+        out, _ = check(1, torch.float32, SMALL, bias=True, expert_map=expert_map, k=3, seed=seed)
+        _, ids = select_experts(make_moe(1, E, H, INTER, 3, torch.float32, "cpu", bias=True, seed=seed)[1], 3)
+        if (expert_map[ids.long()] < 0).all():
+            none_here += 1
+            assert (out == 0).all()
+    assert none_here > 0, "some seed must route the token to experts of other ranks only"
+    assert combine_in_down == []
 
 
 def test_gemv_route_takes_one_token():

@@ -6,6 +6,7 @@ on CPU through the Triton interpreter, fp32 and fp16: per-row ("fp8_channel") an
 I = 136 are not multiples of 128, so partial scale blocks and every tile edge are masked; the
 blocks' scales differ widely, so a scale read from the wrong block shows."""
 
+import importlib
 import os
 import sys
 
@@ -21,7 +22,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
 triton = pytest.importorskip("triton")
 from triton_kernel_cases import make_moe, rel_err  # noqa: E402
 
-from atomc.kernels.triton import moe_quant  # noqa: E402
+from atomc.kernels.triton import arrivals, moe_quant  # noqa: E402
 from atomc.kernels.triton.moe_quant import fused_experts_quant  # noqa: E402
 from atomc.ops.moe import apply_activation, experts_reference, select_experts  # noqa: E402
 from atomc.ops.moe_quant import dequantize_fp8_experts  # noqa: E402
@@ -125,6 +126,18 @@ def test_packed_block_scales_need_whole_row_blocks():
 @pytest.mark.parametrize("config,t", [(GEMV, 1), (SMALL, 5), (SORTED, 37)], ids=["gemv", "small", "sorted"])
 def test_routes_match_reference(fmt, dtype, config, t):
     check(t, dtype, config, fmt, activation="swiglu_oai", bias=True, seed=t)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_channel", "fp8_block"])
+def test_small_route_combines_in_the_down_kernel_at_one_token(fmt, monkeypatch):
+    # COMBINE_IN_DOWN_ONE_TOKEN: the FP8 experts' down kernel sums the two expert rows of each of
+    # its 16-column tiles (H 200: the last tile masked); no combine kernel; counters left at zero
+    moe = importlib.import_module("atomc.kernels.triton.moe")
+    monkeypatch.setattr(moe, "COMBINE_IN_DOWN_ONE_TOKEN", True)
+    monkeypatch.setattr(moe_quant, "moe_combine_kernel", None)  # launching it would fail
+    check(1, torch.float16, SMALL, fmt, activation="swiglu_oai", bias=True, seed=12)
+    check(1, torch.float32, SMALL, fmt, seed=13)
+    assert not arrivals.counters(torch.device("cpu"), "moe_down_combine").any()
 
 
 @pytest.mark.parametrize("fmt", ["fp8_channel", "fp8_block"])

@@ -90,6 +90,39 @@ def test_deterministic(shape):
     assert torch.equal(a, b)
 
 
+def test_combine_in_the_down_kernel_at_one_token(shape, monkeypatch):
+    """COMBINE_IN_DOWN_ONE_TOKEN (off by default): the small route's down kernel sums the experts;
+    the same numbers as the combine kernel's run (equal expert rows, same slot order), in a CUDA
+    graph replayed with new routing (its counters must be back at zero after every launch), and
+    with half the experts on another rank."""
+    from atomc.kernels.triton import moe, moe_config
+
+    cfg = moe_config.default_config(2, shape["k"], shape["e"], shape["w2"].shape[2])
+    args = inputs(shape, 1, seed=21)
+    apart = kernels()(*args, config=cfg)
+    monkeypatch.setattr(moe, "COMBINE_IN_DOWN_ONE_TOKEN", True)
+    torch.testing.assert_close(kernels()(*args, config=cfg), apart, rtol=1e-2, atol=1e-3)
+    x, weights, ids = (a.clone() for a in args[:3])
+    run = lambda: kernels()(x, weights, ids, *args[3:], config=cfg)  # noqa: E731
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for seed in (22, 23, 24):
+        new = inputs(shape, 1, seed=seed)
+        for buf, a in zip((x, weights, ids), new[:3], strict=True):
+            buf.copy_(a)
+        graph.replay()
+        assert rel_err(out, experts_reference(*new)) < REL
+    expert_map = torch.full((shape["e"],), -1, dtype=torch.int32, device=DEV)
+    mine = torch.arange(0, shape["e"], 2, device=DEV)
+    expert_map[mine] = torch.arange(mine.numel(), dtype=torch.int32, device=DEV)
+    for seed in (25, 26):
+        mapped = inputs(shape, 1, seed=seed, expert_map=expert_map)
+        assert rel_err(kernels()(*mapped, config=cfg), experts_reference(*mapped)) < REL
+
+
 @pytest.mark.parametrize("t", [1, 8, 256])
 def test_cuda_graph_capture_and_replay(shape, t):
     from atomc.kernels.triton.moe import fused_moe

@@ -13,7 +13,9 @@ data-dependent shape anywhere, so the op captures in a CUDA graph.
 The routing weights are applied in the combine, not the down GEMM's epilogue: the expert outputs
 are then rounded to x's dtype before the fp32 weighted sum exactly as the reference rounds them,
 and the combine is one deterministic pass (no atomics) over [T * k, H] rows in x's dtype. On the
-one-token route the down GEMV does that combine itself (moe_gemv.py), in the same order.
+one-token route the down GEMV does that combine itself (moe_gemv.py), in the same order; so can
+the few-pair route's down kernel at one token (COMBINE_IN_DOWN_ONE_TOKEN, moe_gemm.py's
+COMBINE_LAST).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from atomc.kernels.triton import moe_config, moe_gemv, pdl, tuned_files
+from atomc.kernels.triton import arrivals, moe_config, moe_gemv, pdl, tuned_files
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
 from atomc.kernels.triton.moe_routing import route
@@ -29,6 +31,22 @@ from atomc.kernels.triton.moe_tiles import ACT_SILU, ACT_SWIGLU_OAI, DENSE
 
 ACTIVATION_CODES = {"silu": ACT_SILU, "swiglu_oai": ACT_SWIGLU_OAI}
 COMBINE_BLOCK_H = 1024
+# One token on the few-pair route: the down kernel's last program a tile sums the k expert rows
+# (COMBINE_LAST), so no combine kernel is launched: one launch fewer a MoE layer at batch 1 (the
+# combine took 1.8-1.9 us of Qwen3-30B-A3B's layer, docs/performance.md section 18). Off until a
+# GPU times it (docs/kernels.md, "What the next GPU calls must measure").
+COMBINE_IN_DOWN_ONE_TOKEN = False
+
+
+def down_combine_args(x: torch.Tensor, path: str, h: int, block_n: int, weights, local, out) -> dict:
+    """moe_down_kernel's COMBINE_LAST arguments for this launch: on where the down kernel sums the
+    experts itself, off where the combine kernel runs (tensors in every pointer either way, so the
+    JIT never specialises on a None)."""
+    counters = None
+    if COMBINE_IN_DOWN_ONE_TOKEN and path == "small" and x.shape[0] == 1:
+        counters = arrivals.counters(x.device, "moe_down_combine")
+    on = counters is not None and triton.cdiv(h, block_n) <= counters.numel()
+    return dict(weights_ptr=weights, out_ptr=out, counter_ptr=counters if on else local, COMBINE_LAST=on)
 
 
 def fused_experts(
@@ -78,8 +96,8 @@ def fused_experts(
         moe_gemv.launch(x, w13, w2, w13_bias, w2_bias, local, weights, act, y, out, code, alpha, limit, config)
         if combined_in_down:
             return out
-    else:
-        _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config)
+    elif _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config, weights, out):
+        return out
     block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
     moe_combine_kernel[(t, triton.cdiv(h, block_h))](
         y, weights, local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h, **pdl.launch(x),
@@ -87,8 +105,9 @@ def fused_experts(
     return out
 
 
-def _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config) -> None:
-    """The tensor-core GEMMs (moe_gemm.py), routed by the few-pair scan or by expert-sorted blocks."""
+def _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, config, weights, out) -> bool:
+    """The tensor-core GEMMs (moe_gemm.py), routed by the few-pair scan or by expert-sorted blocks.
+    True where the down kernel also wrote `out` (COMBINE_IN_DOWN_ONE_TOKEN)."""
     p, (e_local, h, inter) = local.numel(), w2.shape
     k = p // x.shape[0]
     sorted_route = config["path"] == "sorted"
@@ -117,14 +136,16 @@ def _grouped(x, w13, w2, w13_bias, w2_bias, local, act, y, code, alpha, limit, c
         IEEE=ieee, WEIGHTS=DENSE, BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=gu["block_k"], BLOCK_SLOTS=slots,
         num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x),
     )  # fmt: skip
+    combine = down_combine_args(x, config["path"], h, dn["block_n"], weights, local, out)
     moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2, w2_bias if w2_bias is not None else w2, y, *route,
         p, h, inter,
         act.stride(0), w2.stride(0), w2.stride(1), 0, 0, 0, 0 if w2_bias is None else w2_bias.stride(0), y.stride(0),
         TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=DENSE,
         BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=dn["block_k"], BLOCK_SLOTS=slots,
-        num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x),
+        num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x), **combine,
     )  # fmt: skip
+    return combine["COMBINE_LAST"]
 
 
 def fused_moe(

@@ -13,7 +13,9 @@ Both paths of `fused_moe` run these kernels; they differ only in how a program f
 
 Both write per-pair rows ([P, I] activations, then [P, H] expert outputs in x's dtype, as the
 reference rounds them); the weighted sum over k is `moe_combine`. Each output row is written by
-exactly one program: no atomics, the same result every run.
+exactly one program: no atomics, the same result every run. For one token on the few-pair route
+the down kernel can do that sum itself (COMBINE_LAST): the last program of an output tile to
+arrive (arrivals.py) sums the tile's k expert rows in slot order, as `moe_combine_kernel` does.
 
 The expert weights may be quantised (WEIGHTS, a moe_tiles.py format code: FP8 per row or per
 128x128 block, MXFP4): each weight tile is then dequantised in registers to the activations'
@@ -27,6 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from atomc.kernels.triton.arrivals import arrive, reset
 from atomc.kernels.triton.moe_tiles import (
     bias_row,
     block_scales_at,
@@ -200,17 +203,29 @@ def moe_down_kernel(
     WEIGHTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_SLOTS: tl.constexpr,
     PDL: tl.constexpr, A8: tl.constexpr = False,
+    weights_ptr=None, out_ptr=None, counter_ptr=None, COMBINE_LAST: tl.constexpr = False,
 ):  # fmt: skip
     """y[p, n] = act[p] @ w2[e, n] (+ b2[e, n]) for this block's pairs, in y's dtype; w2 in the WEIGHTS
-    format; A8 as the gate/up kernel's (act quantised)."""
+    format; A8 as the gate/up kernel's (act quantised). COMBINE_LAST (one token, the few-pair
+    route: program j is slot j): also out[0, tile] = the routing-weighted sum of the tile's k rows,
+    by the tile's last program to arrive (a counter a tile)."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
     e, rows, ok, go = _rows(
         local_ids, sorted_ids, block_expert, num_padded, P, TOPK, ROUTE_SORTED, BLOCK_M, BLOCK_SLOTS
     )
-    if go == 0:
-        return
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
+    if COMBINE_LAST:
+        # the programs that arrive: one a distinct expert of this rank (_rows' first-pair rule)
+        slots = tl.arange(0, BLOCK_SLOTS)
+        ids = tl.load(local_ids + slots, mask=slots < TOPK, other=-1)
+        seen = tl.sum(((ids[:, None] == ids[None, :]) & (slots[None, :] < slots[:, None])).to(tl.int32), 1)
+        arriving = tl.sum(((ids >= 0) & (seen == 0)).to(tl.int32), 0)
+        if arriving == 0:  # none of the token's experts is on this rank: its share is zero
+            if tl.program_id(0) == 0:
+                tl.store(out_ptr + offs_n, tl.zeros((BLOCK_N,), tl.float32).to(out_ptr.dtype.element_ty), mask=n_ok)
+    if go == 0:
+        return
     a_rows = act_ptr + rows.to(tl.int64)[:, None] * stride_am
     w_n = offs_n.to(tl.int64)
     w_rows = w_ptr + e.to(tl.int64) * stride_we + w_n[:, None] * stride_wn
@@ -235,6 +250,29 @@ def moe_down_kernel(
         acc += bias_row(b_ptr + e.to(tl.int64) * stride_be, offs_n, n_ok)[None, :]
     out = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=ok[:, None] & n_ok[None, :])
+    if COMBINE_LAST:
+        counter = counter_ptr + tl.program_id(1)
+        if arrive(counter) == arriving - 1:
+            reset(counter)
+            # the other programs' rows are in L2, not this SM's L1: ".cg"
+            total = _weighted_sum(y_ptr, weights_ptr, local_ids, 0, offs_n, H, stride_ym, TOPK, BLOCK_N, ".cg")
+            tl.store(out_ptr + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _weighted_sum(
+    y_ptr, weights_ptr, local_ids, t, offs, H, stride_ym, TOPK: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr
+):  # fmt: skip
+    """sum over slots s of weight[t, s] * y[t * TOPK + s, offs], in fp32, in slot order; pairs whose
+    expert is on another rank add nothing (their y rows were never written)."""
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(TOPK):
+        p = t * TOPK + s
+        here = (tl.load(local_ids + p) >= 0).to(tl.int32)
+        w = tl.load(weights_ptr + p)
+        y = tl.load(y_ptr + p.to(tl.int64) * stride_ym + offs, mask=offs < H * here, other=0.0, cache_modifier=CACHE)
+        acc += y.to(tl.float32) * w
+    return acc
 
 
 @triton.jit
@@ -242,17 +280,9 @@ def moe_combine_kernel(
     y_ptr, weights_ptr, local_ids, out_ptr, H, stride_ym, stride_om,
     TOPK: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """out[t] = sum over slots s of weight[t, s] * y[t * TOPK + s], in fp32, in slot order; pairs whose
-    expert is on another rank add nothing (their y rows were never written)."""
+    """out[t] = the weighted sum of token t's k expert rows (`_weighted_sum`)."""
     after_producer(PDL)  # pdl.py: the ids and activations come from the step
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = offs < H
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for s in tl.static_range(TOPK):
-        p = t * TOPK + s
-        here = (tl.load(local_ids + p) >= 0).to(tl.int32)
-        w = tl.load(weights_ptr + p)
-        y = tl.load(y_ptr + p.to(tl.int64) * stride_ym + offs, mask=offs < H * here, other=0.0)
-        acc += y.to(tl.float32) * w
-    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=h_ok)
+    acc = _weighted_sum(y_ptr, weights_ptr, local_ids, t, offs, H, stride_ym, TOPK, BLOCK_H, "")
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=offs < H)

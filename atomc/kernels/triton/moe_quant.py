@@ -4,7 +4,8 @@ The routes of moe.py's `fused_experts` on the same kernels with the format as a 
 (moe_tiles.py): one token (MXFP4: up to moe_config.GEMV_MAX_TOKENS), the two GEMVs with the
 weighted sum done in the down GEMV (the "fuse_combine" tile flag is not read: this route always
 fuses; FP8 on moe_gemv.py's kernels, MXFP4 on its own, moe_mxfp4_gemv.py); few pairs,
-moe_gemm.py's unsorted tensor-core kernels; many pairs, the expert-sorted ones, then
+moe_gemm.py's unsorted tensor-core kernels (at one token the down kernel may sum the experts
+itself: moe.py's COMBINE_IN_DOWN_ONE_TOKEN); many pairs, the expert-sorted ones, then
 `moe_combine_kernel`. Tiles come from moe_config.py with the
 format as `weight_format` (its own tuned files, else its defaults); `block_k` counts input values,
 for MXFP4 a multiple of 32 (whole scale groups).
@@ -16,7 +17,7 @@ import torch
 import triton
 
 from atomc.kernels.triton import moe_config, pdl, tuned_files
-from atomc.kernels.triton.moe import ACTIVATION_CODES, COMBINE_BLOCK_H
+from atomc.kernels.triton.moe import ACTIVATION_CODES, COMBINE_BLOCK_H, down_combine_args
 from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
 from atomc.kernels.triton.moe_gemv import moe_down_combine_gemv_kernel, moe_gate_up_gemv_kernel
@@ -205,6 +206,7 @@ def fused_experts_quant(
         BLOCK_M=block_m, BLOCK_N=gu["block_n"], BLOCK_K=_block_k(gu, weight_format), BLOCK_SLOTS=slots,
         num_warps=gu["num_warps"], num_stages=gu["num_stages"], **pdl.launch(x), **_a8_knob(gu, weight_format),
     )  # fmt: skip
+    combine = down_combine_args(x, config["path"], h, dn["block_n"], weights, local, out)
     moe_down_kernel[(row_groups, triton.cdiv(h, dn["block_n"]))](
         act, w2, w2_scale, b2, y, *route,
         p, h, inter,
@@ -212,7 +214,10 @@ def fused_experts_quant(
         TOPK=k, HAS_BIAS=w2_bias is not None, ROUTE_SORTED=sorted_route, IEEE=ieee, WEIGHTS=wcode,
         BLOCK_M=block_m, BLOCK_N=dn["block_n"], BLOCK_K=_block_k(dn, weight_format), BLOCK_SLOTS=slots,
         num_warps=dn["num_warps"], num_stages=dn["num_stages"], **pdl.launch(x), **_a8_knob(dn, weight_format),
+        **combine,
     )  # fmt: skip
+    if combine["COMBINE_LAST"]:
+        return out
     block_h = min(COMBINE_BLOCK_H, triton.next_power_of_2(h))
     moe_combine_kernel[(t, triton.cdiv(h, block_h))](
         y, weights, local, out, h, y.stride(0), out.stride(0), TOPK=k, BLOCK_H=block_h, **pdl.launch(x),

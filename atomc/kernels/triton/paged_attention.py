@@ -46,10 +46,11 @@ import torch
 import triton
 import triton.language as tl
 
-from atomc.kernels.triton import pdl
+from atomc.kernels.triton import arrivals, pdl
+from atomc.kernels.triton.arrivals import arrive, reset
 from atomc.kernels.triton.kv_cache_write import kv_scale_args
 from atomc.kernels.triton.pdl import after_producer
-from atomc.kernels.triton.split_kv_merge import fold_sink, merge_partials, segment_counters
+from atomc.kernels.triton.split_kv_merge import fold_sink, merge_partials
 
 
 @triton.jit
@@ -187,14 +188,10 @@ def _attn_kernel(
         tl.store(part_l_ptr + idx, l_i, mask=row_ok)
         tl.store(part_acc_ptr + idx[:, None] * BLOCK_D + offs_d[None, :], acc, mask=row_ok[:, None])
         if MERGE_LAST:
-            # the barrier puts every thread's stores before the release; the block's last segment
-            # program to arrive sees all of them after its acquire, merges them and zeroes the
-            # counter for the next launch
-            tl.debug_barrier()
+            # the block's last segment program to arrive merges (arrivals.py)
             counter = counter_ptr + q_block * tl.num_programs(1) + kv_head
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == used - 1:
-                tl.store(counter, 0)
+            if arrive(counter) == used - 1:
+                reset(counter)
                 merge_partials(
                     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used,
                     stride_ot, stride_oh, HEAD_DIM, BLOCK_M, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS, SINKS,
@@ -406,7 +403,7 @@ def paged_attention(
     num_segments = triton.next_power_of_2(num_segments)
     split = num_segments > 1
 
-    counters = segment_counters(q.device)
+    counters = arrivals.counters(q.device, "split_kv_merge")
     if merge_in_kernel is None:
         merge_in_kernel = num_seqs <= MERGE_IN_KERNEL_MAX_SEQS
     merge_last = split and merge_in_kernel and counters is not None and q_blocks * num_kv_heads <= counters.numel()

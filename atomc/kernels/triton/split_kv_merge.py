@@ -1,6 +1,6 @@
 """Merging split-KV attention partials (paged_attention.py): the sink logit folded into a softmax,
-the merge of a q block's segments, and the arrival counters that let the last segment program do
-that merge in the attention kernel itself.
+and the merge of a q block's segments (by the reduce kernel, or in the attention kernel by the
+last segment program to arrive: arrivals.py).
 
 Each segment program leaves, per query row, its running max m (log2 domain), its sum l and its
 unnormalised fp32 accumulator; the merge weighs each by exp2(m - max m) and divides once.
@@ -8,7 +8,6 @@ unnormalised fp32 accumulator; the merge weighs each by exp2(m - max m) and divi
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -61,19 +60,3 @@ def merge_partials(
         o.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :],
     )
-
-
-# Per device: one int32 arrival counter per (q block, KV head) for the in-kernel merge (MERGE_LAST),
-# zero between launches (the merging program resets its own). Made by the first call outside a
-# CUDA-graph capture and never freed, since captured graphs keep its address; launches on one
-# stream run one after another, so they share it. A launch that finds none (the first call under a
-# capture) or too few counters merges in the reduce kernel instead.
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-NUM_COUNTERS = 1 << 12
-
-
-def segment_counters(device: torch.device) -> torch.Tensor | None:
-    counters = _COUNTERS.get(device)
-    if counters is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        counters = _COUNTERS[device] = torch.zeros(NUM_COUNTERS, dtype=torch.int32, device=device)
-    return counters
