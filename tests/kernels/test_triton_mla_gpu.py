@@ -41,7 +41,7 @@ def run(q_absorbed, q_pe, cache, meta, out, **kw):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("reduce_cols", [0, 64], ids=["merge_whole_rows", "merge_in_64_column_pieces"])
+@pytest.mark.parametrize("reduce_cols", [0, 32], ids=["merge_whole_rows", "merge_in_32_column_pieces"])
 @pytest.mark.parametrize("segments", [1, 8, None])
 @pytest.mark.parametrize(
     "q_lens,seq_lens",

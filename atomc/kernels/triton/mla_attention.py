@@ -76,9 +76,10 @@ from atomc.kernels.triton.pdl import after_producer
 
 # c_kv columns a split-KV merge program takes (0: the whole row). With the whole row, V2-Lite's 16
 # heads at batch 1 leave one merge program reading every partial (16 segments x 16 heads x 512
-# fp32, 512 KiB: the 3.4 us "merge" of docs/performance.md section 10); 64 columns spread that over
-# eight. Off until a GPU times it (docs/kernels.md, "What the next GPU calls must measure").
-REDUCE_COLS = 0
+# fp32, 512 KiB); 32 columns spread that over sixteen. The fastest of 0 / 32 / 64 / 128 in 7 of 8
+# cells on an H100 (decode_attention_short.py --merge, V2-Lite and V3 at bs 1 / 8, ctx 256 / 2k):
+# V2-Lite bs 1 ctx 2k 13.3 against 18.2 us a call with its merge (docs/performance.md section 20).
+REDUCE_COLS = 32
 
 
 @triton.jit

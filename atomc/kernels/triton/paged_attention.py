@@ -278,12 +278,13 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# The in-kernel merge for split-KV decode of at most this many sequences. At batch 1 it dropped the
-# reduce kernel's launch (H200, ctx 1k: 7.8 against 8.9 us, section 1 of docs/performance.md); at
-# batch 8 the version that merged at every batch size slowed the main loop (ctx 4k: 55.3 against
-# 44.4 us), which the constexpr keeps out of every other launch. 0 (off) until a GPU times this
-# version against the reduce kernel (docs/kernels.md, the next GPU calls).
-MERGE_IN_KERNEL_MAX_SEQS = 0
+# The in-kernel merge for split-KV decode of at most this many sequences: faster than the reduce
+# kernel in every cell timed (H100, decode_attention_short.py --merge, a graph of 32 layers; Llama's
+# GQA: bs 1 ctx 256 6.8 against 7.5 us, ctx 2k 13.45 against 13.97; bs 8 10.85 / 31.73 against
+# 11.13 / 32.53; Qwen3-30B-A3B's likewise; docs/performance.md section 20). An earlier version that
+# merged at every batch size slowed bs 8 x 4k's main loop; the constexpr keeps it out of larger
+# batches, which were not timed.
+MERGE_IN_KERNEL_MAX_SEQS = 8
 
 MIN_SEG_TILES = 1  # the fewest tiles a split-KV segment takes at run time (a sequence's own length)
 CAPTURE_SEG_TILES = 2  # the fewest a segment takes at the capture bound, when the count is chosen
