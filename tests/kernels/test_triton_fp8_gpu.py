@@ -492,7 +492,10 @@ def test_fp8_linear_dynamic_one_row_at_8b_shapes(shape, silu, scheme, monkeypatc
     assert rel(got, want) < 1e-2
     xs = torch.randn(16, x.shape[1], device="cuda", dtype=BF16)
     got = tri.fp8_linear_dynamic(xs, k, w, ws, bias, BF16, silu)
-    assert rel(got, fp8_linear_dynamic_reference(xs, k, w, ws, bias, torch.float32, silu)) < 1e-2
+    # with SiLU·mul the reference rounds h to bf16 twice before its quant and the kernel quantises
+    # h in fp32: some e4m3 codes land one step apart (an H100 measured 1.3% relative at 14,336)
+    tol = 2e-2 if silu else 1e-2
+    assert rel(got, fp8_linear_dynamic_reference(xs, k, w, ws, bias, torch.float32, silu)) < tol
 
 
 def test_fp8_linear_dynamic_replays_in_a_cuda_graph(monkeypatch):
