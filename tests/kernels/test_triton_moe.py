@@ -108,6 +108,7 @@ def test_combine_in_down_equals_the_combine_kernel(monkeypatch):
     moe = importlib.import_module("atomc.kernels.triton.moe")
     x, logits, w13, w2, b13, b2 = make_moe(1, E, H, INTER, 4, torch.float32, "cpu", bias=True, seed=5)
     args = (x, *select_experts(logits, 4), w13, w2, b13, b2)
+    monkeypatch.setattr(moe, "COMBINE_IN_DOWN_ONE_TOKEN", False)
     apart = fused_experts(*args, config=SMALL)
     monkeypatch.setattr(moe, "COMBINE_IN_DOWN_ONE_TOKEN", True)
     torch.testing.assert_close(fused_experts(*args, config=SMALL), apart)

@@ -91,14 +91,15 @@ def test_deterministic(shape):
 
 
 def test_combine_in_the_down_kernel_at_one_token(shape, monkeypatch):
-    """COMBINE_IN_DOWN_ONE_TOKEN (off by default): the small route's down kernel sums the experts;
-    the same numbers as the combine kernel's run (equal expert rows, same slot order), in a CUDA
-    graph replayed with new routing (its counters must be back at zero after every launch), and
-    with half the experts on another rank."""
+    """COMBINE_IN_DOWN_ONE_TOKEN: the small route's down kernel sums the experts; the same numbers
+    as the combine kernel's run (equal expert rows, same slot order), in a CUDA graph replayed with
+    new routing (its counters must be back at zero after every launch), and with half the experts
+    on another rank."""
     from atomc.kernels.triton import moe, moe_config
 
     cfg = moe_config.default_config(2, shape["k"], shape["e"], shape["w2"].shape[2])
     args = inputs(shape, 1, seed=21)
+    monkeypatch.setattr(moe, "COMBINE_IN_DOWN_ONE_TOKEN", False)
     apart = kernels()(*args, config=cfg)
     monkeypatch.setattr(moe, "COMBINE_IN_DOWN_ONE_TOKEN", True)
     torch.testing.assert_close(kernels()(*args, config=cfg), apart, rtol=1e-2, atol=1e-3)

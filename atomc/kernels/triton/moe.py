@@ -32,10 +32,10 @@ from atomc.kernels.triton.moe_tiles import ACT_SILU, ACT_SWIGLU_OAI, DENSE
 ACTIVATION_CODES = {"silu": ACT_SILU, "swiglu_oai": ACT_SWIGLU_OAI}
 COMBINE_BLOCK_H = 1024
 # One token on the few-pair route: the down kernel's last program a tile sums the k expert rows
-# (COMBINE_LAST), so no combine kernel is launched: one launch fewer a MoE layer at batch 1 (the
-# combine took 1.8-1.9 us of Qwen3-30B-A3B's layer, docs/performance.md section 18). Off until a
-# GPU times it (docs/kernels.md, "What the next GPU calls must measure").
-COMBINE_IN_DOWN_ONE_TOKEN = False
+# (COMBINE_LAST), so no combine kernel is launched: one launch fewer a MoE layer at batch 1. On an
+# H100, Qwen3-30B-A3B's down kernel went 11.05 -> 12.48 us and its 1.93 us combine went away
+# (docs/performance.md section 20).
+COMBINE_IN_DOWN_ONE_TOKEN = True
 
 
 def down_combine_args(x: torch.Tensor, path: str, h: int, block_n: int, weights, local, out) -> dict:

@@ -23,8 +23,9 @@ from atomc.kernels.triton.fp8_quant import ROUND_IN_FP32
 from atomc.kernels.triton.kv_cache_write import kv_scale_args, quantize_kv_value
 from atomc.kernels.triton.pdl import after_producer
 
-# q and k in two programs a token (the kernel's SPLIT_QK); off until a GPU times it
-SPLIT_QK = False
+# q and k in two programs a token (the kernel's SPLIT_QK): Qwen3-30B-A3B's RoPE (q/k norms folded
+# in) 2.69 against 3.59 us a layer on an H100, batch-1 decode (docs/performance.md section 20)
+SPLIT_QK = True
 
 
 @triton.jit
