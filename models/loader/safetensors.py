@@ -1,13 +1,17 @@
 """Load a Hugging Face checkpoint directory (config.json + one or sharded *.safetensors).
 
 1. Build the model on the meta device in the target dtype (no random init, no memory).
-2. Materialise every parameter once on the target device, keeping each parameter's attributes (its
-   weight_loader, layout tags) and shared parameters (tied embeddings) shared.
-3. For each checkpoint tensor: map its name through the family's naming (CheckpointNaming: layer
-   prefixes, module renames, expert names, packed_modules_mapping) to (parameter, shard id) (`...q_proj.weight` ->
-   `...qkv_proj.weight`, "q"; `...experts.3.up_proj.weight` -> `...experts.w13_weight`, (3, "up"))
-   and hand it to the parameter's weight_loader, which writes this rank's slice into the right place.
-4. Call every linear method's process_weights_after_loading.
+2. Map each checkpoint tensor's name through the family's naming (CheckpointNaming: layer prefixes,
+   module renames, expert names, packed_modules_mapping) to (parameter, shard id) (`...q_proj.weight`
+   -> `...qkv_proj.weight`, "q"; `...experts.3.up_proj.weight` -> `...experts.w13_weight`, (3, "up")).
+3. Then one layer at a time (`layer_groups`: the modules outside numbered layers, then each
+   `model.layers.N`, `mtp.N`, ...): materialise its parameters on the target device (keeping each
+   parameter's attributes, its weight_loader and layout tags, and shared parameters such as tied
+   embeddings shared), hand each of its tensors to the parameter's weight_loader (which writes
+   this rank's slice into the right place), and call its linear / MoE methods'
+   process_weights_after_loading. So a load never holds more than the processed layers plus one
+   unprocessed layer: `--quantization fp8` of Mixtral-8x7B (93 GB in bf16, 47 GB in FP8) loads on
+   an 80 GB GPU.
 
 FP8 KV-cache scales (`...self_attn.k_scale` and the other spellings, models/loader/kv_scales.py) are
 no parameters: they are collected per layer into `model.kv_cache_scales` for the runner.
@@ -21,7 +25,7 @@ Safetensors only: atomc never unpickles a checkpoint. Errors name the tensor and
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +42,7 @@ from models.loader.quantize import apply_quantization
 from models.quant.spec import resolve as resolve_quantization
 from models.registry import build_model
 
+_LOADED = "_atomc_loaded_shards"  # a parameter's shard ids written so far, while a load runs
 # checkpoint keys that carry no weights atomc needs (recomputed buffers)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 LOAD_FORMATS = ("safetensors", "dummy")
@@ -82,13 +87,39 @@ def load_model(
     adapt = getattr(model, "adapt_to_checkpoint", None)  # a family whose modules depend on the tensors present
     if adapt is not None:
         adapt(tensor_names(files) if files else None)
-    materialize(model, device)
     if load_format == "dummy":
-        fill_dummy_weights(model)
+        made: dict[int, nn.Parameter] = {}
+        gen = None
+        for group in layer_groups(model):
+            materialize(model, device, group, made)
+            gen = fill_dummy_weights(model, group=group, gen=gen)
+            process_weights_after_loading(model, group)
     else:
-        load_weights(model, files)
-    process_weights_after_loading(model)
+        load_weights(model, files, device)
     return model.eval()
+
+
+def layer_groups(model: nn.Module) -> list[list[str]]:
+    """The model's module names in loading order: the modules outside numbered layers (embeddings,
+    final norm, LM head) first, then one group a numbered layer (`model.layers.3`, `mtp.0`), in
+    model order. A layer's modules are processed together, so it is the unit of peak memory."""
+    groups: dict[str, list[str]] = {"": []}
+    for name, _ in model.named_modules():
+        parts = name.split(".") if name else []
+        cut = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+        key = "" if cut is None else ".".join(parts[: cut + 1])
+        groups.setdefault(key, []).append(name)
+    return [names for names in groups.values() if names]
+
+
+def _group_of(groups: list[list[str]]):
+    """param or module name -> index of its group in `groups`."""
+    index = {name: i for i, names in enumerate(groups) for name in names}
+
+    def find(param_name: str) -> int | None:
+        return index.get(param_name.rpartition(".")[0])
+
+    return find
 
 
 @contextmanager
@@ -125,34 +156,58 @@ def tensor_names(files: list[Path]) -> set[str]:
     return names
 
 
-def materialize(model: nn.Module, device: str | torch.device) -> None:
-    """Replace meta parameters and buffers by uninitialised ones on `device`, once per tensor.
+def _modules(model: nn.Module, names: list[str] | None):
+    if names is None:
+        return list(model.modules())
+    by_name = dict(model.named_modules())
+    return [by_name[n] for n in names]
+
+
+def materialize(
+    model: nn.Module, device: str | torch.device, group: list[str] | None = None, made: dict | None = None
+) -> None:
+    """Replace meta parameters and buffers by uninitialised ones on `device`, once per tensor: every
+    module's, or those of the modules named in `group` (`made` carries the parameters made by the
+    groups before, so a parameter shared across groups stays one tensor).
 
     Not `Module.to_empty`: that makes new Parameters without the attributes the loader relies on
     (weight_loader, output_dim, ...) and unties shared ones."""
-    new: dict[int, nn.Parameter] = {}
-    for module in model.modules():
+    new = {} if made is None else made
+    modules = _modules(model, group)
+    for module in modules:
         for name, p in module._parameters.items():
             if p is None:
                 continue
+            if id(p) not in new and not p.is_meta:
+                continue  # made already (tied to a parameter of an earlier group)
             if id(p) not in new:
                 q = nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
                 q.__dict__.update(p.__dict__)
                 new[id(p)] = q
             module._parameters[name] = new[id(p)]
         for name, b in module._buffers.items():
-            if b is not None:
+            if b is not None and b.is_meta:
                 module._buffers[name] = torch.empty_like(b, device=device)
-    for module in model.modules():
+    for module in modules:
         if hasattr(module, "reset_buffers"):  # recomputed tables (RoPE cos/sin)
             module.reset_buffers()
 
 
 @torch.no_grad()
-def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
-    """Random weights, generated on the parameters' device (fast for an 8B shape on a GPU)."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, p in model.named_parameters():
+def fill_dummy_weights(model: nn.Module, seed: int = 0, group: list[str] | None = None, gen=None):
+    """Random weights, generated on the parameters' device (fast for an 8B shape on a GPU): every
+    parameter, or those of the modules in `group` (then pass the generator each call returns on
+    to the next, so the draws do not depend on the grouping)."""
+    if group is None:
+        named = list(model.named_parameters())
+    else:
+        by_name = dict(model.named_modules())
+        named = [(f"{m}.{n}" if m else n, p) for m in group for n, p in by_name[m].named_parameters(recurse=False)]
+    if not named:
+        return gen
+    if gen is None:
+        gen = torch.Generator(device=named[0][1].device).manual_seed(seed)
+    for name, p in named:
         if name.endswith("norm.weight"):
             p.fill_(1.0)
         elif name.endswith(("_scale", "_scale_inv")):  # FP8 scales: fp8 values of about +-1 mean 0.02
@@ -170,10 +225,11 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
                 part.copy_(torch.empty(part.shape, device=p.device).normal_(0.0, 1.0, generator=gen).to(p.dtype))
         elif p.is_floating_point():
             p.normal_(0.0, 0.02, generator=gen)
+    return gen
 
 
-def process_weights_after_loading(model: nn.Module) -> None:
-    for module in model.modules():
+def process_weights_after_loading(model: nn.Module, group: list[str] | None = None) -> None:
+    for module in _modules(model, group):
         for attr in ("linear_method", "moe_method"):
             method = getattr(module, attr, None)
             if method is not None:
@@ -260,20 +316,24 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=No
         param.copy_(loaded)
 
 
-def load_weights(model: nn.Module, files: list[Path]) -> None:
+def load_weights(model: nn.Module, files: list[Path], device: str | torch.device | None = None) -> None:
+    """Load `files` into the model, layer by layer (the module docstring, step 3). `device`: where
+    the meta parameters are materialised; None: the model's parameters are real already (a test's
+    model), then loaded and processed as they are."""
     naming = CheckpointNaming.of(model)
-    params = dict(model.named_parameters(remove_duplicate=False))  # tied heads appear under both names
-    done: dict[int, set] = {}  # id(param) -> shard ids written (None: the whole tensor)
-    unexpected: list[str] = []
-    bar = progress_bar(len(files), "weights", "file")
-    fused_experts = False  # the checkpoint stacks experts (then missing names are given that way too)
+    groups = layer_groups(model)
+    group_of = _group_of(groups)
     # a family's tensors the model does not hold by design (DeepSeek-V3's MTP layers), by name
     skips = getattr(model, "skips_checkpoint_tensor", None)
     aliases = getattr(model, "quant_tensor_aliases", {})
+    meta_params = dict(model.named_parameters(remove_duplicate=False))  # tied heads appear under both names
     model.kv_cache_scales = {}  # layer -> {"k": scale, "v": scale}, as the checkpoint ships them
-    for path in files:
-        bar.update(1)
-        with safe_open(str(path), framework="pt", device="cpu") as f:
+    # which tensors each group loads: (file, checkpoint name, parameter name, shard id)
+    work: list[list[tuple]] = [[] for _ in groups]
+    unexpected: list[str] = []
+    with ExitStack() as stack:
+        opened = {path: stack.enter_context(safe_open(str(path), framework="pt", device="cpu")) for path in files}
+        for path, f in opened.items():
             for name in f.keys():
                 if name.endswith(_IGNORED_SUFFIXES) or (skips is not None and skips(name)):
                     continue
@@ -281,22 +341,40 @@ def load_weights(model: nn.Module, files: list[Path]) -> None:
                 if kv_scale is not None and _load_kv_scale(model, naming, kv_scale, name, f, path):
                     continue
                 param_name, shard_id = naming.to_param(name)
-                param = params.get(param_name)
-                if param is None and aliases:  # a quantised checkpoint's other spelling of a scale
+                if param_name not in meta_params and aliases:  # a quantised checkpoint's other spelling of a scale
                     head, _, leaf = param_name.rpartition(".")
-                    param = params.get(f"{head}.{aliases.get(leaf, leaf)}")
-                if param is None:
+                    param_name = f"{head}.{aliases.get(leaf, leaf)}"
+                g = group_of(param_name) if param_name in meta_params else None
+                if g is None:
                     unexpected.append(name)
                     continue
+                work[g].append((path, name, param_name, shard_id))
+        made: dict[int, nn.Parameter] = {}
+        missing: list[str] = []
+        fused_experts = False  # the checkpoint stacks experts (then missing names are given that way too)
+        bar = progress_bar(len(groups), "weights", "layer")
+        for group, tensors in zip(groups, work, strict=True):
+            bar.update(1)
+            if device is not None:
+                materialize(model, device, group, made)
+            mods = dict(model.named_modules())
+            params = {f"{m}.{n}" if m else n: p for m in group for n, p in mods[m].named_parameters(recurse=False)}
+            for path, name, param_name, shard_id in tensors:
+                param = params[param_name]
                 loader = getattr(param, "weight_loader", default_weight_loader)
                 try:
-                    loader(param, f.get_tensor(name), shard_id)
+                    loader(param, opened[path].get_tensor(name), shard_id)
                 except ValueError as e:
                     raise ValueError(f"{path.name}: {name} {e}") from None
-                done.setdefault(id(param), set()).add(shard_id)
+                # on the parameter itself: one tied to a later group's (MTP's head) counts there too
+                param.__dict__.setdefault(_LOADED, set()).add(shard_id)
                 fused_experts |= shard_id is None and hasattr(param, "moe_param")
-    bar.close()
-    missing = _missing(model, params, done, naming, hub=not fused_experts)
+            done = {id(p): p.__dict__.get(_LOADED, set()) for p in params.values()}
+            missing += _missing(model, params, done, naming, hub=not fused_experts)
+            process_weights_after_loading(model, group)
+        bar.close()
+    for p in model.parameters():
+        p.__dict__.pop(_LOADED, None)
     if missing or unexpected:
         parts = []
         if missing:

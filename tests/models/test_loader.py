@@ -168,3 +168,43 @@ def test_dummy_fp8_weights_fill_in_slices_deterministically():
     assert (rows.abs().amax(1) > 0).all() and rows.isfinite().all()
     assert 0.9 < rows[:, :4096].std() < 1.1
     assert torch.equal(a.w.view(torch.uint8), b.w.view(torch.uint8)) and a.s.float() != 0
+
+
+@pytest.mark.parametrize("load_format", ["safetensors", "dummy"])
+@pytest.mark.parametrize("family", ["llama", "mixtral"])
+def test_online_fp8_loads_one_layer_at_a_time(checkpoints, monkeypatch, family, load_format):
+    """--quantization fp8 quantises each layer before the next one is materialised, so a load holds
+    at most one layer's unquantised weights (Mixtral-8x7B's FP8 fits an 80 GB GPU; its bf16 does
+    not): when a decoder layer is processed, every later layer is still on the meta device and
+    every earlier one is already e4m3."""
+    from models.loader import safetensors as loader
+
+    seen = []
+    real = loader.process_weights_after_loading
+
+    def spy(model, group=None):
+        layers = model.model.layers
+        here = next((i for i, layer in enumerate(layers) if group and f"model.layers.{i}" in group), None)
+        if here is not None:
+            later = [p.is_meta for layer in layers[here + 1 :] for p in layer.parameters()]
+            earlier = [layer.self_attn.qkv_proj.weight.dtype for layer in layers[:here]]
+            seen.append((here, all(later), set(earlier) <= {torch.float8_e4m3fn}))
+        real(model, group)
+
+    monkeypatch.setattr(loader, "process_weights_after_loading", spy)
+    model = load_model(checkpoints[family], torch.float32, "cpu", load_format, quantization="fp8")
+    n = len(model.model.layers)
+    assert [s[0] for s in seen] == list(range(n)) and n >= 2
+    assert all(later_meta and earlier_fp8 for _, later_meta, earlier_fp8 in seen)
+    assert not any(p.is_meta for p in model.parameters())
+    assert not any(hasattr(p, "_atomc_loaded_shards") for p in model.parameters())
+
+
+def test_layer_groups_put_the_shared_modules_first(checkpoints):
+    from models.arch import ModelArch
+    from models.loader.safetensors import layer_groups
+
+    groups = layer_groups(build_on_meta(ModelArch.from_dir(checkpoints["llama"]), torch.float32))
+    assert "model.embed_tokens" in groups[0] and "lm_head" in groups[0] and "model.norm" in groups[0]
+    assert [g[0] for g in groups[1:]] == [f"model.layers.{i}" for i in range(len(groups) - 1)]
+    assert all(name.startswith(g[0]) for g in groups[1:] for name in g)
