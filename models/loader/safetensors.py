@@ -10,8 +10,8 @@
    embeddings shared), hand each of its tensors to the parameter's weight_loader (which writes
    this rank's slice into the right place), and call its linear / MoE methods'
    process_weights_after_loading. So a load never holds more than the processed layers plus one
-   unprocessed layer: `--quantization fp8` of Mixtral-8x7B (93 GB in bf16, 47 GB in FP8) loads on
-   an 80 GB GPU.
+   unprocessed layer: `--quantization fp8` of Mixtral-8x7B (93 GB in bf16, about 47 GB in FP8)
+   needs its FP8 size and one bf16 layer, not its bf16 size.
 
 FP8 KV-cache scales (`...self_attn.k_scale` and the other spellings, models/loader/kv_scales.py) are
 no parameters: they are collected per layer into `model.kv_cache_scales` for the runner.
