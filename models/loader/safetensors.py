@@ -370,8 +370,11 @@ def load_weights(model: nn.Module, files: list[Path], device: str | torch.device
                 param.__dict__.setdefault(_LOADED, set()).add(shard_id)
                 fused_experts |= shard_id is None and hasattr(param, "moe_param")
             done = {id(p): p.__dict__.get(_LOADED, set()) for p in params.values()}
-            missing += _missing(model, params, done, naming, hub=not fused_experts)
-            process_weights_after_loading(model, group)
+            gaps = _missing(model, params, done, naming, hub=not fused_experts)
+            if gaps:  # the load fails below, naming every gap; processing would read uninitialised memory
+                missing += gaps
+            else:
+                process_weights_after_loading(model, group)
         bar.close()
     for p in model.parameters():
         p.__dict__.pop(_LOADED, None)

@@ -198,13 +198,15 @@ def test_rope_and_write_kv(trace):
     assert trace.check([cs, qw, kw]) == 1
 
 
-@pytest.mark.parametrize("segments", [1, 3])
-def test_paged_attention(trace, segments):
+@pytest.mark.parametrize("segments,merge_in_kernel,launches", [(1, None, 1), (3, False, 2), (3, True, 1)])
+def test_paged_attention(trace, segments, merge_in_kernel, launches):
+    # a split adds its reduce kernel, unless the attention kernel merges (MERGE_LAST)
     q, k_cache, v_cache, meta = make_batch([1, 1, 3], [9, 70, 40], 4, 2, 32, torch.float32, "cpu")
     out = torch.empty_like(q)
     paged_attention(q, k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables, 0.2,
-                    meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=segments)  # fmt: skip
-    assert trace.check([]) == (1 if segments == 1 else 2)  # the split adds its reduce kernel
+                    meta.max_query_len, meta.max_seq_len, meta.num_seqs, num_segments=segments,
+                    merge_in_kernel=merge_in_kernel)  # fmt: skip
+    assert trace.check([]) == launches
 
 
 def test_silu_and_mul(trace):
