@@ -88,10 +88,11 @@ def load_model(
     if adapt is not None:
         adapt(tensor_names(files) if files else None)
     if load_format == "dummy":
-        made: dict[int, nn.Parameter] = {}
+        groups = layer_groups(model)
+        shared = shared_parameters(model, groups)
         gen = None
-        for group in layer_groups(model):
-            materialize(model, device, group, made)
+        for group in groups:
+            materialize(model, device, group, shared)
             gen = fill_dummy_weights(model, group=group, gen=gen)
             process_weights_after_loading(model, group)
     else:
@@ -110,6 +111,19 @@ def layer_groups(model: nn.Module) -> list[list[str]]:
         key = "" if cut is None else ".".join(parts[: cut + 1])
         groups.setdefault(key, []).append(name)
     return [names for names in groups.values() if names]
+
+
+def shared_parameters(model: nn.Module, groups: list[list[str]]) -> dict[int, None]:
+    """{id: None} for each (meta) parameter that modules of more than one group hold."""
+    by_name = dict(model.named_modules())
+    seen: dict[int, int] = {}
+    shared: dict[int, None] = {}
+    for g, names in enumerate(groups):
+        for name in names:
+            for p in by_name[name]._parameters.values():
+                if p is not None and seen.setdefault(id(p), g) != g:
+                    shared[id(p)] = None
+    return shared
 
 
 def _group_of(groups: list[list[str]]):
@@ -164,27 +178,33 @@ def _modules(model: nn.Module, names: list[str] | None):
 
 
 def materialize(
-    model: nn.Module, device: str | torch.device, group: list[str] | None = None, made: dict | None = None
+    model: nn.Module, device: str | torch.device, group: list[str] | None = None, shared: dict | None = None
 ) -> None:
     """Replace meta parameters and buffers by uninitialised ones on `device`, once per tensor: every
-    module's, or those of the modules named in `group` (`made` carries the parameters made by the
-    groups before, so a parameter shared across groups stays one tensor).
+    module's, or those of the modules named in `group`. `shared` ({id of a meta parameter: None or
+    the parameter made for it}, from `shared_parameters`) carries the parameters that modules of
+    several groups hold (tied embeddings) from one group to the next, so they stay one tensor; no
+    other parameter is referenced from here once the call returns (a layer's processing may then
+    free its unquantised weights).
 
     Not `Module.to_empty`: that makes new Parameters without the attributes the loader relies on
     (weight_loader, output_dim, ...) and unties shared ones."""
-    new = {} if made is None else made
+    new = {}
     modules = _modules(model, group)
     for module in modules:
         for name, p in module._parameters.items():
             if p is None:
                 continue
-            if id(p) not in new and not p.is_meta:
-                continue  # made already (tied to a parameter of an earlier group)
-            if id(p) not in new:
-                q = nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
-                q.__dict__.update(p.__dict__)
-                new[id(p)] = q
-            module._parameters[name] = new[id(p)]
+            made = new.get(id(p)) or (shared or {}).get(id(p))
+            if made is None and not p.is_meta:
+                continue  # a real parameter already (a test's model)
+            if made is None:
+                made = nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+                made.__dict__.update(p.__dict__)
+                new[id(p)] = made
+                if shared is not None and id(p) in shared:
+                    shared[id(p)] = made
+            module._parameters[name] = made
         for name, b in module._buffers.items():
             if b is not None and b.is_meta:
                 module._buffers[name] = torch.empty_like(b, device=device)
@@ -349,14 +369,14 @@ def load_weights(model: nn.Module, files: list[Path], device: str | torch.device
                     unexpected.append(name)
                     continue
                 work[g].append((path, name, param_name, shard_id))
-        made: dict[int, nn.Parameter] = {}
+        shared = shared_parameters(model, groups)
         missing: list[str] = []
         fused_experts = False  # the checkpoint stacks experts (then missing names are given that way too)
         bar = progress_bar(len(groups), "weights", "layer")
         for group, tensors in zip(groups, work, strict=True):
             bar.update(1)
             if device is not None:
-                materialize(model, device, group, made)
+                materialize(model, device, group, shared)
             mods = dict(model.named_modules())
             params = {f"{m}.{n}" if m else n: p for m in group for n, p in mods[m].named_parameters(recurse=False)}
             for path, name, param_name, shard_id in tensors:
@@ -371,6 +391,7 @@ def load_weights(model: nn.Module, files: list[Path], device: str | torch.device
                 fused_experts |= shard_id is None and hasattr(param, "moe_param")
             done = {id(p): p.__dict__.get(_LOADED, set()) for p in params.values()}
             gaps = _missing(model, params, done, naming, hub=not fused_experts)
+            params = done = param = None  # nothing here may keep the layer's unquantised weights alive
             if gaps:  # the load fails below, naming every gap; processing would read uninitialised memory
                 missing += gaps
             else:

@@ -208,3 +208,34 @@ def test_layer_groups_put_the_shared_modules_first(checkpoints):
     assert "model.embed_tokens" in groups[0] and "lm_head" in groups[0] and "model.norm" in groups[0]
     assert [g[0] for g in groups[1:]] == [f"model.layers.{i}" for i in range(len(groups) - 1)]
     assert all(name.startswith(g[0]) for g in groups[1:] for name in g)
+
+
+@pytest.mark.parametrize("load_format", ["safetensors", "dummy"])
+def test_online_fp8_frees_each_layers_unquantised_weights(checkpoints, monkeypatch, load_format):
+    """When a layer is processed, the unquantised weights of the layers before it are gone: nothing
+    in the loader keeps them (once, a dict of the materialised parameters did, and the FP8 loads of
+    Qwen3-30B-A3B and Mixtral ran out of memory on an 80 GB GPU)."""
+    import gc
+    import weakref
+
+    from models.loader import safetensors as loader
+
+    before: list[weakref.ref] = []
+    alive_at_processing = []
+    real = loader.process_weights_after_loading
+
+    def spy(model, group=None):
+        gc.collect()
+        alive_at_processing.append(sum(r() is not None for r in before))
+        layers = [n for n in (group or []) if n.endswith("qkv_proj") or n.endswith("experts")]
+        mods = dict(model.named_modules())
+        before.extend(
+            weakref.ref(p) for n in layers for p in mods[n].parameters(recurse=False) if p.dtype == torch.float32
+        )
+        real(model, group)
+
+    monkeypatch.setattr(loader, "process_weights_after_loading", spy)
+    load_model(checkpoints["mixtral"], torch.float32, "cpu", load_format, quantization="fp8")
+    gc.collect()
+    assert len(before) > 2 and alive_at_processing and max(alive_at_processing) == 0
+    assert all(r() is None for r in before)
