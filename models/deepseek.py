@@ -44,7 +44,7 @@ MLA kernels on ROCm (never run on AMD hardware) and its torch reference on the C
 FP8. DeepSeek-V3/R1's block-FP8 checkpoints (`quant_method: fp8` with `weight_block_size`) load
 through the generic path (models/loader/quantize.py): every linear gets FP8BlockLinearMethod except
 the router (`router`: stored dense) and kv_b_proj (`dense_weight`: absorbed_weights reads it into
-torch.bmm, so it is dequantised at load into the model dtype, or left dense under online FP8); the
+atomc::head_matmul, so it is dequantised at load into the model dtype, or left dense under online FP8); the
 routed experts get Fp8MoEMethod. Other `quantization_config`s are refused at parsing, naming it.
 
 Not here yet: the speculative-decoding loop that would use the MTP module, tensor parallelism (the
@@ -228,7 +228,7 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(c.kv_lora_rank, LORA_NORM_EPS)
         kv_b_out = heads * (c.qk_nope_head_dim + c.v_head_dim)  # per head: W_UK's nope rows, then W_UV's v rows
         self.kv_b_proj = ColumnParallelLinear(c.kv_lora_rank, kv_b_out, False, parallel)
-        # absorbed_weights reads per-head views of the weight into torch.bmm, so it must be dense:
+        # absorbed_weights reads per-head views of the weight into atomc::head_matmul, so it must be dense:
         # an FP8 checkpoint's is dequantised once at load, online FP8 leaves it alone
         self.kv_b_proj.dense_weight = True
         self.o_proj = RowParallelLinear(heads * c.v_head_dim, h, c.attention_bias, parallel)
@@ -251,12 +251,12 @@ class MLAAttention(nn.Module):
             q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
         q_pe, k_pe = rope(positions, q_pe, k_pe)
         w_uk, w_uv = self.absorbed_weights()
-        q_absorbed = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, kv_lora]
+        q_absorbed = torch.ops.atomc.head_matmul(q_nope, w_uk, False)  # [T, H, kv_lora]
         out = q_absorbed.new_empty(t, heads, c.kv_lora_rank)
         torch.ops.atomc.mla_attention(
             q_absorbed, q_pe, c_kv, k_pe.view(t, c.qk_rope_head_dim), out, self.layer_idx, c.softmax_scale
         )
-        o = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, v]
+        o = torch.ops.atomc.head_matmul(out, w_uv, True)  # [T, H, v]
         return self.o_proj(o.reshape(t, heads * c.v_head_dim))
 
 

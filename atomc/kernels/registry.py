@@ -38,6 +38,7 @@ OPS = (
     "moe_quant",
     "mla_attention",
     "mla_latent_norm_rope",
+    "head_matmul",
     "fp8_quant_static",
     "fp8_quant_dynamic",
     "fp8_gemm",
@@ -54,7 +55,7 @@ OPS = (
 # separate gate/up itself). The FP8 ops' CUDA backends (Triton kernels and torch._scaled_mm, and the
 # rule that picks one per call) are atomc/kernels/triton/fp8.py; on ROCm they lower to AITER
 # (atomc/kernels/aiter/fp8.py), and without AITER to Triton, whose bodies run the references there.
-# mla_latent_norm_rope has a Triton kernel and no AITER one: on ROCm it lowers to Triton.
+# mla_latent_norm_rope and head_matmul have Triton kernels and no AITER ones: on ROCm they lower to Triton.
 # The collectives (atomc/ops/collective.py) are torch.distributed's own on every platform. The
 # all-reduce + add + RMSNorm (atomc/ops/all_reduce_norm.py) has a Triton entry (the collective, then
 # the Triton add + norm; a one-shot kernel over symmetric memory on CUDA when asked for) and no

@@ -10,8 +10,9 @@ from atomc.ops import attention  # noqa: F401
 from atomc.ops import activation, linear, moe, norm, paged_attention, rope, rope_kv  # noqa: F401
 
 # isort: split
-# DeepSeek's latent attention (torch reference only), and the latent's norm + RoPE the passes fuse to
-from atomc.ops import mla, mla_latent  # noqa: F401
+# DeepSeek's latent attention (torch reference only), the latent's norm + RoPE the passes fuse to,
+# and the per-head products of its absorbed form
+from atomc.ops import head_matmul, mla, mla_latent  # noqa: F401
 
 # isort: split
 # FP8 linears (quantised checkpoints, --quantization fp8), and their activation quant fused into

@@ -195,7 +195,9 @@ def materialize(
         for name, p in module._parameters.items():
             if p is None:
                 continue
-            made = new.get(id(p)) or (shared or {}).get(id(p))
+            made = new.get(id(p))
+            if made is None and shared is not None:
+                made = shared.get(id(p))
             if made is None and not p.is_meta:
                 continue  # a real parameter already (a test's model)
             if made is None:

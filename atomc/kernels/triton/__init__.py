@@ -9,6 +9,7 @@ else:
     TRITON_AVAILABLE = True
     from atomc.kernels.triton.activation import silu_and_mul
     from atomc.kernels.triton.gemv import linear
+    from atomc.kernels.triton.head_matmul import head_matmul
     from atomc.kernels.triton.kv_cache_write import write_kv_cache
     from atomc.kernels.triton.latent_norm_rope import mla_latent_norm_rope
     from atomc.kernels.triton.mla_attention import mla_attention
@@ -22,6 +23,7 @@ else:
         "fused_add_rms_norm",
         "fused_experts",
         "fused_moe",
+        "head_matmul",
         "linear",
         "mla_attention",
         "mla_latent_norm_rope",

@@ -116,6 +116,11 @@ def qk_norm_rope_and_write_kv(
     return rope_into_new(positions, q, k, v, cos_sin_cache, layer_idx, norm)
 
 
+@custom("head_matmul")
+def head_matmul(x: torch.Tensor, w: torch.Tensor, transpose_w: bool) -> torch.Tensor:
+    return tk.head_matmul(x, w, transpose_w)
+
+
 @custom("mla_latent_norm_rope")
 def mla_latent_norm_rope(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tk.mla_latent_norm_rope(*args)  # atomc::mla_latent_norm_rope's arguments (it has no defaults)

@@ -1,0 +1,44 @@
+"""`atomc::head_matmul`: one small matrix product per attention head, as MLA's absorbed decode runs
+two of them a layer (DeepSeek: q_nope times W_UK into the latent, the attention output times W_UV
+out of it; models/deepseek.py).
+
+    head_matmul(x [T, H, K], w, transpose_w) -> [T, H, N]
+      out[t, h] = x[t, h] @ w[h]        w [H, K, N]   (transpose_w False: W_UK)
+      out[t, h] = x[t, h] @ w[h].T      w [H, N, K]   (transpose_w True: W_UV)
+
+The reference is torch.bmm over the head axis. `x` and `w` may be strided views (q_nope is a slice
+of q's heads, W_UK and W_UV are per-head slices of kv_b_proj's weight); each row of the last
+dimension must be contiguous. An op rather than a bmm in the model, so a backend can run the
+one-token case (batch-1 decode) on its own kernel (atomc/kernels/triton/head_matmul.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def head_matmul_reference(x: torch.Tensor, w: torch.Tensor, transpose_w: bool) -> torch.Tensor:
+    """The op's body as a plain function (a backend's fallback calls it without dispatching)."""
+    if x.dim() != 3 or w.dim() != 3 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"head_matmul: x {tuple(x.shape)} and w {tuple(w.shape)} are not [T, H, K] and [H, ., .]")
+    w = w.transpose(1, 2) if transpose_w else w
+    if w.shape[1] != x.shape[2]:
+        raise ValueError(f"head_matmul: x's K {x.shape[2]} against w's {w.shape[1]}")
+    return torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
+
+
+def head_matmul_out(x: torch.Tensor, w: torch.Tensor, transpose_w: bool) -> torch.Tensor:
+    """An uninitialised output in the layout every backend returns: bmm's, heads outermost
+    ([T, H, N] with strides (N, T * N, 1))."""
+    t, h, n = x.shape[0], x.shape[1], w.shape[1] if transpose_w else w.shape[2]
+    return x.new_empty_strided((t, h, n), (n, t * n, 1))
+
+
+@torch.library.custom_op("atomc::head_matmul", mutates_args=())
+def head_matmul(x: torch.Tensor, w: torch.Tensor, transpose_w: bool) -> torch.Tensor:
+    return head_matmul_reference(x, w, transpose_w)
+
+
+@head_matmul.register_fake
+def _(x, w, transpose_w):
+    return head_matmul_out(x, w, transpose_w)
