@@ -89,7 +89,7 @@ def load_model(
         adapt(tensor_names(files) if files else None)
     if load_format == "dummy":
         groups = layer_groups(model)
-        shared = shared_parameters(model, groups)
+        shared = shared_parameters(groups)
         gen = None
         for group in groups:
             materialize(model, device, group, shared)
@@ -100,33 +100,40 @@ def load_model(
     return model.eval()
 
 
-def layer_groups(model: nn.Module) -> list[list[str]]:
-    """The model's module names in loading order: the modules outside numbered layers (embeddings,
-    final norm, LM head) first, then one group a numbered layer (`model.layers.3`, `mtp.0`), in
-    model order. A layer's modules are processed together, so it is the unit of peak memory."""
-    groups: dict[str, list[str]] = {"": []}
-    for name, _ in model.named_modules():
+Group = dict[str, nn.Module]  # a loading group's modules by name, in model order
+
+
+def layer_groups(model: nn.Module) -> list[Group]:
+    """The model's modules in loading order: those outside numbered layers (embeddings, final norm,
+    LM head) first, then one group a numbered layer (`model.layers.3`, `mtp.0`), in model order. A
+    layer's modules are processed together, so it is the unit of peak memory."""
+    groups: dict[str, Group] = {"": {}}
+    for name, module in model.named_modules():
         parts = name.split(".") if name else []
         cut = next((i for i, part in enumerate(parts) if part.isdigit()), None)
         key = "" if cut is None else ".".join(parts[: cut + 1])
-        groups.setdefault(key, []).append(name)
-    return [names for names in groups.values() if names]
+        groups.setdefault(key, {})[name] = module
+    return [group for group in groups.values() if group]
 
 
-def shared_parameters(model: nn.Module, groups: list[list[str]]) -> dict[int, None]:
+def _group_parameters(group: Group) -> dict[str, nn.Parameter]:
+    """The parameters the group's modules hold themselves, by full name."""
+    return {f"{m}.{n}" if m else n: p for m, module in group.items() for n, p in module.named_parameters(recurse=False)}
+
+
+def shared_parameters(groups: list[Group]) -> dict[int, None]:
     """{id: None} for each (meta) parameter that modules of more than one group hold."""
-    by_name = dict(model.named_modules())
     seen: dict[int, int] = {}
     shared: dict[int, None] = {}
-    for g, names in enumerate(groups):
-        for name in names:
-            for p in by_name[name]._parameters.values():
+    for g, group in enumerate(groups):
+        for module in group.values():
+            for p in module._parameters.values():
                 if p is not None and seen.setdefault(id(p), g) != g:
                     shared[id(p)] = None
     return shared
 
 
-def _group_of(groups: list[list[str]]):
+def _group_of(groups: list[Group]):
     """param or module name -> index of its group in `groups`."""
     index = {name: i for i, names in enumerate(groups) for name in names}
 
@@ -170,22 +177,19 @@ def tensor_names(files: list[Path]) -> set[str]:
     return names
 
 
-def _modules(model: nn.Module, names: list[str] | None):
-    if names is None:
-        return list(model.modules())
-    by_name = dict(model.named_modules())
-    return [by_name[n] for n in names]
+def _modules(model: nn.Module, group: Group | None) -> list[nn.Module]:
+    return list(model.modules()) if group is None else list(group.values())
 
 
 def materialize(
-    model: nn.Module, device: str | torch.device, group: list[str] | None = None, shared: dict | None = None
+    model: nn.Module, device: str | torch.device, group: Group | None = None, shared: dict | None = None
 ) -> None:
     """Replace meta parameters and buffers by uninitialised ones on `device`, once per tensor: every
-    module's, or those of the modules named in `group`. `shared` ({id of a meta parameter: None or
-    the parameter made for it}, from `shared_parameters`) carries the parameters that modules of
-    several groups hold (tied embeddings) from one group to the next, so they stay one tensor; no
-    other parameter is referenced from here once the call returns (a layer's processing may then
-    free its unquantised weights).
+    module's, or those of the modules in `group` (one of `layer_groups`). `shared` ({id of a meta
+    parameter: None or the parameter made for it}, from `shared_parameters`) carries the parameters
+    that modules of several groups hold (tied embeddings) from one group to the next, so they stay
+    one tensor; no other parameter is referenced from here once the call returns (a layer's
+    processing may then free its unquantised weights).
 
     Not `Module.to_empty`: that makes new Parameters without the attributes the loader relies on
     (weight_loader, output_dim, ...) and unties shared ones."""
@@ -216,15 +220,11 @@ def materialize(
 
 
 @torch.no_grad()
-def fill_dummy_weights(model: nn.Module, seed: int = 0, group: list[str] | None = None, gen=None):
+def fill_dummy_weights(model: nn.Module, seed: int = 0, group: Group | None = None, gen=None):
     """Random weights, generated on the parameters' device (fast for an 8B shape on a GPU): every
     parameter, or those of the modules in `group` (then pass the generator each call returns on
     to the next, so the draws do not depend on the grouping)."""
-    if group is None:
-        named = list(model.named_parameters())
-    else:
-        by_name = dict(model.named_modules())
-        named = [(f"{m}.{n}" if m else n, p) for m in group for n, p in by_name[m].named_parameters(recurse=False)]
+    named = list(model.named_parameters() if group is None else _group_parameters(group).items())
     if not named:
         return gen
     if gen is None:
@@ -250,7 +250,7 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0, group: list[str] | None 
     return gen
 
 
-def process_weights_after_loading(model: nn.Module, group: list[str] | None = None) -> None:
+def process_weights_after_loading(model: nn.Module, group: Group | None = None) -> None:
     for module in _modules(model, group):
         for attr in ("linear_method", "moe_method"):
             method = getattr(module, attr, None)
@@ -371,7 +371,7 @@ def load_weights(model: nn.Module, files: list[Path], device: str | torch.device
                     unexpected.append(name)
                     continue
                 work[g].append((path, name, param_name, shard_id))
-        shared = shared_parameters(model, groups)
+        shared = shared_parameters(groups)
         missing: list[str] = []
         fused_experts = False  # the checkpoint stacks experts (then missing names are given that way too)
         bar = progress_bar(len(groups), "weights", "layer")
@@ -379,8 +379,7 @@ def load_weights(model: nn.Module, files: list[Path], device: str | torch.device
             bar.update(1)
             if device is not None:
                 materialize(model, device, group, shared)
-            mods = dict(model.named_modules())
-            params = {f"{m}.{n}" if m else n: p for m in group for n, p in mods[m].named_parameters(recurse=False)}
+            params = _group_parameters(group)
             for path, name, param_name, shard_id in tensors:
                 param = params[param_name]
                 loader = getattr(param, "weight_loader", default_weight_loader)

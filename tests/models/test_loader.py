@@ -206,8 +206,8 @@ def test_layer_groups_put_the_shared_modules_first(checkpoints):
 
     groups = layer_groups(build_on_meta(ModelArch.from_dir(checkpoints["llama"]), torch.float32))
     assert "model.embed_tokens" in groups[0] and "lm_head" in groups[0] and "model.norm" in groups[0]
-    assert [g[0] for g in groups[1:]] == [f"model.layers.{i}" for i in range(len(groups) - 1)]
-    assert all(name.startswith(g[0]) for g in groups[1:] for name in g)
+    assert [next(iter(g)) for g in groups[1:]] == [f"model.layers.{i}" for i in range(len(groups) - 1)]
+    assert all(name.startswith(next(iter(g))) for g in groups[1:] for name in g)
 
 
 @pytest.mark.parametrize("load_format", ["safetensors", "dummy"])
