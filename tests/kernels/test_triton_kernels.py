@@ -20,6 +20,7 @@ import triton.language as tl  # noqa: E402
 from triton_kernel_cases import (  # noqa: E402
     ATTN_CASES,
     WINDOW_CASES,
+    LaunchRecorder,
     attention_reference,
     cos_sin_cache,
     make_batch,
@@ -107,7 +108,7 @@ def test_in_kernel_merge_launches_no_reduce_and_leaves_the_counters_zero(monkeyp
     pa = importlib.import_module("atomc.kernels.triton.paged_attention")  # the package exports the function
     monkeypatch.setattr(pa, "MERGE_IN_KERNEL_MAX_SEQS", 1)
     launched = []
-    monkeypatch.setattr(pa, "_reduce_kernel", _Recorder(pa._reduce_kernel, launched))
+    monkeypatch.setattr(pa, "_reduce_kernel", LaunchRecorder(pa._reduce_kernel, launched))
     run_attention("decode", torch.float32, hq=4, hkv=2, d=16, num_segments=8, tile_n=16, merge_in_kernel=True,
                   sinks=random_sinks(4))  # fmt: skip
     counters = importlib.import_module("atomc.kernels.triton.arrivals").counters(torch.device("cpu"), "split_kv_merge")
@@ -122,17 +123,6 @@ def test_in_kernel_merge_launches_no_reduce_and_leaves_the_counters_zero(monkeyp
     assert len(launched) == 1
     ref = attention_reference(q, k_cache, v_cache, meta, 0.25, 0, None)
     assert rel_err(out[:1], ref[:1]) < TOL[torch.float32]  # the one query row (padding rows follow)
-
-
-class _Recorder:
-    """A kernel's launcher that records each launch and then launches."""
-
-    def __init__(self, kernel, launched):
-        self.kernel, self.launched = kernel, launched
-
-    def __getitem__(self, grid):
-        self.launched.append(grid)
-        return self.kernel[grid]
 
 
 @needs_loops

@@ -17,7 +17,7 @@ if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
 
 triton = pytest.importorskip("triton")
-from triton_kernel_cases import make_moe, rel_err  # noqa: E402
+from triton_kernel_cases import LaunchRecorder, make_moe, rel_err  # noqa: E402
 
 from atomc.kernels.triton import arrivals, moe_config  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
@@ -70,24 +70,13 @@ def test_gemv_fused_combine_equals_the_combine_kernel():
     torch.testing.assert_close(fused_experts(*args, config=GEMV), fused_experts(*args, config=GEMV_UNFUSED))
 
 
-class _Recorder:
-    """A kernel's launcher that records each launch and then launches."""
-
-    def __init__(self, kernel, launched):
-        self.kernel, self.launched = kernel, launched
-
-    def __getitem__(self, grid):
-        self.launched.append(grid)
-        return self.kernel[grid]
-
-
 @pytest.fixture
 def combine_in_down(monkeypatch):
     """COMBINE_IN_DOWN_ONE_TOKEN on; yields the list of combine-kernel launches."""
     moe = importlib.import_module("atomc.kernels.triton.moe")
     monkeypatch.setattr(moe, "COMBINE_IN_DOWN_ONE_TOKEN", True)
     launched = []
-    monkeypatch.setattr(moe, "moe_combine_kernel", _Recorder(moe.moe_combine_kernel, launched))
+    monkeypatch.setattr(moe, "moe_combine_kernel", LaunchRecorder(moe.moe_combine_kernel, launched))
     yield launched
     assert not arrivals.counters(torch.device("cpu"), "moe_down_combine").any(), "counters left for the next launch"
 

@@ -177,3 +177,15 @@ def release_behind_window(meta, k_cache, v_cache, window, fill):
     if not (tables == null).any():
         return None
     return dataclasses.replace(meta, block_tables=tables)
+
+
+class LaunchRecorder:
+    """Stands in for a Triton kernel's launcher: records each launch's grid, then launches (a test
+    that a kernel was, or was not, launched)."""
+
+    def __init__(self, kernel, launched: list):
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(grid)
+        return self.kernel[grid]
