@@ -5,10 +5,11 @@ Pattern:      q, s = atomc.fp8_quant_dynamic(x, g);               y = atomc.fp8_
 Replacement:  y = atomc.fp8_linear_dynamic(x, g, w, ws, b, dt, False)  (h, ..., True)
 The quants left after the norm fusions are the o projection's (its input comes from attention) and
 the down projection's (fused with SiLU·mul). As part of the linear, a backend may skip them: the CUDA
-backend does at one row (atomc/ops/fp8_linear.py), which takes a launch a linear off the batch-1
-step. Declined when the quant's outputs have another reader (share_fp8_quant left it to several
-GEMMs, or something else reads the e4m3 copy) and for a scale other than per token (per tensor,
-0, needs the whole batch's amax). On ROCm the quant and AITER's GEMM stay apart: the
+backend can at one row (W8A16, atomc/ops/fp8_linear.py), a launch a linear off the batch-1 step,
+but that path is off: an H100 timed it slower end to end (docs/quantization.md). Declined when
+the quant's outputs have another reader (share_fp8_quant left it to several GEMMs, or something
+else reads the e4m3 copy) and for a scale other than per token (per tensor, 0, needs the whole
+batch's amax). On ROCm the quant and AITER's GEMM stay apart: the
 op has no AITER binding and no one-row path there has been measured.
 """
 
