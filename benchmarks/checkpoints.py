@@ -399,8 +399,25 @@ def tiny_config(name: str | dict) -> dict:
     return cfg
 
 
-def model_config(name: str, tiny: bool = False) -> dict:
-    return tiny_config(name) if tiny else CONFIGS[name]
+def model_config(name: str, tiny: bool = False, layers: int | None = None) -> dict:
+    cfg = tiny_config(name) if tiny else CONFIGS[name]
+    return cfg if layers is None else with_layers(cfg, layers)
+
+
+def with_layers(cfg: dict, layers: int) -> dict:
+    """`cfg` cut to its first `layers` decoder layers (every width kept), e.g. so that a bf16 model
+    and its FP8 twin both fit one card in the same call; per-layer fields are cut to match."""
+    if not 1 <= layers <= cfg["num_hidden_layers"]:
+        raise ValueError(f"layers must be within 1..{cfg['num_hidden_layers']} (got {layers})")
+    cfg = json.loads(json.dumps(cfg))  # a deep copy
+    cfg["num_hidden_layers"] = layers
+    if "layer_types" in cfg:
+        cfg["layer_types"] = cfg["layer_types"][:layers]
+    if "max_window_layers" in cfg:
+        cfg["max_window_layers"] = min(cfg["max_window_layers"], layers)
+    if "first_k_dense_replace" in cfg:
+        cfg["first_k_dense_replace"] = min(cfg["first_k_dense_replace"], layers)
+    return cfg
 
 
 # ids 3 .. 97: one printable ASCII character each, so a grammar (JSON, a regex) can spell its text
@@ -423,11 +440,13 @@ def synthetic_tokenizer(vocab_size: int, out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
 
 
-def make_checkpoint(name: str, root: Path, tiny: bool = False) -> Path:
-    """`root/name` (or `root/name-tiny`) with config.json and the synthetic tokenizer; kept if there."""
+def make_checkpoint(name: str, root: Path, tiny: bool = False, layers: int | None = None) -> Path:
+    """`root/name` (`root/name-tiny`, `root/name-{layers}l`) with config.json and the synthetic
+    tokenizer; kept if there."""
     if name not in CONFIGS:
         raise ValueError(f"unknown benchmark model {name!r}; known: {', '.join(CONFIGS)}")
-    return write_checkpoint(model_config(name, tiny), Path(root) / (name + ("-tiny" if tiny else "")))
+    suffix = ("-tiny" if tiny else "") + (f"-{layers}l" if layers is not None else "")
+    return write_checkpoint(model_config(name, tiny, layers), Path(root) / (name + suffix))
 
 
 def write_checkpoint(cfg: dict, out: Path) -> Path:

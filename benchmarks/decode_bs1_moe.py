@@ -74,17 +74,20 @@ def child_command(args, engine: str) -> list[str]:
     if ENGINES[engine][0] != "atomc" and tp > 1:
         raise SystemExit(f"{engine} runs on one GPU: --tensor-parallel-size applies to the atomc engines only")
     if engine == "gpt-fast":
+        if getattr(args, "layers", None):
+            raise SystemExit("the gpt-fast peer builds the whole model: --layers applies to the other engines")
         if args.model != "mixtral-8x7b":
             raise SystemExit("the gpt-fast peer is its Mixtral example: --model mixtral-8x7b only")
         cmd = [sys.executable, str(HERE / "peers" / "gpt_fast_mixtral.py"), "--max-new-tokens", str(args.output_len)]
         return cmd + (["--tiny"] if args.tiny else [])
     cmd = [sys.executable, __file__, "--model", args.model, "--root", args.root, "--child", engine,
            "--tensor-parallel-size", str(tp)]  # fmt: skip
-    return cmd + (["--tiny"] if args.tiny else [])
+    layers = getattr(args, "layers", None)
+    return cmd + (["--tiny"] if args.tiny else []) + (["--layers", str(layers)] if layers else [])
 
 
 def run_engine_here(args, engine: str) -> dict:
-    model_dir = str(make_checkpoint(args.model, Path(args.root), tiny=args.tiny))
+    model_dir = str(make_checkpoint(args.model, Path(args.root), tiny=args.tiny, layers=args.layers))
     device = "cpu" if args.tiny else "cuda"
     vocab = model_config(args.model, args.tiny)["vocab_size"]
     lens = dict(prompt_len=args.prompt_len, output_len=args.output_len, vocab=vocab)
@@ -109,6 +112,12 @@ def main() -> None:
     ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                     help="the atomc engines over N GPUs (atomc-ep: whole experts per rank); the roofline is then "
                          "N GPUs' bandwidth")  # fmt: skip
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="the model cut to its first N layers (widths kept): a bf16 / FP8 pair that fits one card",
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -120,8 +129,8 @@ def main() -> None:
     engines = (args.engines or PEERS[args.model]).split(",")
     for engine in engines:
         child_command(args, engine)  # an unknown engine fails before any GPU time is spent
-    make_checkpoint(args.model, Path(args.root), tiny=args.tiny)  # once, before the children race for it
-    cfg = model_config(args.model, args.tiny)
+    make_checkpoint(args.model, Path(args.root), tiny=args.tiny, layers=args.layers)  # once, before the children race
+    cfg = model_config(args.model, args.tiny, args.layers)
     bw = args.bandwidth or (NOMINAL_CPU_BANDWIDTH if args.tiny else ceilings.measure()["bandwidth"])
     # the formats the engines run (bf16 always: the reference); DeepSeek has no FP8 count (nor FP8 run)
     table = engine_table(cfg)
@@ -131,7 +140,7 @@ def main() -> None:
     roofline = rooflines["bf16"]
     shape = ceilings.moe_shape(cfg)
     results = {
-        "model": args.model + (" (tiny)" if args.tiny else ""),
+        "model": args.model + (" (tiny)" if args.tiny else "") + (f" ({args.layers} layers)" if args.layers else ""),
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
         "bandwidth_TBps": bw / 1e12,

@@ -43,6 +43,26 @@ def test_gpt_fast_is_the_mixtral_peer_only():
     assert cmd[1].endswith("peers/gpt_fast_mixtral.py") and "--tiny" in cmd
 
 
+def test_layers_cut_the_model_and_reach_the_child(tmp_path):
+    import transformers
+
+    # GPT-OSS: its per-layer window list is cut with the layers
+    folder = checkpoints.make_checkpoint("gpt-oss-20b", tmp_path, layers=3)
+    assert folder.name == "gpt-oss-20b-3l"
+    cfg = transformers.AutoConfig.from_pretrained(folder)
+    full = checkpoints.CONFIGS["gpt-oss-20b"]
+    assert cfg.num_hidden_layers == 3 and list(cfg.layer_types) == full["layer_types"][:3]
+    assert cfg.hidden_size == full["hidden_size"] and cfg.num_local_experts == full["num_local_experts"]
+    assert checkpoints.CONFIGS["gpt-oss-20b"]["num_hidden_layers"] == 24  # the table is not touched
+    with pytest.raises(ValueError, match="within 1..32"):
+        checkpoints.model_config("mixtral-8x7b", layers=33)
+    args = type("Args", (), {"model": "mixtral-8x7b", "tiny": False, "output_len": 24, "root": "/tmp", "layers": 20})()
+    cmd = decode_bs1_moe.child_command(args, "atomc-fp8")
+    assert cmd[cmd.index("--layers") + 1] == "20"
+    with pytest.raises(SystemExit, match="whole model"):
+        decode_bs1_moe.child_command(args, "gpt-fast")
+
+
 @pytest.mark.parametrize("name", checkpoints.MOE_MODELS)
 def test_tiny_checkpoint_is_a_config_transformers_reads(name, tmp_path):
     import transformers
