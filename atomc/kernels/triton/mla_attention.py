@@ -73,6 +73,7 @@ from atomc.kernels.triton.paged_attention import (
     to_f16_clamped,
 )
 from atomc.kernels.triton.pdl import after_producer
+from atomc.kernels.triton.split_kv_merge import merge_partials
 
 # c_kv columns a split-KV merge program takes (0: the whole row). With the whole row, V2-Lite's 16
 # heads at batch 1 leave one merge program reading every partial (16 segments x 16 heads x 512
@@ -266,29 +267,10 @@ def _mla_reduce_kernel(
     head = head_block * RED_H + offs_m % RED_H
     row_ok = (q_local < q_len) & (head < NUM_HEADS)
     tok = (q_start + q_local).to(tl.int64)
-    offs_s = tl.arange(0, NUM_SEGMENTS)
-    offs_c = tl.program_id(1) * RED_C + tl.arange(0, RED_C)
-
-    base = (tok * NUM_HEADS + head) * NUM_SEGMENTS
-    wrote = row_ok[:, None] & (offs_s < used)[None, :]
-    m = tl.load(part_m_ptr + base[:, None] + offs_s[None, :], mask=wrote, other=float("-inf"))
-    lsum = tl.load(part_l_ptr + base[:, None] + offs_s[None, :], mask=wrote, other=0.0)
-    m_max = tl.max(m, 1)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.exp2(m - m_max[:, None])  # a segment with no visible key (m = -inf) weighs 0
-    denom = tl.sum(w * lsum, 1)
-    acc = tl.zeros([RED_M, RED_C], tl.float32)
-    for s in range(0, used):
-        a = tl.load(part_acc_ptr + (base + s)[:, None] * BLOCK_C + offs_c[None, :], mask=row_ok[:, None], other=0.0)
-        w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
-        acc += a * w_s[:, None]
-    denom = tl.where(denom > 0, denom, 1.0)  # no key at all (a graph's padding sequence): zeros
-    o = acc / denom[:, None]
-    tl.store(
-        out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_c[None, :],
-        o.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & (offs_c < KV_LORA)[None, :],
-    )
+    merge_partials(
+        out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_m_ptr, tok, head, row_ok, used, stride_ot, stride_oh,
+        tl.program_id(1) * RED_C, KV_LORA, RED_M, RED_C, BLOCK_C, NUM_HEADS, NUM_SEGMENTS, False,
+    )  # fmt: skip
 
 
 def _mla_segments(device: torch.device, num_seqs: int, head_blocks: int, max_seq_len: int, tile_n: int) -> int:

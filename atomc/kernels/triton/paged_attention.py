@@ -194,7 +194,7 @@ def _attn_kernel(
                 reset(counter)
                 merge_partials(
                     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used,
-                    stride_ot, stride_oh, HEAD_DIM, BLOCK_M, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS, SINKS,
+                    stride_ot, stride_oh, 0, HEAD_DIM, BLOCK_M, BLOCK_D, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS, SINKS,
                 )  # fmt: skip
     else:
         if SINKS:
@@ -268,8 +268,8 @@ def _reduce_kernel(
     row_ok = (offs_m < BLOCK_Q * GROUP) & (q_local < q_len)
     tok = (q_start + q_local).to(tl.int64)
     merge_partials(
-        out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used, stride_ot, stride_oh,
-        HEAD_DIM, BLOCK_M, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS, SINKS,
+        out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used, stride_ot, stride_oh, 0,
+        HEAD_DIM, BLOCK_M, BLOCK_D, BLOCK_D, NUM_Q_HEADS, NUM_SEGMENTS, SINKS,
     )  # fmt: skip
 
 

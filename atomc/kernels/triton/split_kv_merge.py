@@ -24,15 +24,17 @@ def fold_sink(sinks_ptr, head, m_i, l_i, acc):
 
 @triton.jit
 def merge_partials(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr, SINKS: tl.constexpr,
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, sinks_ptr, tok, head, row_ok, used, stride_ot, stride_oh, col0,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ACC_COLS: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SINKS: tl.constexpr,
 ):  # fmt: skip
-    """The rows' output from the partials of their first `used` segments (the reduce kernel's body,
-    and the attention kernel's last segment program with MERGE_LAST). Other programs wrote the
-    partials: ".cg" reads them from L2, past this SM's L1."""
+    """The rows' output columns [col0, col0 + BLOCK_D) from the partials of their first `used`
+    segments (the reduce kernels' body, and the attention kernel's last segment program with
+    MERGE_LAST). A partial row holds ACC_COLS values: BLOCK_D where one program merges a whole
+    head (col0 0), the latent's width where MLA's merge takes it a column piece a program. Other
+    programs wrote the partials: ".cg" reads them from L2, past this SM's L1."""
     offs_s = tl.arange(0, NUM_SEGMENTS)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = col0 + tl.arange(0, BLOCK_D)
     base = (tok * NUM_Q_HEADS + head) * NUM_SEGMENTS
     idx = base[:, None] + offs_s[None, :]
     wrote = row_ok[:, None] & (offs_s < used)[None, :]
@@ -45,14 +47,14 @@ def merge_partials(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for s in range(0, used):
         a = tl.load(
-            part_acc_ptr + (base + s)[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+            part_acc_ptr + (base + s)[:, None] * ACC_COLS + offs_d[None, :], mask=row_ok[:, None], other=0.0,
             cache_modifier=".cg",
         )  # fmt: skip
         w_s = tl.sum(tl.where(offs_s[None, :] == s, w, 0.0), 1)
         acc += a * w_s[:, None]
     if SINKS:
         _, denom, acc = fold_sink(sinks_ptr, head, m_max, denom, acc)
-    denom = tl.where(denom > 0, denom, 1.0)
+    denom = tl.where(denom > 0, denom, 1.0)  # no key at all (a graph's padding sequence): zeros
     o = acc / denom[:, None]
     o_rows = tok * stride_ot + head * stride_oh
     tl.store(
