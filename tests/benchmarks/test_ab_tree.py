@@ -15,8 +15,8 @@ pytestmark = pytest.mark.skipif(not (ROOT / ".git").exists(), reason="ab_tree co
 
 def test_a_copy_with_a_switch_on_imports_it(tmp_path):
     out = tmp_path / "on"
-    lines = ab_tree.write_tree(out, ["atomc.kernels.triton.head_matmul.ONE_ROW=True"])
-    assert lines == ["ONE_ROW = True"]
+    lines = ab_tree.write_tree(out, ["atomc.kernels.triton.head_matmul.ONE_ROW=False"])
+    assert lines == ["ONE_ROW = False"]  # HEAD has it on
     # the module, not the package's function of the same name
     code = (
         "import importlib; m = importlib.import_module('atomc.kernels.triton.head_matmul'); "
@@ -24,7 +24,7 @@ def test_a_copy_with_a_switch_on_imports_it(tmp_path):
     )
     got = subprocess.run([sys.executable, "-c", code], cwd=out, capture_output=True, text=True, check=True)
     flag, path = got.stdout.split()
-    assert flag == "True" and Path(path).resolve().is_relative_to(out.resolve())
+    assert flag == "False" and Path(path).resolve().is_relative_to(out.resolve())
     assert (out / "benchmarks" / "decode_bs1.py").is_file() and not (out / ".git").exists()
 
 
