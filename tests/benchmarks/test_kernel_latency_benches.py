@@ -1,4 +1,4 @@
-"""The --tiny modes of benchmarks/decode_attention_short.py and fp8_quant_kernels.py (the CPU smoke
+"""The --tiny modes of benchmarks/decode_attention_short.py, fp8_quant_kernels.py and head_matmul.py (the CPU smoke
 runs through the Triton interpreter): every config of their grids runs, agrees with the first
 config's output (the scripts assert it), and lands in the JSON. In child processes: the interpreter
 setting must precede triton's first import."""
@@ -37,3 +37,11 @@ def test_fp8_quant_kernels_tiny(tmp_path):
     rows = run_tiny("fp8_quant_kernels.py", tmp_path / "quant.json")["rows"]
     assert {r["op"].split()[0] for r in rows} == {"rms_norm_quant", "silu_and_mul_quant", "quant_dynamic"}
     assert all(r.get("same_as_default") for r in rows), rows
+
+
+def test_head_matmul_tiny(tmp_path):
+    rows = run_tiny("head_matmul.py", tmp_path / "head.json")["results"]
+    # both products, the bmm and every tile of the grid, each checked against the bmm
+    assert {r["product"] for r in rows} == {"columns (W_UK)", "rows (W_UV^T)"}
+    assert sum(r["config"] == "bmm" for r in rows) == 2 and len(rows) == 6
+    assert all(r["rel_err"] < 1e-5 for r in rows)
