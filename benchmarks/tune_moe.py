@@ -18,7 +18,8 @@ with the down tile at its default (the one-token down tile also chooses whether 
 into it), then the down tile with the best gate/up (the sorted route's two
 GEMMs share block_m, searched outside). Each candidate is timed as in benchmarks/moe_kernel.py (a
 CUDA graph of calls with different routings, weights from HBM); candidates that fail to compile
-(too much shared memory) are skipped. A few minutes per shape on an H200.
+(too much shared memory) are skipped. A bucket keeps what the device runs today (its own file, its
+family's, or the default) unless a candidate beats it. A few minutes per shape on an H200.
 """
 
 from __future__ import annotations
@@ -105,6 +106,10 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
     dev = tile_device(torch.device(DEV))
     meta = {"shape": name, "device": dev.name, "family": dev.family, "torch": torch.__version__,
             "weights": weights_fmt}  # fmt: skip
+    # what the device runs today (its own file or its family's, else the default), read before this
+    # run writes any bucket: a tuned entry must beat it (ties keep it), so a quick run never ships a slower file
+    current = {t: moe_config.pick_config.__wrapped__(t, e, h, inter, k, BF16, dev.name, moe_config.CONFIG_DIR,
+                                                     fmt, dev.family) for t in tokens}  # fmt: skip
     for t in tokens:
         t0 = time.time()
         calls = []
@@ -132,11 +137,11 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
                 continue
             tiles = [dict(block_m=bm, **tile) for tile in (SORTED_TILES[::2] if quick else SORTED_TILES)]
             found.append(search(time_config, "sorted", tiles, tiles, tiles[0]))
-        best_us, best = min(found, key=lambda f: f[0])
-        if default_us <= best_us:
-            best_us, best = default_us, default
+        current_us = default_us if current[t] == default else time_config(current[t])
+        best_us, best = min([(current_us, current[t]), (default_us, default), *found], key=lambda f: f[0])
         buckets[str(t)] = best
-        print(f"{name} M={t}: {best_us:.1f} us ({best['path']}), default {default_us:.1f} us, {time.time() - t0:.0f} s")
+        print(f"{name} M={t}: {best_us:.1f} us ({best['path']}), default {default_us:.1f} us, "
+              f"current {current_us:.1f} us, {time.time() - t0:.0f} s")  # fmt: skip
         if save is not None:
             save({"buckets": buckets, "meta": meta})
     return {"buckets": buckets, "meta": meta}
