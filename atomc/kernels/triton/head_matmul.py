@@ -29,6 +29,10 @@ from atomc.kernels.triton.pdl import after_producer
 from atomc.ops.head_matmul import head_matmul_out, head_matmul_reference
 
 ONE_ROW = True
+# default tiles (block_n, and the columns kernel's block_k cap); benchmarks/head_matmul.py sweeps them
+ROWS_BLOCK_N = 8
+COLUMNS_BLOCK_N = 64
+COLUMNS_BLOCK_K = 64
 
 
 @triton.jit
@@ -84,7 +88,7 @@ def head_matmul(
     if transpose_w:
         n = w.shape[1]
         assert w.shape == (heads, n, k), f"head_matmul: w {tuple(w.shape)} against x {tuple(x.shape)}"
-        bn, bk = block_n or 8, block_k or min(1024, max(16, triton.next_power_of_2(k)))
+        bn, bk = block_n or ROWS_BLOCK_N, block_k or min(1024, max(16, triton.next_power_of_2(k)))
         _rows_kernel[(heads, triton.cdiv(n, bn))](
             x, w, y, n, k, x.stride(1), w.stride(0), w.stride(1), y.stride(1),
             BLOCK_N=bn, BLOCK_K=bk, num_warps=num_warps, **pdl.launch(x),
@@ -92,7 +96,7 @@ def head_matmul(
     else:
         n = w.shape[2]
         assert w.shape == (heads, k, n), f"head_matmul: w {tuple(w.shape)} against x {tuple(x.shape)}"
-        bn, bk = block_n or 64, block_k or min(64, max(16, triton.next_power_of_2(k)))
+        bn, bk = block_n or COLUMNS_BLOCK_N, block_k or min(COLUMNS_BLOCK_K, max(16, triton.next_power_of_2(k)))
         _columns_kernel[(heads, triton.cdiv(n, bn))](
             x, w, y, n, k, x.stride(1), w.stride(0), w.stride(1), y.stride(1),
             BLOCK_N=bn, BLOCK_K=bk, num_warps=num_warps, **pdl.launch(x),
