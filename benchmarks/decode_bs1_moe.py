@@ -21,11 +21,14 @@ bandwidth measured in the same call, counted per engine in its weights' format: 
 FP8 engines the linears and experts at a byte a value plus fp32 row scales (router, norms, lm_head
 and KV bf16); `speedups` gives each FP8 engine's decode rate over its bf16 counterpart's.
 `--tiny` runs the same code on the CPU with 2 small layers and a nominal bandwidth, to catch a
-broken path before it costs GPU time.
+broken path before it costs GPU time. `--layers N` cuts the model to its first N layers (every
+width kept, the roofline counted for the cut), so that a bf16 model and its FP8 twin both fit one
+card: Mixtral-8x7B's 93 GB of bf16 do not fit an 80 GB H100, its first 20 layers do.
 
     python benchmarks/decode_bs1_moe.py --model mixtral-8x7b --out OUT/decode_bs1_mixtral-8x7b.json
     python benchmarks/decode_bs1_moe.py --model qwen3-30b-a3b --engines atomc,atomc-fp8 --out OUT/q.json
     python benchmarks/decode_bs1_moe.py --model qwen3-30b-a3b --tiny
+    python benchmarks/decode_bs1_moe.py --model mixtral-8x7b --layers 20 --engines atomc-fp8,atomc  # 80 GB
     python benchmarks/decode_bs1_moe.py --model deepseek-v2-lite --out OUT/decode_bs1_deepseek-v2-lite.json
 """
 
