@@ -61,6 +61,7 @@ from torch import nn
 
 import atomc.ops  # noqa: F401  (registers torch.ops.atomc.mla_attention, moe)
 from atomc.kv_spec import MLAAttentionSpec
+from atomc.ops.mla_latent import deinterleave
 from models.arch import ModelArch
 from models.decoder import DecoderForCausalLM, required, stage_kv_specs
 from models.deepseek_mtp import MTPLayer, checkpoint_prefixes, keep_dense_eh_proj, share_absent_tables
@@ -196,11 +197,6 @@ def parse_deepseek_config(arch: ModelArch, version: int) -> DeepseekConfig:
         correction_bias=version == 3,
         num_mtp_layers=num_mtp,
     )
-
-
-def deinterleave(x: torch.Tensor) -> torch.Tensor:
-    """Rope dims paired (0, 1), (2, 3), ... -> the evens then the odds (rotate-half's pairing)."""
-    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
 class MLAAttention(nn.Module):
