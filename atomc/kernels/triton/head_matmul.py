@@ -29,10 +29,12 @@ from atomc.kernels.triton.pdl import after_producer
 from atomc.ops.head_matmul import head_matmul_out, head_matmul_reference
 
 ONE_ROW = True
-# default tiles (block_n, and the columns kernel's block_k cap); benchmarks/head_matmul.py sweeps them
-ROWS_BLOCK_N = 8
-COLUMNS_BLOCK_N = 64
-COLUMNS_BLOCK_K = 64
+# default tiles (block_n, block_k cap, num_warps), by whether a rank has at most FEW_HEADS heads (16:
+# V2-Lite, and V3 at TP 8) or more (V3's 128 on one GPU): the fastest of benchmarks/head_matmul.py's
+# sweep on an H100 (performance.md section 21). The columns kernel wants K (nope, 128) in one tile.
+FEW_HEADS = 32
+ROWS_TILE = {True: (8, 512, 4), False: (16, 256, 2)}
+COLUMNS_TILE = {True: (64, 128, 2), False: (64, 64, 2)}
 
 
 @triton.jit
@@ -76,7 +78,7 @@ def _columns_kernel(
 
 def head_matmul(
     x: torch.Tensor, w: torch.Tensor, transpose_w: bool, *, one_row: bool | None = None,
-    block_n: int | None = None, block_k: int | None = None, num_warps: int = 4,
+    block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """atomc::head_matmul (same arguments); `one_row` (default ONE_ROW) and the tiles are knobs
     for tests and benchmarks."""
@@ -85,20 +87,18 @@ def head_matmul(
         return head_matmul_reference(x, w, transpose_w)
     heads, k = x.shape[1], x.shape[2]
     y = head_matmul_out(x, w, transpose_w)
+    tile_n, tile_k, warps = (ROWS_TILE if transpose_w else COLUMNS_TILE)[heads <= FEW_HEADS]
+    bn, bk = block_n or tile_n, block_k or min(tile_k, max(16, triton.next_power_of_2(k)))
     if transpose_w:
         n = w.shape[1]
         assert w.shape == (heads, n, k), f"head_matmul: w {tuple(w.shape)} against x {tuple(x.shape)}"
-        bn, bk = block_n or ROWS_BLOCK_N, block_k or min(1024, max(16, triton.next_power_of_2(k)))
-        _rows_kernel[(heads, triton.cdiv(n, bn))](
-            x, w, y, n, k, x.stride(1), w.stride(0), w.stride(1), y.stride(1),
-            BLOCK_N=bn, BLOCK_K=bk, num_warps=num_warps, **pdl.launch(x),
-        )  # fmt: skip
+        kernel = _rows_kernel
     else:
         n = w.shape[2]
         assert w.shape == (heads, k, n), f"head_matmul: w {tuple(w.shape)} against x {tuple(x.shape)}"
-        bn, bk = block_n or COLUMNS_BLOCK_N, block_k or min(COLUMNS_BLOCK_K, max(16, triton.next_power_of_2(k)))
-        _columns_kernel[(heads, triton.cdiv(n, bn))](
-            x, w, y, n, k, x.stride(1), w.stride(0), w.stride(1), y.stride(1),
-            BLOCK_N=bn, BLOCK_K=bk, num_warps=num_warps, **pdl.launch(x),
-        )  # fmt: skip
+        kernel = _columns_kernel
+    kernel[(heads, triton.cdiv(n, bn))](
+        x, w, y, n, k, x.stride(1), w.stride(0), w.stride(1), y.stride(1),
+        BLOCK_N=bn, BLOCK_K=bk, num_warps=num_warps or warps, **pdl.launch(x),
+    )  # fmt: skip
     return y
