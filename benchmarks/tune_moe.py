@@ -4,6 +4,7 @@ atomc/kernels/triton/moe_config.py reads (configs/E=..,H=..,I=..,topk=..,dtype=.
     python benchmarks/tune_moe.py --shapes qwen3_moe [--tokens 1,8,64,512] [--quick] [--out-dir DIR]
     python benchmarks/tune_moe.py --shapes gpt_oss --weights mxfp4   # quantised experts' own file
     python benchmarks/tune_moe.py --shapes deepseek_v3 --weights fp8_block --tokens 2,8 --merge  # add buckets
+    python benchmarks/tune_moe.py --tiny --shapes qwen3_moe --out-dir /tmp/tiles  # CPU smoke run (interpreter)
 
 `--weights mxfp4 | fp8_channel | fp8_block` tunes the quantised kernels (moe_quant.py) on the
 experts quantised as benchmarks/moe_kernel.py does it, into the file named with the format
@@ -30,8 +31,9 @@ import json
 import time
 from pathlib import Path
 
+import moe_kernel
 import torch
-from moe_kernel import BF16, DEV, SHAPES, graph_time_us, quantize_experts
+from moe_kernel import SHAPES, graph_time_us, quantize_experts
 
 from atomc.kernels.triton import moe_config
 from atomc.kernels.triton.moe import fused_experts
@@ -54,6 +56,7 @@ SORTED_TILES = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s)
                 for n, k, w, s in ((64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
                                    (128, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 4), (256, 64, 8, 3))]  # fmt: skip
 SORTED_BLOCK_M = (16, 32, 64, 128)
+TOY_SHAPE = (4, 32, 32, 2, "silu", False)  # --tiny --shapes toy: the smallest, for the test suite
 
 
 def timer(weights13, weights2, b13, b2, act, calls, weights_fmt: str = "bf16"):
@@ -91,8 +94,21 @@ def search(time_config, path: str, gate_up_tiles: list[dict], down_tiles: list[d
     return best_us, {**base, "down": down_tiles[best_dn]}
 
 
-def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf16", save=None) -> dict:
-    """`save(result)` is called after every bucket, so a run cut short keeps the buckets it finished."""
+def choose(current: tuple[float, dict], default: tuple[float, dict], found: list[tuple[float, dict]]) -> tuple:
+    """The (µs, configuration) a bucket keeps: the fastest, the current one on a tie, then the default."""
+    return min([current, default, *found], key=lambda f: f[0])
+
+
+def tune_shape(
+    name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf16", save=None, first_only: bool = False
+) -> dict:
+    """`save(result)` is called after every bucket, so a run cut short keeps the buckets it finished.
+    `quick` tries a third of each grid (half the sorted one), `first_only` (--tiny) one tile of each."""
+    DEV, BF16 = moe_kernel.DEV, moe_kernel.BF16  # noqa: N806  (--tiny sets them in main)
+
+    def grid(tiles: list, quick_step: int) -> list:
+        return tiles[:1] if first_only else tiles[::quick_step] if quick else tiles
+
     e, h, inter, k, act, bias = SHAPES[name]
     g = torch.Generator(DEV).manual_seed(0)
     w13 = (torch.randn(e, 2 * inter, h, generator=g, device=DEV) / h**0.5).to(BF16)
@@ -113,7 +129,7 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
     for t in tokens:
         t0 = time.time()
         calls = []
-        for _ in range(4 if t <= 64 else 2):
+        for _ in range(1 if first_only else 4 if t <= 64 else 2):
             weights, ids = select_experts(torch.randn(t, e, generator=g, device=DEV), k)
             calls.append((torch.randn(t, h, generator=g, device=DEV).to(BF16), weights, ids))
         time_config = timer(w13, w2, b13, b2, act, calls, weights_fmt)
@@ -121,8 +137,7 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
         default_us = time_config(default)
         found = []
         if t == 1:
-            tiles = GEMV_TILES[::3] if quick else GEMV_TILES
-            down = GEMV_DOWN_TILES[::3] if quick else GEMV_DOWN_TILES
+            tiles, down = grid(GEMV_TILES, 3), grid(GEMV_DOWN_TILES, 3)
             if fmt:  # the quantised one-token route always fuses the combine
                 down = [tile for tile in down if tile["fuse_combine"]]
             if fmt in moe_config.PACKED_GEMV:  # each tile on both loops (the knob decides, not the default)
@@ -130,15 +145,15 @@ def tune_shape(name: str, tokens: list[int], quick: bool, weights_fmt: str = "bf
                 down = [dict(tile, packed_f16=p) for tile in down for p in (False, True)]
             found.append(search(time_config, "gemv", tiles, down, default["gate_up"]))
         if t * k <= moe_config.SMALL_PATH_MAX_PAIRS:
-            tiles = SMALL_TILES[::3] if quick else SMALL_TILES
+            tiles = grid(SMALL_TILES, 3)
             found.append(search(time_config, "small", tiles, tiles, moe_config.default_config(2, 1, e)["gate_up"]))
         for bm in SORTED_BLOCK_M[1::2] if quick else SORTED_BLOCK_M:
             if bm > 2 * max(16, t * k):  # rows mostly padding
                 continue
-            tiles = [dict(block_m=bm, **tile) for tile in (SORTED_TILES[::2] if quick else SORTED_TILES)]
+            tiles = [dict(block_m=bm, **tile) for tile in grid(SORTED_TILES, 2)]
             found.append(search(time_config, "sorted", tiles, tiles, tiles[0]))
         current_us = default_us if current[t] == default else time_config(current[t])
-        best_us, best = min([(current_us, current[t]), (default_us, default), *found], key=lambda f: f[0])
+        best_us, best = choose((current_us, current[t]), (default_us, default), found)
         buckets[str(t)] = best
         print(f"{name} M={t}: {best_us:.1f} us ({best['path']}), default {default_us:.1f} us, "
               f"current {current_us:.1f} us, {time.time() - t0:.0f} s")  # fmt: skip
@@ -157,15 +172,25 @@ def main() -> None:
     ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
     ap.add_argument("--merge", action="store_true",
                     help="keep the buckets an existing file in --out-dir has and this run does not tune")  # fmt: skip
+    ap.add_argument("--tiny", action="store_true",
+                    help="toy shapes on the CPU (TRITON_INTERPRET=1, fp32), one tile a grid: a smoke run")  # fmt: skip
     args = ap.parse_args()
     global VERBOSE
     VERBOSE = args.verbose
+    if args.tiny:
+        if args.out_dir == moe_config.CONFIG_DIR:
+            raise SystemExit("--tiny tunes toy shapes: give --out-dir (not the shipped configs)")
+        moe_kernel.DEV, moe_kernel.BF16 = "cpu", torch.float32
+        SHAPES.update(moe_kernel.TINY_SHAPES, toy=TOY_SHAPE)
+        if args.tokens == ",".join(map(str, BUCKETS)):
+            args.tokens = "1,3"
     tokens = [int(t) for t in args.tokens.split(",")]
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    device_name = tile_device(torch.device(moe_kernel.DEV)).name
     for name in args.shapes.split(","):
         e, h, inter, k, _, _ = SHAPES[name]
         fmt = "" if args.weights == "bf16" else args.weights
-        path = args.out_dir / moe_config.config_name(e, h, inter, k, BF16, tile_device(torch.device(DEV)).name, fmt)
+        path = args.out_dir / moe_config.config_name(e, h, inter, k, moe_kernel.BF16, device_name, fmt)
         kept = json.loads(path.read_text())["buckets"] if args.merge and path.is_file() else {}
 
         def save(result: dict, path: Path = path, kept: dict = kept) -> None:
@@ -173,9 +198,10 @@ def main() -> None:
             buckets = {m: merged[m] for m in sorted(merged, key=int)}
             path.write_text(json.dumps({**result, "buckets": buckets}, indent=1) + "\n")
 
-        tune_shape(name, tokens, args.quick, args.weights, save=save)
+        tune_shape(name, tokens, args.quick, args.weights, save=save, first_only=args.tiny)
         print(f"wrote {path}")
-        torch.cuda.empty_cache()
+        if moe_kernel.DEV == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
