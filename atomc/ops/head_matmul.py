@@ -10,6 +10,12 @@ The reference is torch.bmm over the head axis. `x` and `w` may be strided views 
 of q's heads, W_UK and W_UV are per-head slices of kv_b_proj's weight); each row of the last
 dimension must be contiguous. An op rather than a bmm in the model, so a backend can run the
 one-token case (batch-1 decode) on its own kernel (atomc/kernels/triton/head_matmul.py).
+
+The output's layout is part of the contract (`head_matmul_out`): W_UV's product (transpose_w) is
+token-major and contiguous, since the layer flattens its heads into o_proj's input, and a compiled
+graph would otherwise copy it there (a kernel a layer, even at one token, where the shapes are
+symbolic); W_UK's keeps bmm's heads-outermost layout, which the attention kernel reads through
+its strides, so many tokens pay no copy.
 """
 
 from __future__ import annotations
@@ -21,16 +27,20 @@ def head_matmul_reference(x: torch.Tensor, w: torch.Tensor, transpose_w: bool) -
     """The op's body as a plain function (a backend's fallback calls it without dispatching)."""
     if x.dim() != 3 or w.dim() != 3 or x.shape[1] != w.shape[0]:
         raise ValueError(f"head_matmul: x {tuple(x.shape)} and w {tuple(w.shape)} are not [T, H, K] and [H, ., .]")
-    w = w.transpose(1, 2) if transpose_w else w
-    if w.shape[1] != x.shape[2]:
-        raise ValueError(f"head_matmul: x's K {x.shape[2]} against w's {w.shape[1]}")
-    return torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
+    w_kn = w.transpose(1, 2) if transpose_w else w
+    if w_kn.shape[1] != x.shape[2]:
+        raise ValueError(f"head_matmul: x's K {x.shape[2]} against w's {w_kn.shape[1]}")
+    y = torch.bmm(x.transpose(0, 1), w_kn).transpose(0, 1)
+    # W_UV's: copied into the token-major layout, its strides exactly the fake's (one token too)
+    return head_matmul_out(x, w, transpose_w).copy_(y) if transpose_w else y
 
 
 def head_matmul_out(x: torch.Tensor, w: torch.Tensor, transpose_w: bool) -> torch.Tensor:
-    """An uninitialised output in the layout every backend returns: bmm's, heads outermost
-    ([T, H, N] with strides (N, T * N, 1))."""
+    """An uninitialised output in the layout every backend returns: [T, H, N], token-major and
+    contiguous for transpose_w (W_UV), else bmm's, heads outermost (strides (N, T * N, 1))."""
     t, h, n = x.shape[0], x.shape[1], w.shape[1] if transpose_w else w.shape[2]
+    if transpose_w:
+        return x.new_empty((t, h, n))
     return x.new_empty_strided((t, h, n), (n, t * n, 1))
 
 

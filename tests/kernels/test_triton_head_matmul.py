@@ -78,3 +78,41 @@ def test_the_op_checks_its_shapes():
         torch.ops.atomc.head_matmul(x, torch.randn(4, 8, 32), False)
     with pytest.raises(ValueError, match="not"):
         torch.ops.atomc.head_matmul(x, torch.randn(3, 16, 32), False)
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_output_layouts_reference_and_fake_agree(t):
+    # W_UV's product is token-major (the layer flattens it into o_proj: no copy in a compiled graph),
+    # W_UK's keeps bmm's heads-outermost layout; the fake promises what the reference returns
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q_nope, w_uk, w_uv, attn_out = layer_inputs(t, 4, 16, 8, 32, 8, torch.float32)
+    for x, w, transpose_w in ((q_nope, w_uk, False), (attn_out, w_uv, True)):
+        real = torch.ops.atomc.head_matmul(x, w, transpose_w)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = torch.ops.atomc.head_matmul(mode.from_tensor(x), mode.from_tensor(w), transpose_w)
+        assert fake.shape == real.shape and fake.stride() == real.stride(), transpose_w
+        if transpose_w:
+            assert real.is_contiguous() and real.reshape(t, -1).data_ptr() == real.data_ptr()
+        else:
+            assert real.stride() == (real.shape[2], t * real.shape[2], 1)
+
+
+def test_flattening_w_uv_heads_copies_nothing_in_a_symbolic_trace():
+    # what the compiled DeepSeek layer does with W_UV's product (o_proj's input), at a symbolic token
+    # count: a view. W_UK's heads-outermost layout would need a copy (aten.clone) there, which the
+    # decode graph ran as a kernel a layer even at one token.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    _, w_uk, w_uv, attn_out = layer_inputs(3, 4, 16, 8, 32, 8, torch.float32)
+    q_nope = torch.randn(3, 4, 16)
+
+    def ops(x, w, transpose_w):
+        traced = make_fx(
+            lambda a, b: torch.ops.atomc.head_matmul(a, b, transpose_w).reshape(a.shape[0], -1),
+            tracing_mode="symbolic",
+        )(x, w)
+        return {str(n.target) for n in traced.graph.nodes if n.op == "call_function"}
+
+    assert not {"aten.clone.default", "aten._unsafe_view.default"} & ops(attn_out, w_uv, True)
+    assert "aten.clone.default" in ops(q_nope, w_uk, False)  # the layout this test guards against
