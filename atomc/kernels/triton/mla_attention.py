@@ -267,6 +267,7 @@ def _mla_reduce_kernel(
     head = head_block * RED_H + offs_m % RED_H
     row_ok = (q_local < q_len) & (head < NUM_HEADS)
     tok = (q_start + q_local).to(tl.int64)
+    # this program's c_kv piece of each row; no sinks (part_m_ptr fills the unread sinks argument)
     merge_partials(
         out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_m_ptr, tok, head, row_ok, used, stride_ot, stride_oh,
         tl.program_id(1) * RED_C, KV_LORA, RED_M, RED_C, BLOCK_C, NUM_HEADS, NUM_SEGMENTS, False,
