@@ -3,17 +3,11 @@ interpreter with PDL forced on: each program waits once and releases once, store
 wait, and before it loads only the model weights the case names. The interpreter runs programs one
 by one, so each memory access is attributed to its program."""
 
-import os
-import sys
-
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide; test_pdl_gpu.py covers CUDA
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import; test_pdl_gpu.py covers CUDA
 
 triton = pytest.importorskip("triton")
 from mla_latent_cases import layer_inputs  # noqa: E402

@@ -7,17 +7,11 @@ workspace or the barriers (which have not run anywhere: atomc/kernels/triton/all
 The default path (the collective, then the Triton add + norm) runs in a world of one gloo rank.
 """
 
-import os
-import sys
-
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import
 
 pytest.importorskip("triton")
 import torch.distributed as dist  # noqa: E402

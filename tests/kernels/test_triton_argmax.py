@@ -2,17 +2,11 @@
 fp16: the interpreter mishandles bf16; test_triton_argmax_gpu.py adds bf16 on CUDA). Every result
 must equal torch's exactly: the first index of the maximum, the first NaN when a row has one."""
 
-import os
-import sys
-
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide; the _gpu file covers CUDA
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import; the _gpu file covers CUDA
 
 pytest.importorskip("triton")
 from argmax_cases import planted_rows  # noqa: E402

@@ -9,17 +9,11 @@ values straddle a rounding boundary (a different summation order in the norm), s
 values may differ, by one e4m3 step; scales to fp32 round-off.
 """
 
-import os
-import sys
-
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide; test_triton_fp8_gpu.py covers CUDA
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import; test_triton_fp8_gpu.py covers CUDA
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402

@@ -13,17 +13,11 @@ kernel-vs-reference tolerances are the bf16 kernel's (TOL); against attention ov
 K/V the error is e4m3's (3 mantissa bits: about 2^-4 relative per value), bounded below at 6%.
 """
 
-import os
-import sys
-
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide; the GPU file covers CUDA
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import; the GPU file covers CUDA
 
 triton = pytest.importorskip("triton")
 from triton_kernel_cases import (  # noqa: E402

@@ -5,17 +5,12 @@ of q's heads, W_UK / W_UV slices of kv_b_proj's weight), widths that leave tiles
 the fallbacks (more tokens, the switch off)."""
 
 import importlib
-import os
-import sys
 
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import
 
 triton = pytest.importorskip("triton")
 

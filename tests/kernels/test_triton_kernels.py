@@ -2,18 +2,12 @@
 the interpreter mishandles bf16). Sizes are tiny so the whole file runs in well under a minute."""
 
 import importlib
-import os
-import sys
 
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide; test_triton_gpu.py covers CUDA
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    # triton's own @jit helpers (tl.cdiv, reductions) were built for a GPU at import time
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import; test_triton_gpu.py covers CUDA
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402

@@ -6,17 +6,12 @@ decode with and without split-KV, prefill over a cached prefix, mixed batches, s
 then the op binding (atomc_triton::mla_attention) through the forward context, cache write included."""
 
 import importlib
-import os
-import sys
 
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide; test_triton_mla_gpu.py covers CUDA
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import; test_triton_mla_gpu.py covers CUDA
 
 triton = pytest.importorskip("triton")
 from triton_kernel_cases import make_batch, rel_err  # noqa: E402

@@ -2,17 +2,11 @@
 interpreter (fp32 and fp16), on inputs laid out as DeepSeek's layer hands them over: q_pe a slice of
 the per-head q, c_kv and k_pe the two parts of one projection."""
 
-import os
-import sys
-
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide; the GPU test is below
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import; the GPU test is below
 
 pytest.importorskip("triton")
 from mla_latent_cases import layer_inputs  # noqa: E402

@@ -4,17 +4,12 @@ pairs without a sort, many pairs sorted by expert), both activations, biases, an
 that receive no token. Shapes are tiny and not powers of two, so every tile edge is masked."""
 
 import importlib
-import os
-import sys
 
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide; test_triton_moe_gpu.py covers CUDA
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import; test_triton_moe_gpu.py covers CUDA
 
 triton = pytest.importorskip("triton")
 from triton_kernel_cases import LaunchRecorder, make_moe, rel_err  # noqa: E402

@@ -7,17 +7,12 @@ I = 136 are not multiples of 128, so partial scale blocks and every tile edge ar
 blocks' scales differ widely, so a scale read from the wrong block shows."""
 
 import importlib
-import os
-import sys
 
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import
 
 triton = pytest.importorskip("triton")
 from triton_kernel_cases import make_moe, rel_err  # noqa: E402

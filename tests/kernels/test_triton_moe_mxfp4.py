@@ -4,17 +4,11 @@ Triton interpreter, in fp32 and fp16 (the interpreter mishandles bf16): the one-
 the few-pair and the sorted routes, both activations, biases, an expert map. H = 96 and I = 64
 with byte steps that do not divide them, so the byte and scale-group masks are exercised."""
 
-import os
-import sys
-
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide; the GPU file covers CUDA
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import; the GPU file covers CUDA
 
 triton = pytest.importorskip("triton")
 from triton_kernel_cases import make_moe, rel_err  # noqa: E402

@@ -4,17 +4,11 @@ interpreter: every e2m1 code under every e8m0 scale against atomc::moe_quant's d
 values exact in bf16 (the tensor-core route rounds them to bf16 losslessly), and a tile of
 `mxfp4_tile` in input order with its scale groups, including a tile past the row's end."""
 
-import os
-import sys
-
 import pytest
 import torch
+from triton_interpreter import use_interpreter
 
-if torch.cuda.is_available():  # the interpreter setting is process-wide
-    pytest.skip("interpreter tests run on machines without CUDA", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("triton was imported before TRITON_INTERPRET=1; run this file alone", allow_module_level=True)
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import
+use_interpreter()  # before the first triton import
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
