@@ -4,7 +4,7 @@ atomc/kernels/triton/moe_config.py reads (configs/E=..,H=..,I=..,topk=..,dtype=.
     python benchmarks/tune_moe.py --shapes qwen3_moe [--tokens 1,8,64,512] [--quick] [--out-dir DIR]
     python benchmarks/tune_moe.py --shapes gpt_oss --weights mxfp4   # quantised experts' own file
     python benchmarks/tune_moe.py --shapes deepseek_v3 --weights fp8_block --tokens 2,8 --merge  # add buckets
-    python benchmarks/tune_moe.py --tiny --shapes qwen3_moe --out-dir /tmp/tiles  # CPU smoke run (interpreter)
+    python benchmarks/tune_moe.py --tiny --shapes toy --out-dir /tmp/tiles  # CPU smoke run (interpreter)
 
 `--weights mxfp4 | fp8_channel | fp8_block` tunes the quantised kernels (moe_quant.py) on the
 experts quantised as benchmarks/moe_kernel.py does it, into the file named with the format
