@@ -20,10 +20,7 @@ _MATMULS = {"linear", "mm", "addmm", "matmul", "bmm"}
 # atomc's FP8 GEMMs (models/quant/fp8.py): args (xq [..., K], x_scale, weight [N, K], ...)
 # FP8 linears: x is args[0] ([..., K]; fp8_linear_dynamic's may be [..., 2K] before SiLU·mul), the
 # e4m3 weight [N, K] args[2]
-_FP8_GEMMS = {"fp8_gemm", "fp8_block_gemm", "fp8_gemm_shuffled", "fp8_block_gemm_shuffled", "fp8_linear_dynamic",
-              "fp8_linear_add_rms_norm_quant"}  # fmt: skip
-# a bf16 linear with the add + norm after it (atomc/ops/linear_norm.py): x args[0], weight [N, K] args[1]
-_DENSE_LINEAR_OPS = {"linear_add_rms_norm"}
+_FP8_GEMMS = {"fp8_gemm", "fp8_block_gemm", "fp8_gemm_shuffled", "fp8_block_gemm_shuffled", "fp8_linear_dynamic"}
 REF_CONTEXT = 1024
 
 
@@ -101,8 +98,8 @@ def _node_flops(node: torch.fx.Node) -> int:
     if name in ("moe", "moe_quant") and _is_atomc(full):
         moe = moe_node(node)
         return moe["flops_per_token"] if moe else 0
-    if (name in _FP8_GEMMS or name in _DENSE_LINEAR_OPS) and _is_atomc(full):
-        x, w = _shape(node.args[0]), _shape(node.args[2 if name in _FP8_GEMMS else 1])
+    if name in _FP8_GEMMS and _is_atomc(full):
+        x, w = _shape(node.args[0]), _shape(node.args[2])
         return 2 * _numel(x[:-1]) * w[0] * w[1] if x and w and len(w) == 2 else 0
     shapes = [_shape(a) for a in node.args if isinstance(a, torch.fx.Node)]
     if name in _MATMULS and len(shapes) >= 2 and shapes[0] and shapes[1] and len(shapes[1]) == 2:
@@ -142,7 +139,7 @@ def graph_flops(gm: torch.fx.GraphModule, baseline: dict | None = None) -> dict:
             f, info = 0, None
         total += f
         short = name.split("::")[-1]
-        if short in _MATMULS or ((short in _FP8_GEMMS or short in _DENSE_LINEAR_OPS) and _is_atomc(name)):
+        if short in _MATMULS or (short in _FP8_GEMMS and _is_atomc(name)):
             linear += f
             fp8 += f if short in _FP8_GEMMS else 0
         if _is_atomc(name):

@@ -17,7 +17,6 @@ import torch
 import atomc.ops  # noqa: F401  (the atomc ops and their reference bodies)
 from atomc.kv_spec import KVCacheSpec
 from atomc.ops.fp8_fused import FUSED_QUANT_OPS
-from atomc.ops.linear_norm import LINEAR_NORM_OPS
 
 BACKENDS = ("torch", "triton", "aiter")
 # preference order per platform; "torch" is always last so every op has an implementation
@@ -48,7 +47,6 @@ OPS = (
     "fp8_block_gemm_shuffled",
     *FUSED_QUANT_OPS,
     "fp8_linear_dynamic",
-    *LINEAR_NORM_OPS,
     "all_reduce",
     "all_gather",
     "all_reduce_add_rms_norm",
@@ -61,8 +59,7 @@ OPS = (
 # The collectives (atomc/ops/collective.py) are torch.distributed's own on every platform. The
 # all-reduce + add + RMSNorm (atomc/ops/all_reduce_norm.py) has a Triton entry (the collective, then
 # the Triton add + norm; a one-shot kernel over symmetric memory on CUDA when asked for) and no
-# AITER one: on ROCm it lowers to Triton. The linear + add + norm ops (atomc/ops/linear_norm.py) have
-# Triton entries only; only the CUDA pipeline makes them.
+# AITER one: on ROCm it lowers to Triton.
 TORCH_ONLY = ("silu_mul", "all_reduce", "all_gather")
 # ops over AITER's pre-shuffled weight layout (atomc/ops/fp8_shuffled.py): the loader writes that
 # layout only on ROCm with AITER, so only AITER and the torch reference (which unshuffles) run them
@@ -76,12 +73,7 @@ CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rop
 NAMESPACES = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"}
 MODULES = {
     "torch": ("atomc.ops",),
-    "triton": (
-        "atomc.kernels.triton.ops",
-        "atomc.kernels.triton.fp8",
-        "atomc.kernels.triton.linear_norm",
-        "atomc.kernels.triton.all_reduce_norm",
-    ),
+    "triton": ("atomc.kernels.triton.ops", "atomc.kernels.triton.fp8", "atomc.kernels.triton.all_reduce_norm"),
     "aiter": (
         "atomc.kernels.aiter.ops",
         "atomc.kernels.aiter.attention",

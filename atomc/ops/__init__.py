@@ -20,10 +20,6 @@ from atomc.ops import head_matmul, mla, mla_latent  # noqa: F401
 from atomc.ops import fp8, fp8_fused, fp8_linear  # noqa: F401
 
 # isort: split
-# a linear and the residual add + RMSNorm (+ FP8 quant) after it, as one op (the passes rewrite to it)
-from atomc.ops import linear_norm  # noqa: F401
-
-# isort: split
 # the FP8 GEMMs over AITER's pre-shuffled weight layout (weights laid out so on ROCm with AITER only)
 from atomc.ops import fp8_shuffled  # noqa: F401
 

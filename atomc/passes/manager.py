@@ -32,7 +32,6 @@ def default_passes(platform: str, tensor_parallel_size: int = 1) -> list[AtomcPa
     from atomc.passes.fuse_add_rmsnorm import FuseAddRMSNorm
     from atomc.passes.fuse_allreduce_rmsnorm import FuseAllReduceRMSNorm
     from atomc.passes.fuse_fp8_quant_linear import FuseFP8QuantLinear
-    from atomc.passes.fuse_linear_add_rmsnorm import FuseLinearAddRMSNorm
     from atomc.passes.fuse_mla_latent_norm_rope import FuseMLALatentNormRope
     from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
     from atomc.passes.fuse_rmsnorm_fp8_quant import FuseRMSNormFP8Quant
@@ -59,7 +58,6 @@ def default_passes(platform: str, tensor_parallel_size: int = 1) -> list[AtomcPa
         FuseQKNormRope(),
         FuseMLALatentNormRope(),
         DecodeGemv(platform),
-        FuseLinearAddRMSNorm(platform),
         Lowering(platform),
     ]
 

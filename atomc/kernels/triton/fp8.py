@@ -339,14 +339,14 @@ def fp8_linear_dynamic(
     if ONE_ROW_W8A16 and pick_gemm(x, weight, block=False) == "gemv":
         a = triton_silu_and_mul(x.contiguous()) if silu_and_mul else x
         return w8a16_gemv(a, _unit_scale(x.device), weight, weight_scale, bias, out_dtype)
-    q, s = silu_quant_or_reference(x, None, group_size) if silu_and_mul else fp8_quant_dynamic(x, group_size)
+    q, s = _silu(x, None, group_size) if silu_and_mul else fp8_quant_dynamic(x, group_size)
     return fp8_gemm(q, s, weight, weight_scale, bias, out_dtype)
 
 
 # ---- the fused quants (atomc/ops/fp8_fused.py): kernel, else the reference composition ----
 
 
-def norm_quant_or_reference(x, residual, weight, eps, scale, group_size):
+def _norm(x, residual, weight, eps, scale, group_size):
     out = fp8_quant.rms_norm_quant(x, residual, weight, eps, scale, group_size) if kernels_run_on(x) else None
     if out is not None:
         return out
@@ -358,7 +358,7 @@ def norm_quant_or_reference(x, residual, weight, eps, scale, group_size):
     return q, s, summed
 
 
-def silu_quant_or_reference(x, scale, group_size):
+def _silu(x, scale, group_size):
     out = fp8_quant.silu_and_mul_quant(x, scale, group_size) if kernels_run_on(x) else None
     if out is not None:
         return out
@@ -372,38 +372,38 @@ def silu_quant_or_reference(x, scale, group_size):
 def rms_norm_fp8_quant_dynamic(
     x: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    q, s, _ = norm_quant_or_reference(x, None, weight, eps, None, group_size)
+    q, s, _ = _norm(x, None, weight, eps, None, group_size)
     return q, s
 
 
 @custom("rms_norm_fp8_quant_static")
 def rms_norm_fp8_quant_static(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: torch.Tensor) -> torch.Tensor:
-    return norm_quant_or_reference(x, None, weight, eps, scale, None)[0]
+    return _norm(x, None, weight, eps, scale, None)[0]
 
 
 @custom("fused_add_rms_norm_fp8_quant_dynamic")
 def fused_add_rms_norm_fp8_quant_dynamic(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group_size: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return norm_quant_or_reference(x, residual, weight, eps, None, group_size)
+    return _norm(x, residual, weight, eps, None, group_size)
 
 
 @custom("fused_add_rms_norm_fp8_quant_static")
 def fused_add_rms_norm_fp8_quant_static(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, scale: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    q, _, summed = norm_quant_or_reference(x, residual, weight, eps, scale, None)
+    q, _, summed = _norm(x, residual, weight, eps, scale, None)
     return q, summed
 
 
 @custom("silu_and_mul_fp8_quant_dynamic")
 def silu_and_mul_fp8_quant_dynamic(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return silu_quant_or_reference(x, None, group_size)
+    return _silu(x, None, group_size)
 
 
 @custom("silu_and_mul_fp8_quant_static")
 def silu_and_mul_fp8_quant_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return silu_quant_or_reference(x, scale, None)[0]
+    return _silu(x, scale, None)[0]
 
 
 assert set(fused_ref.FUSED_QUANT_OPS) <= set(globals())  # every fused op has a binding here

@@ -58,26 +58,11 @@ def _fp8_gemv_kernel(
     WS_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr, F16_SUMS: tl.constexpr = False, X_SHIFT: tl.constexpr = 1.0,
 ):  # fmt: skip
-    """Per-tensor or per-row scales (scaled_row_dot)."""
+    """Per-tensor or per-row scales (WS_ROWS: w_scale has one value per output row). PDL: pdl.py
+    (the row loop waits before it reads x; the activation scale is read after it). F16_SUMS: the
+    packed-f16 loop (row_dot in float16, below), its x scaled by X_SHIFT, undone here."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
-    y = scaled_row_dot(x_ptr, xs_ptr, w_ptr, ws_ptr, offs_n, n_ok, K, stride_wn,
-                       WS_ROWS, BLOCK_N, BLOCK_K, PDL, F16_SUMS, X_SHIFT)  # fmt: skip
-    if HAS_BIAS:
-        y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
-def scaled_row_dot(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, offs_n, n_ok, K, stride_wn,
-    WS_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    F16_SUMS: tl.constexpr, X_SHIFT: tl.constexpr,
-):  # fmt: skip
-    """[BLOCK_N] fp32: the e4m3 row x times the e4m3 weight rows offs_n, times x's one scale and the
-    weight's (per tensor, or per row: WS_ROWS). PDL: pdl.py (the row loop waits before it reads x;
-    the activation scale is read after it). F16_SUMS: the packed-f16 loop (row_dot in float16), its
-    x scaled by X_SHIFT, undone here."""
     if F16_SUMS:
         y = row_dot(x_ptr, w_ptr, offs_n, n_ok, K, stride_wn, BLOCK_N, BLOCK_K, PDL, tl.float16, X_SHIFT)
         y = y * (tl.load(xs_ptr) / X_SHIFT)
@@ -87,7 +72,9 @@ def scaled_row_dot(
         y = y * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)
     else:
         y = y * tl.load(ws_ptr)
-    return y
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
@@ -248,21 +235,6 @@ def pick_config(n: int, k: int, block: bool, device: torch.device) -> dict:
     return {**base, **found, "kernel": kernel}
 
 
-def one_row_config(n: int, k: int, block: tuple[int, int] | None, device: torch.device, given: dict) -> dict:
-    """The tiles a one-row call runs: the picked config (pick_config), its kernel's defaults, and the
-    caller's knobs in `given` (None: not given) over both."""
-    picked = pick_config(n, k, block is not None, device)
-    chosen = given.get("kernel") or picked["kernel"]
-    if block is not None and block[0] % 16 and chosen == "dot":  # 16-row programs would span weight blocks
-        chosen = "reduce"
-    if block is not None and chosen == "reduce_f16":
-        raise ValueError("fp8_gemv: the packed-f16 loop takes per-tensor or per-row scales, not blocks")
-    if picked["kernel"] != chosen:  # another kernel than the picked one: its own defaults
-        picked = dot_config(block is not None) if chosen == "dot" else {}
-    base = {**REDUCE_DEFAULTS, **picked} if chosen in CUDA_CORE_KERNELS else picked
-    return {**base, **{key: v for key, v in given.items() if v is not None}, "kernel": chosen}
-
-
 def fp8_gemv(
     xq: torch.Tensor,
     x_scale: torch.Tensor,
@@ -290,8 +262,16 @@ def fp8_gemv(
         raise ValueError(f"fp8_gemv takes one row and a row-major weight; got x {tuple(xq.shape)}")
     given = dict(kernel=kernel, block_n=block_n, block_k=block_k, split_k=split_k,
                  groups_per_step=groups_per_step, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-    cfg = one_row_config(n, k, block, xq.device, given)
-    chosen = cfg["kernel"]
+    picked = pick_config(n, k, block is not None, xq.device)
+    chosen = kernel or picked["kernel"]
+    if block is not None and block[0] % 16 and chosen == "dot":  # 16-row programs would span weight blocks
+        chosen = "reduce"
+    if block is not None and chosen == "reduce_f16":
+        raise ValueError("fp8_gemv: the packed-f16 loop takes per-tensor or per-row scales, not blocks")
+    if picked["kernel"] != chosen:  # another kernel than the picked one: its own defaults
+        picked = dot_config(block is not None) if chosen == "dot" else {}
+    base = {**REDUCE_DEFAULTS, **picked} if chosen in CUDA_CORE_KERNELS else picked
+    cfg = {**base, **{key: v for key, v in given.items() if v is not None}, "kernel": chosen}
     x = xq.reshape(k)
     x = x if x.stride(0) == 1 else x.contiguous()
     xs = x_scale.float().reshape(-1)
