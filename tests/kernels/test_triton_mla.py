@@ -170,6 +170,20 @@ def test_unpadded_widths_and_c_kv_halves(segments, dv_split):
           dv_split=dv_split)  # fmt: skip
 
 
+@pytest.mark.parametrize("segments", [1, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_program_for_each_c_kv_half(dtype, segments):
+    # dv_programs 2: two programs a head block, each accumulating one c_kv half over the same
+    # scores (kv_lora 64: halves of 32); split-KV has one of them write the max and sum
+    check("decode", dtype, heads=6, lora=64, rope=16, block_h=4, tile_n=16, num_segments=segments, dv_programs=2)
+    check("mixed", dtype, heads=6, lora=64, rope=16, block_h=2, tile_n=16, dv_programs=2)
+
+
+def test_c_kv_halves_in_programs_need_a_power_of_two_width():
+    with pytest.raises(AssertionError, match="dv_programs 2"):
+        check("decode", torch.float32, heads=4, dv_programs=2)  # kv_lora 40
+
+
 @pytest.mark.parametrize("reduce_cols", [16, 32])
 @pytest.mark.parametrize("lora", [LORA, 64])
 def test_split_kv_merge_in_column_pieces(lora, reduce_cols):

@@ -62,6 +62,20 @@ def test_mla_v3_widths_bf16(q_lens, seq_lens, segments, reduce_cols):
     assert rel_err(out[:t], reference(q_absorbed, q_pe, cache, meta)[:t]) < REL
 
 
+@pytest.mark.parametrize("segments", [1, 8])
+@pytest.mark.parametrize("tile_n", [16, 32])
+def test_mla_v3_widths_a_program_for_each_c_kv_half(tile_n, segments):
+    # dv_programs 2 (one warpgroup a program, a c_kv half's accumulator each): decode and mixed
+    for q_lens, seq_lens in (([1] * 4, [1, 77, 1024, 3000]), ([1, 64, 1, 5], [513, 64, 33, 700])):
+        q_absorbed, q_pe, cache, meta = latent_batch(q_lens, seq_lens)
+        out = torch.full(q_absorbed.shape, float("nan"), dtype=BF16, device=DEV)
+        kw = dict(block_h=64, num_warps=4, dv_programs=2, tile_n=tile_n, num_segments=segments)
+        run(q_absorbed, q_pe, cache, meta, out, **kw)
+        t = meta.query_start_loc_host[-1]
+        assert not out[:t].isnan().any() and out[t:].isnan().all()
+        assert rel_err(out[:t], reference(q_absorbed, q_pe, cache, meta)[:t]) < REL
+
+
 def test_mla_decode_replays_in_a_cuda_graph_with_new_lengths():
     """Captured once at an upper-bound max_seq_len, replayed after the lengths grew: the kernel
     reads the lengths on the device, so the replay matches the reference for the new lengths."""
