@@ -151,7 +151,8 @@ OLD = dict(block_h=32, tile_n=64, num_warps=4, num_stages=2, dv_split=1, num_seg
 NEW = dict(block_h=64, tile_n=64, num_warps=8, num_stages=2, dv_split=2)  # the kernel's default
 # a program for each c_kv half's accumulator on one warpgroup (dv_programs 2): at 16 keys a step
 # (108 KiB of shared memory, 214 registers, no spill for sm_90) two programs fit an SM;
-# "twice": double the automatic segment count, for two programs an SM
+# "twice": double the automatic segment count, for two programs an SM; tma: the latent tiles by
+# tensor-memory copies (16-key steps: one page of 16 each)
 HALVES = dict(block_h=64, tile_n=16, num_warps=4, num_stages=2, dv_split=2, dv_programs=2)
 SWEEP = (
     [OLD]
@@ -159,8 +160,11 @@ SWEEP = (
     + [dict(NEW, num_segments=k) for k in (2, 4, 16)]
     + [dict(HALVES, tile_n=n, num_stages=st) for n, st in ((16, 2), (16, 3), (32, 2))]
     + [dict(HALVES, num_segments="twice")]
+    + [dict(HALVES, tma=True, num_stages=st) for st in (3, 4)]
+    + [dict(NEW, tile_n=16, tma=True, num_stages=3)]
 )
-SWEEPS = {"all": SWEEP, "halves": [NEW] + SWEEP[-4:]}  # halves: the default beside the dv_programs tiles
+# halves: the default beside the dv_programs tiles and the tensor-memory-copy loads
+SWEEPS = {"all": SWEEP, "halves": [NEW] + SWEEP[-7:]}
 
 
 def resolve(kw: dict, bs: int, ctx: int) -> dict:
@@ -229,7 +233,7 @@ def run_gpu(args) -> None:
           f" TFLOP/s ({name}); ridge {peak / bw:.0f} FLOP/B against 1.89 x {HEADS} = {1.889 * HEADS:.0f}")  # fmt: skip
     knobs = dict(
         num_segments=args.segments, tile_n=args.tile_n, block_h=args.block_h, num_warps=args.num_warps,
-        num_stages=args.num_stages, dv_split=args.dv_split, dv_programs=args.dv_programs,
+        num_stages=args.num_stages, dv_split=args.dv_split, dv_programs=args.dv_programs, tma=args.tma,
     )  # fmt: skip
     kw = {k: v for k, v in knobs.items() if v}
     configs = [dict(c, **kw) for c in SWEEPS[args.sweep]] if args.sweep else [kw]
@@ -283,6 +287,7 @@ def main() -> None:
     ap.add_argument("--num-stages", type=int, default=None, help="pipeline stages (default: the kernel's)")
     ap.add_argument("--dv-split", type=int, default=None, help="c_kv pieces, 1 or 2 (default: the kernel's)")
     ap.add_argument("--dv-programs", type=int, default=None, help="2: a program for each c_kv half's accumulator")
+    ap.add_argument("--tma", action="store_true", help="latent tiles by tensor-memory copies (16-key steps)")
     ap.add_argument("--sweep", nargs="?", const="all", choices=sorted(SWEEPS), default=None,
                     help="time every config of SWEEP (old tiling, new tiles, segments, c_kv halves in programs);"
                          " halves: the default beside the c_kv-halves tiles")  # fmt: skip

@@ -59,6 +59,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.mla_latent_write import latent_scale_arg
@@ -96,7 +97,7 @@ def _rows(ptr, rows, row_ok, COL0: tl.constexpr, COLS: tl.constexpr, LIMIT: tl.c
 
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _mla_kernel(
-    qc_ptr, qr_ptr, cache_ptr, out_ptr,
+    qc_ptr, qr_ptr, cache_ptr, cache_c_desc, cache_r_desc, out_ptr,
     part_acc_ptr, part_m_ptr, part_l_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, kv_scale_ptr,
     qk_scale, num_seqs,
@@ -108,7 +109,7 @@ def _mla_kernel(
     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, DV_SPLIT: tl.constexpr, DV_PROGRAMS: tl.constexpr, DECODE: tl.constexpr,
-    PRECISION: tl.constexpr, FP8: tl.constexpr, F16_DOTS: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, FP8: tl.constexpr, F16_DOTS: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py
     # c_kv half (DV_PROGRAMS 2), then head blocks fastest: a token's programs run side by side (see
@@ -184,24 +185,36 @@ def _mla_kernel(
     for start in range(kv_begin, kv_end, TILE_N):
         n = start + offs_n
         n_ok = n < kv_end
-        page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        row = page * stride_cb + (n % PAGE) * stride_cs
-        if DV_PROGRAMS == 2:
-            ka = _rows(cache_ptr + own, row, n_ok, 0, CHUNK, KV_LORA, True)
+        if TMA:
+            # the step's keys lie in one page (TILE_N divides PAGE): tensor-memory copies of its
+            # rows; rows past the context are the page's stale (finite: the pool starts zeroed)
+            # values, which the mask below gives no weight
+            cache_row = (tl.load(bt_row + start // PAGE) * PAGE + start % PAGE).to(tl.int32)
+            ka = cache_c_desc.load([cache_row, own])
         else:
-            ka = _rows(cache_ptr, row, n_ok, 0, CHUNK, KV_LORA, FULL_C)
+            page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            row = page * stride_cb + (n % PAGE) * stride_cs
+            if DV_PROGRAMS == 2:
+                ka = _rows(cache_ptr + own, row, n_ok, 0, CHUNK, KV_LORA, True)
+            else:
+                ka = _rows(cache_ptr, row, n_ok, 0, CHUNK, KV_LORA, FULL_C)
         if FP8:
             ka = ka.to(qa.dtype)  # e4m3 widens exactly
         s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
         if DV_SPLIT == 2:
-            if DV_PROGRAMS == 2:
+            if TMA:
+                kb = cache_c_desc.load([cache_row, other])
+            elif DV_PROGRAMS == 2:
                 kb = _rows(cache_ptr + other, row, n_ok, 0, CHUNK, KV_LORA, True)
             else:
                 kb = _rows(cache_ptr, row, n_ok, CHUNK, CHUNK, KV_LORA, FULL_C)
             if FP8:
                 kb = kb.to(qb.dtype)
             s = tl.dot(qb, tl.trans(kb), s, input_precision=PRECISION)
-        kr = _rows(cache_ptr + KV_LORA, row, n_ok, 0, BLOCK_R, ROPE, FULL_R)
+        if TMA:
+            kr = cache_r_desc.load([cache_row, KV_LORA])
+        else:
+            kr = _rows(cache_ptr + KV_LORA, row, n_ok, 0, BLOCK_R, ROPE, FULL_R)
         if FP8:
             kr = kr.to(qr.dtype)
         s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
@@ -318,6 +331,7 @@ def mla_tiles(
     num_heads: int, kv_lora: int, decode: bool, element_size: int,
     block_h: int | None = None, tile_n: int | None = None, num_warps: int | None = None,
     num_stages: int | None = None, dv_split: int | None = None, dv_programs: int | None = None,
+    tma: bool | None = None,
 ) -> dict:  # fmt: skip
     """The tiling mla_attention launches with: the given knobs, the defaults for the rest.
     16-bit: 64 heads (prefill: 64 rows of tokens x heads) a program, 64 keys a step (prefill 32), 8 warps, 2
@@ -326,7 +340,10 @@ def mla_tiles(
     models) keeps the smaller 32-head / 16-key tiles its shared memory allows. `dv_programs` 2 gives
     each c_kv half's accumulator its own program (two pieces, both in the scores of each): a
     [64, 256] fp32 accumulator fits one warpgroup (4 warps), so two such programs can share an SM
-    and overlap one's softmax with the other's MMAs, at the price of computing the scores twice."""
+    and overlap one's softmax with the other's MMAs, at the price of computing the scores twice.
+    `tma`: decode loads each step's latent tile by tensor-memory copies (the step's keys in one page,
+    so TILE_N must divide the page; c_kv as two halves), where the address of every row was
+    computed by every thread before."""
     half = element_size <= 2
     if block_h is None:
         block_h = 64 if half else 32
@@ -351,10 +368,12 @@ def mla_tiles(
     assert dv_programs in (1, 2), f"dv_programs {dv_programs}: 1 or 2"
     if dv_programs == 2:
         assert dv_split == 2 and kv_lora == block_c, f"dv_programs 2 halves a power-of-two kv_lora, not {kv_lora}"
+    if tma:
+        assert decode and dv_split == 2 and kv_lora == block_c, "tma: decode over two halves of a power-of-two kv_lora"
     return dict(
         block_h=block_h, block_m=block_m, block_q=block_m // block_h, block_c=block_c, tile_n=tile_n,
         num_warps=num_warps, num_stages=2 if num_stages is None else num_stages, dv_split=dv_split,
-        dv_programs=dv_programs,
+        dv_programs=dv_programs, tma=bool(tma),
     )  # fmt: skip
 
 
@@ -378,6 +397,7 @@ def mla_attention(
     num_stages: int | None = None,
     dv_split: int | None = None,
     dv_programs: int | None = None,
+    tma: bool | None = None,
     min_seg_tiles: int = MIN_SEG_TILES,
     kv_scale: torch.Tensor | None = None,
     reduce_cols: int | None = None,
@@ -390,7 +410,8 @@ def mla_attention(
     (> 1) or not (1); by default decode batches too small to fill the GPU are split. `block_h`
     (heads a tile, a power of two), `tile_n` (keys a step, >= 16), `num_warps`, `num_stages`,
     `dv_split` (1: c_kv as one piece; 2: two halves, two accumulators), `dv_programs` (2: a program
-    for each half's accumulator, see `mla_tiles`), `min_seg_tiles` (the fewest
+    for each half's accumulator, see `mla_tiles`), `tma` (tensor-memory copies of the latent tiles,
+    see `mla_tiles`), `min_seg_tiles` (the fewest
     tiles a split-KV segment takes), `reduce_cols` (c_kv columns a merge program; default
     REDUCE_COLS): tuning knobs for benchmarks (`mla_tiles`).
     `kv_scale` fp32 [1]: the pages are FP8 (e4m3) and hold the latent / kv_scale."""
@@ -408,12 +429,19 @@ def mla_attention(
     # the tiles are sized for the dots' operand width: FP8 tiles widen to the query's dtype
     t = mla_tiles(
         num_heads, kv_lora, decode, q_absorbed.element_size() if fp8 else latent_cache.element_size(),
-        block_h, tile_n, num_warps, num_stages, dv_split, dv_programs,
+        block_h, tile_n, num_warps, num_stages, dv_split, dv_programs, tma,
     )  # fmt: skip
     block_h, block_q, block_c, tile_n = t["block_h"], t["block_q"], t["block_c"], t["tile_n"]
     head_blocks = triton.cdiv(num_heads, block_h)
     dv_programs = t["dv_programs"]
     block_r = max(16, triton.next_power_of_2(rope))
+    cache_c_desc = cache_r_desc = latent_cache  # unread unless t["tma"]
+    if t["tma"]:
+        assert page % tile_n == 0 and block_r == rope, f"tma: {tile_n} keys a step in pages of {page}, rope {rope}"
+        assert latent_cache.is_contiguous(), "tma: the latent pages as one [blocks x page, kv_lora + rope] matrix"
+        rows = latent_cache.view(-1, latent_dim)
+        cache_c_desc = TensorDescriptor.from_tensor(rows, [tile_n, block_c // t["dv_split"]])
+        cache_r_desc = TensorDescriptor.from_tensor(rows, [tile_n, block_r])
     q_blocks = num_tokens // block_q + num_seqs  # upper bound (see _find_seq); spare programs exit
 
     if num_segments is None:
@@ -432,7 +460,7 @@ def mla_attention(
         part_acc = part_m = part_l = out  # unused
 
     _mla_kernel[(dv_programs * head_blocks * q_blocks, num_segments)](
-        q_absorbed, q_pe, latent_cache, out,
+        q_absorbed, q_pe, latent_cache, cache_c_desc, cache_r_desc, out,
         part_acc, part_m, part_l,
         query_start_loc, seq_lens, block_tables, kv_scale,
         scale * 1.4426950408889634, num_seqs,
@@ -444,7 +472,7 @@ def mla_attention(
         HEAD_BLOCKS=head_blocks, BLOCK_M=t["block_m"], BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page,
         NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=min_seg_tiles, DV_SPLIT=t["dv_split"],
         DV_PROGRAMS=dv_programs, DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32",
-        FP8=fp8,
+        FP8=fp8, TMA=t["tma"],
         F16_DOTS=fp8 and q_absorbed.dtype == torch.bfloat16, num_warps=t["num_warps"], num_stages=t["num_stages"],
         **pdl.launch(q_absorbed),
     )  # fmt: skip
