@@ -158,13 +158,13 @@ SWEEP = (
     [OLD]
     + [dict(NEW, tile_n=n, num_stages=st, dv_split=dv) for n, st in ((32, 2), (32, 3), (64, 2)) for dv in (1, 2)]
     + [dict(NEW, num_segments=k) for k in (2, 4, 16)]
-    + [dict(HALVES, tile_n=n, num_stages=st) for n, st in ((16, 2), (16, 3), (32, 2))]
+    + [dict(HALVES, tile_n=n, num_stages=st) for n, st in ((16, 2), (16, 3), (32, 2), (64, 2))]
     + [dict(HALVES, num_segments="twice")]
     + [dict(HALVES, tma=True, num_stages=st) for st in (3, 4)]
     + [dict(NEW, tile_n=16, tma=True, num_stages=3)]
 )
 # halves: the default beside the dv_programs tiles and the tensor-memory-copy loads
-SWEEPS = {"all": SWEEP, "halves": [NEW] + SWEEP[-7:]}
+SWEEPS = {"all": SWEEP, "halves": [NEW] + SWEEP[-8:]}
 
 
 def resolve(kw: dict, bs: int, ctx: int) -> dict:
