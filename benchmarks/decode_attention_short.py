@@ -5,7 +5,6 @@ segments. Here the op is latency, not bytes (a 512-token context of Llama-3.1-8B
 
     python benchmarks/decode_attention_short.py --out results/decode_attention_short.json [--cap 4096]
     python benchmarks/decode_attention_short.py --merge --bs 1 --ctx 256,2048   # split-KV merges, A/B
-    python benchmarks/decode_attention_short.py --mla-tiles --models deepseek-v2-lite,deepseek-v3  # MLA_TILES
     python benchmarks/decode_attention_short.py --tiny   # CPU smoke run through the Triton interpreter
 
 Shapes: MHA at Llama-3.1-8B's GQA (32 query / 8 KV heads, head 128) and Qwen3-30B-A3B's (32 / 4);
@@ -41,25 +40,11 @@ MHA = {"llama-3.1-8b": (32, 8, 128), "qwen3-30b-a3b": (32, 4, 128)}  # q heads, 
 MLA = {"deepseek-v2-lite": (16, 512, 64), "deepseek-v3": (128, 512, 64)}  # heads, kv_lora, rope
 
 
-# --mla-tiles: MLA's default tiling beside 16-key steps, their latent tiles by tensor-memory copies
-# (one page of 16 a step), and those with a program for each c_kv half on one warpgroup
-MLA_TILES = [
-    dict(),
-    dict(tile_n=16),
-    dict(tile_n=16, tma=True, num_stages=3),
-    dict(tile_n=16, tma=True, num_stages=3, dv_programs=2, num_warps=4),
-    dict(tile_n=16, dv_programs=2, num_warps=4),
-]
-
-
-def grid(tiny: bool, kind: str = "mha", merge: bool = False, mla_tiles: bool = False) -> list[dict]:
+def grid(tiny: bool, kind: str = "mha", merge: bool = False) -> list[dict]:
     """Split at the capture bound's count (None) x fewest tiles a segment x keys a step x warps,
     and no split (num_segments=1) per keys a step x warps. `merge`: the default tiling with each
     way of merging the split-KV partials (MHA: the reduce kernel or the attention kernel's last
-    segment program; MLA: merge programs over whole rows or c_kv pieces of 32 / 64 / 128 columns).
-    `mla_tiles`: MLA_TILES (MHA: the default alone)."""
-    if mla_tiles:
-        return MLA_TILES if kind == "mla" else [dict()]
+    segment program; MLA: merge programs over whole rows or c_kv pieces of 32 / 64 / 128 columns)."""
     if merge:
         if kind == "mha":
             return [dict(merge_in_kernel=False), dict(merge_in_kernel=True)]
@@ -148,7 +133,6 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32, help="separate caches, one call each, in one graph")
     ap.add_argument("--models", default=",".join([*MHA, *MLA]))
     ap.add_argument("--merge", action="store_true", help="the default tiling, each way of merging split-KV partials")
-    ap.add_argument("--mla-tiles", action="store_true", help="MLA: the default beside MLA_TILES' 16-key tilings")
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args()
     dev = "cpu" if args.tiny else "cuda"
@@ -165,7 +149,7 @@ def main() -> None:
     for name in args.models.split(",") if not args.tiny else [*mha, *mla]:
         kind = "mha" if name in mha else "mla"
         shape = (mha if kind == "mha" else mla)[name]
-        configs = grid(args.tiny, kind, args.merge, args.mla_tiles)
+        configs = grid(args.tiny, kind, args.merge)
         for bs, ctx in itertools.product(bss, ctxs):
             rows += run_case(kind, name, shape, bs, ctx, max(args.cap, ctx), layers, configs, dtype, dev)
             if dev == "cuda":

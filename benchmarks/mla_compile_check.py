@@ -41,23 +41,15 @@ POINTERS = {
 def compile_config(config: dict, decode: bool = True, segments: int = 1, arch: int = 90, fp8: bool = False):
     """The compiled _mla_kernel for `config` (mla_attention's knobs) at V3's widths; `fp8`: over an
     e4m3 latent cache (`--kv-cache-dtype fp8`), tiles widened to fp16 in the kernel (F16_DOTS)."""
-    names = ("block_h", "tile_n", "num_warps", "num_stages", "dv_split", "dv_programs", "tma")
-    knobs = {k: config.get(k) for k in names}
+    knobs = {k: config.get(k) for k in ("block_h", "tile_n", "num_warps", "num_stages", "dv_split")}
     t = mla.mla_tiles(HEADS, LORA, decode, 2, **knobs)
     consts = dict(
         KV_LORA=LORA, ROPE=ROPE, BLOCK_C=t["block_c"], BLOCK_R=ROPE, NUM_HEADS=HEADS, BLOCK_H=t["block_h"],
         HEAD_BLOCKS=-(-HEADS // t["block_h"]), BLOCK_M=t["block_m"], BLOCK_Q=t["block_q"], TILE_N=t["tile_n"],
         PAGE=PAGE, NUM_SEGMENTS=segments, SPLIT=segments > 1, MIN_SEG_TILES=mla.MIN_SEG_TILES,
-        DV_SPLIT=t["dv_split"], DV_PROGRAMS=t["dv_programs"], DECODE=decode, PRECISION="tf32", FP8=fp8,
-        F16_DOTS=fp8, TMA=t["tma"], PDL=True,
+        DV_SPLIT=t["dv_split"], DECODE=decode, PRECISION="tf32", FP8=fp8, F16_DOTS=fp8, PDL=True,
     )  # fmt: skip
     pointers = {**POINTERS, "cache_ptr": "*fp8e4nv"} if fp8 else POINTERS
-    cache = "fp8e4nv" if fp8 else "bf16"
-    if t["tma"]:  # the descriptors' block shapes, as the wrapper builds them
-        pointers["cache_c_desc"] = f"tensordesc<{cache}[{t['tile_n']}, {t['block_c'] // t['dv_split']}]>"
-        pointers["cache_r_desc"] = f"tensordesc<{cache}[{t['tile_n']}, {ROPE}]>"
-    else:  # the cache tensor stands in for them, unread
-        pointers["cache_c_desc"] = pointers["cache_r_desc"] = pointers["cache_ptr"]
     return compile_as_launched(mla._mla_kernel, pointers, consts, t["num_warps"], t["num_stages"], arch)
 
 

@@ -4,7 +4,6 @@ atomc::mla_attention's torch reference.
 
     python benchmarks/mla_decode.py --out results/mla_decode.json [--bs 1,8] [--ctx 4096] [--no-reference]
     python benchmarks/mla_decode.py --sweep --bs 8,64 --ctx 4096,16384   # old and new tilings side by side
-    python benchmarks/mla_decode.py --sweep halves --bs 8,64 --ctx 4096,16384 --no-reference  # dv_programs 2
     python benchmarks/mla_decode.py --tiny     # CPU smoke run through the Triton interpreter
 
 GB/s counts the latent bytes read once (bs x ctx x 576 x 2), the floor any MLA decode must read
@@ -40,8 +39,8 @@ from ceilings import dense_bf16_peak, mla_decode_roofline  # noqa: E402
 from graph_timing import graph_time_us  # noqa: E402
 
 from atomc.forward_context import AttentionMetadata  # noqa: E402
-from atomc.kernels.triton.mla_attention import _mla_segments, mla_attention  # noqa: E402
-from atomc.kernels.triton.paged_attention import MAX_SEGMENTS, _pick_segments  # noqa: E402
+from atomc.kernels.triton.mla_attention import mla_attention  # noqa: E402
+from atomc.kernels.triton.paged_attention import _pick_segments  # noqa: E402
 from atomc.ops.attention import paged_attention_reference  # noqa: E402
 
 HEADS, LORA, ROPE, PAGE = 128, 512, 64, 16
@@ -149,34 +148,18 @@ def roofline_fields(bs: int, ctx: int, us: float, bw: float, peak: float, gemm: 
 # with forced segment counts (bs 8's auto is 8, bs 64's 1)
 OLD = dict(block_h=32, tile_n=64, num_warps=4, num_stages=2, dv_split=1, num_segments="old")
 NEW = dict(block_h=64, tile_n=64, num_warps=8, num_stages=2, dv_split=2)  # the kernel's default
-# a program for each c_kv half's accumulator on one warpgroup (dv_programs 2): at 16 keys a step
-# (108 KiB of shared memory, 214 registers, no spill for sm_90) two programs fit an SM;
-# "twice": double the automatic segment count, for two programs an SM; tma: the latent tiles by
-# tensor-memory copies (16-key steps: one page of 16 each)
-HALVES = dict(block_h=64, tile_n=16, num_warps=4, num_stages=2, dv_split=2, dv_programs=2)
 SWEEP = (
     [OLD]
     + [dict(NEW, tile_n=n, num_stages=st, dv_split=dv) for n, st in ((32, 2), (32, 3), (64, 2)) for dv in (1, 2)]
     + [dict(NEW, num_segments=k) for k in (2, 4, 16)]
-    + [dict(HALVES, tile_n=n, num_stages=st) for n, st in ((16, 2), (16, 3), (32, 2), (64, 2))]
-    + [dict(HALVES, num_segments="twice")]
-    + [dict(HALVES, tma=True, num_stages=st) for st in (3, 4)]
-    + [dict(NEW, tile_n=16, tma=True, num_stages=3)]
 )
-# halves: the default beside the dv_programs tiles and the tensor-memory-copy loads
-SWEEPS = {"all": SWEEP, "halves": [NEW] + SWEEP[-8:]}
 
 
 def resolve(kw: dict, bs: int, ctx: int) -> dict:
-    """`num_segments="old"`: the count the MHA decode's rule gives (what the kernel used before);
-    "twice": twice the kernel's own automatic count (at most MAX_SEGMENTS)."""
-    head_blocks = -(-HEADS // kw["block_h"])
-    if kw.get("num_segments") == "twice":
-        programs = head_blocks * kw.get("dv_programs", 1)
-        auto = _mla_segments(torch.device("cuda", 0), bs, programs, ctx, kw["tile_n"])
-        return dict(kw, num_segments=min(2 * auto, MAX_SEGMENTS))
+    """`num_segments="old"`: the count the MHA decode's rule gives (what the kernel used before)."""
     if kw.get("num_segments") != "old":
         return kw
+    head_blocks = -(-HEADS // kw["block_h"])
     return dict(kw, num_segments=_pick_segments(torch.device("cuda", 0), bs, head_blocks, ctx, kw["tile_n"]))
 
 
@@ -233,10 +216,10 @@ def run_gpu(args) -> None:
           f" TFLOP/s ({name}); ridge {peak / bw:.0f} FLOP/B against 1.89 x {HEADS} = {1.889 * HEADS:.0f}")  # fmt: skip
     knobs = dict(
         num_segments=args.segments, tile_n=args.tile_n, block_h=args.block_h, num_warps=args.num_warps,
-        num_stages=args.num_stages, dv_split=args.dv_split, dv_programs=args.dv_programs, tma=args.tma,
+        num_stages=args.num_stages, dv_split=args.dv_split,
     )  # fmt: skip
     kw = {k: v for k, v in knobs.items() if v}
-    configs = [dict(c, **kw) for c in SWEEPS[args.sweep]] if args.sweep else [kw]
+    configs = [dict(c, **kw) for c in SWEEP] if args.sweep else [kw]
     rows = []
     for ctx in args.ctx:
         for bs in args.bs:
@@ -286,11 +269,7 @@ def main() -> None:
     ap.add_argument("--num-warps", type=int, default=None, help="warps a program (default: the kernel's)")
     ap.add_argument("--num-stages", type=int, default=None, help="pipeline stages (default: the kernel's)")
     ap.add_argument("--dv-split", type=int, default=None, help="c_kv pieces, 1 or 2 (default: the kernel's)")
-    ap.add_argument("--dv-programs", type=int, default=None, help="2: a program for each c_kv half's accumulator")
-    ap.add_argument("--tma", action="store_true", help="latent tiles by tensor-memory copies (16-key steps)")
-    ap.add_argument("--sweep", nargs="?", const="all", choices=sorted(SWEEPS), default=None,
-                    help="time every config of SWEEP (old tiling, new tiles, segments, c_kv halves in programs);"
-                         " halves: the default beside the c_kv-halves tiles")  # fmt: skip
+    ap.add_argument("--sweep", action="store_true", help="time every config of SWEEP (old tiling, new tiles, segments)")
     ap.add_argument("--no-reference", action="store_true", help="skip timing the torch reference")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run through the Triton interpreter")
     args = ap.parse_args()

@@ -31,9 +31,9 @@ CASES = {  # (query tokens, context lengths) per sequence
 }
 
 
-def latent_batch(q_lens, seq_lens, heads, dtype, seed=0, lora=LORA, rope=ROPE, page=PAGE):
-    """q_absorbed, q_pe, the latent pages [blocks, page, 1, lora + rope] and the metadata."""
-    q, cache, _, meta = make_batch(q_lens, seq_lens, heads, 1, lora + rope, dtype, "cpu", page=page, seed=seed)
+def latent_batch(q_lens, seq_lens, heads, dtype, seed=0, lora=LORA, rope=ROPE):
+    """q_absorbed, q_pe, the latent pages [blocks, PAGE, 1, lora + rope] and the metadata."""
+    q, cache, _, meta = make_batch(q_lens, seq_lens, heads, 1, lora + rope, dtype, "cpu", page=PAGE, seed=seed)
     return q[..., :lora], q[..., lora:], cache, meta  # strided views, as the model's q_absorbed is
 
 
@@ -45,8 +45,8 @@ def reference(q_absorbed, q_pe, cache, meta, scale):
     return out
 
 
-def check(case, dtype, heads=4, lora=LORA, rope=ROPE, page=PAGE, **kw):
-    q_absorbed, q_pe, cache, meta = latent_batch(*CASES[case], heads, dtype, lora=lora, rope=rope, page=page)
+def check(case, dtype, heads=4, lora=LORA, rope=ROPE, **kw):
+    q_absorbed, q_pe, cache, meta = latent_batch(*CASES[case], heads, dtype, lora=lora, rope=rope)
     scale = 0.15
     out = torch.full(q_absorbed.shape, float("nan"), dtype=dtype)
     mla_attention(
@@ -168,38 +168,6 @@ def test_unpadded_widths_and_c_kv_halves(segments, dv_split):
     # rope part a K = 16 dot of its own
     check("decode", torch.float32, heads=6, lora=64, rope=16, block_h=4, tile_n=16, num_segments=segments,
           dv_split=dv_split)  # fmt: skip
-
-
-@pytest.mark.parametrize("segments", [1, 4])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_program_for_each_c_kv_half(dtype, segments):
-    # dv_programs 2: two programs a head block, each accumulating one c_kv half over the same
-    # scores (kv_lora 64: halves of 32); split-KV has one of them write the max and sum
-    check("decode", dtype, heads=6, lora=64, rope=16, block_h=4, tile_n=16, num_segments=segments, dv_programs=2)
-    check("mixed", dtype, heads=6, lora=64, rope=16, block_h=2, tile_n=16, dv_programs=2)
-
-
-@pytest.mark.parametrize("dv_programs", [1, 2])
-@pytest.mark.parametrize("segments", [1, 4])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_latent_tiles_by_tensor_memory_copies(dtype, segments, dv_programs):
-    # tma: each 16-key step is one tensor-memory copy a piece out of one page of 16 (or the
-    # first half of a page of 32); the last step of a context reads the page's stale rows, masked
-    for page in (16, 32):
-        check("decode", dtype, heads=6, lora=64, rope=16, page=page, block_h=4, tile_n=16, num_segments=segments,
-              dv_programs=dv_programs, tma=True)  # fmt: skip
-
-
-def test_tensor_memory_copies_need_whole_steps_in_a_page():
-    with pytest.raises(AssertionError, match="tma"):
-        check("decode", torch.float32, heads=4, lora=64, rope=16, tile_n=16, tma=True)  # pages of 8
-    with pytest.raises(AssertionError, match="tma"):
-        check("mixed", torch.float32, heads=4, lora=64, rope=16, page=16, tile_n=16, tma=True)  # decode only
-
-
-def test_c_kv_halves_in_programs_need_a_power_of_two_width():
-    with pytest.raises(AssertionError, match="dv_programs 2"):
-        check("decode", torch.float32, heads=4, dv_programs=2)  # kv_lora 40
 
 
 @pytest.mark.parametrize("reduce_cols", [16, 32])

@@ -59,7 +59,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.mla_latent_write import latent_scale_arg
@@ -97,7 +96,7 @@ def _rows(ptr, rows, row_ok, COL0: tl.constexpr, COLS: tl.constexpr, LIMIT: tl.c
 
 @triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _mla_kernel(
-    qc_ptr, qr_ptr, cache_ptr, cache_c_desc, cache_r_desc, out_ptr,
+    qc_ptr, qr_ptr, cache_ptr, out_ptr,
     part_acc_ptr, part_m_ptr, part_l_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, kv_scale_ptr,
     qk_scale, num_seqs,
@@ -108,17 +107,14 @@ def _mla_kernel(
     KV_LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
-    MIN_SEG_TILES: tl.constexpr, DV_SPLIT: tl.constexpr, DV_PROGRAMS: tl.constexpr, DECODE: tl.constexpr,
-    PRECISION: tl.constexpr, FP8: tl.constexpr, F16_DOTS: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
+    MIN_SEG_TILES: tl.constexpr, DV_SPLIT: tl.constexpr, DECODE: tl.constexpr, PRECISION: tl.constexpr,
+    FP8: tl.constexpr, F16_DOTS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py
-    # c_kv half (DV_PROGRAMS 2), then head blocks fastest: a token's programs run side by side (see
-    # the module docstring); one axis for all, as a y axis would cap the q blocks at 65535
-    pid = tl.program_id(0)
-    dv = pid % DV_PROGRAMS
-    pid = pid // DV_PROGRAMS
-    head_block = pid % HEAD_BLOCKS
-    q_block = pid // HEAD_BLOCKS
+    # head blocks fastest: a token's run side by side (see the module docstring); one axis for
+    # both, as a y axis would cap the q blocks at 65535
+    head_block = tl.program_id(0) % HEAD_BLOCKS
+    q_block = tl.program_id(0) // HEAD_BLOCKS
     seg = tl.program_id(1)
 
     seq = _find_seq(q_block, query_start_loc_ptr, num_seqs, BLOCK_Q)
@@ -146,10 +142,6 @@ def _mla_kernel(
                 return
 
     CHUNK: tl.constexpr = BLOCK_C // DV_SPLIT  # c_kv columns a piece (a power of two)
-    # DV_PROGRAMS 2: this program's accumulator is c_kv piece `dv` (its "own", loaded first), the
-    # other piece only enters the scores; both programs of a head block compute the same scores
-    own = dv * CHUNK
-    other = (1 - dv) * CHUNK
     FULL_C: tl.constexpr = KV_LORA == BLOCK_C
     FULL_R: tl.constexpr = ROPE == BLOCK_R
     offs_m = tl.arange(0, BLOCK_M)
@@ -159,13 +151,9 @@ def _mla_kernel(
     q_pos = prefix + q_local  # causal: key n is visible iff n <= q_pos
     tok = (q_start + q_local).to(tl.int64)
     q_rows = tok * stride_qct + head * stride_qch
-    if DV_PROGRAMS == 2:  # kv_lora a power of two (the wrapper checks): no column mask
-        qa = _rows(qc_ptr + own, q_rows, row_ok, 0, CHUNK, KV_LORA, True)
-        qb = _rows(qc_ptr + other, q_rows, row_ok, 0, CHUNK, KV_LORA, True)
-    else:
-        qa = _rows(qc_ptr, q_rows, row_ok, 0, CHUNK, KV_LORA, FULL_C)
-        if DV_SPLIT == 2:
-            qb = _rows(qc_ptr, q_rows, row_ok, CHUNK, CHUNK, KV_LORA, FULL_C)
+    qa = _rows(qc_ptr, q_rows, row_ok, 0, CHUNK, KV_LORA, FULL_C)
+    if DV_SPLIT == 2:
+        qb = _rows(qc_ptr, q_rows, row_ok, CHUNK, CHUNK, KV_LORA, FULL_C)
     qr = _rows(qr_ptr, tok * stride_qrt + head * stride_qrh, row_ok, 0, BLOCK_R, ROPE, FULL_R)
     if FP8:
         qk_scale = qk_scale * tl.load(kv_scale_ptr)  # s = q . (stored * kv_scale), c_kv and k_pe alike
@@ -178,43 +166,25 @@ def _mla_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, scaled (log2 domain)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc_a = tl.zeros([BLOCK_M, CHUNK], tl.float32)
-    if DV_SPLIT == 2 and DV_PROGRAMS == 1:
+    if DV_SPLIT == 2:
         acc_b = tl.zeros([BLOCK_M, CHUNK], tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     offs_n = tl.arange(0, TILE_N)
     for start in range(kv_begin, kv_end, TILE_N):
         n = start + offs_n
         n_ok = n < kv_end
-        if TMA:
-            # the step's keys lie in one page (TILE_N divides PAGE): tensor-memory copies of its
-            # rows; rows past the context are the page's stale (finite: the pool starts zeroed)
-            # values, which the mask below gives no weight
-            cache_row = (tl.load(bt_row + start // PAGE) * PAGE + start % PAGE).to(tl.int32)
-            ka = cache_c_desc.load([cache_row, own])
-        else:
-            page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-            row = page * stride_cb + (n % PAGE) * stride_cs
-            if DV_PROGRAMS == 2:
-                ka = _rows(cache_ptr + own, row, n_ok, 0, CHUNK, KV_LORA, True)
-            else:
-                ka = _rows(cache_ptr, row, n_ok, 0, CHUNK, KV_LORA, FULL_C)
+        page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        row = page * stride_cb + (n % PAGE) * stride_cs
+        ka = _rows(cache_ptr, row, n_ok, 0, CHUNK, KV_LORA, FULL_C)
         if FP8:
             ka = ka.to(qa.dtype)  # e4m3 widens exactly
         s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
         if DV_SPLIT == 2:
-            if TMA:
-                kb = cache_c_desc.load([cache_row, other])
-            elif DV_PROGRAMS == 2:
-                kb = _rows(cache_ptr + other, row, n_ok, 0, CHUNK, KV_LORA, True)
-            else:
-                kb = _rows(cache_ptr, row, n_ok, CHUNK, CHUNK, KV_LORA, FULL_C)
+            kb = _rows(cache_ptr, row, n_ok, CHUNK, CHUNK, KV_LORA, FULL_C)
             if FP8:
                 kb = kb.to(qb.dtype)
             s = tl.dot(qb, tl.trans(kb), s, input_precision=PRECISION)
-        if TMA:
-            kr = cache_r_desc.load([cache_row, KV_LORA])
-        else:
-            kr = _rows(cache_ptr + KV_LORA, row, n_ok, 0, BLOCK_R, ROPE, FULL_R)
+        kr = _rows(cache_ptr + KV_LORA, row, n_ok, 0, BLOCK_R, ROPE, FULL_R)
         if FP8:
             kr = kr.to(qr.dtype)
         s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
@@ -231,29 +201,24 @@ def _mla_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         p = p.to(ka.dtype)
         acc_a = tl.dot(p, ka, acc_a * alpha[:, None], input_precision=PRECISION)
-        if DV_SPLIT == 2 and DV_PROGRAMS == 1:
+        if DV_SPLIT == 2:
             acc_b = tl.dot(p, kb, acc_b * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
 
     if FP8:
         v_scale = tl.load(kv_scale_ptr)  # the values are the stored c_kv * kv_scale
         acc_a = acc_a * v_scale
-        if DV_SPLIT == 2 and DV_PROGRAMS == 1:
+        if DV_SPLIT == 2:
             acc_b = acc_b * v_scale
     offs_a = tl.arange(0, CHUNK)
-    if DV_PROGRAMS == 2:
-        offs_a += own  # this program's columns of the output (or of the partials)
     if not alone:
         # scratch [T, H, NUM_SEGMENTS(, BLOCK_C)], unnormalised
         idx = (tok * NUM_HEADS + head) * NUM_SEGMENTS + seg
-        # one writer of the max and sum (with DV_PROGRAMS 2 the other program's own-piece-first
-        # order can round a score differently in fp32: its max differs by an ulp, well inside bf16)
-        if dv == 0:
-            tl.store(part_m_ptr + idx, m_i, mask=row_ok)
-            tl.store(part_l_ptr + idx, l_i, mask=row_ok)
+        tl.store(part_m_ptr + idx, m_i, mask=row_ok)
+        tl.store(part_l_ptr + idx, l_i, mask=row_ok)
         acc_rows = part_acc_ptr + idx[:, None] * BLOCK_C
         tl.store(acc_rows + offs_a[None, :], acc_a, mask=row_ok[:, None])
-        if DV_SPLIT == 2 and DV_PROGRAMS == 1:
+        if DV_SPLIT == 2:
             tl.store(acc_rows + CHUNK + offs_a[None, :], acc_b, mask=row_ok[:, None])
     else:
         l_safe = tl.where(l_i > 0, l_i, 1.0)  # a row with no keys writes zeros, not NaN
@@ -262,7 +227,7 @@ def _mla_kernel(
             out_rows + offs_a[None, :], (acc_a / l_safe[:, None]).to(out_ptr.dtype.element_ty),
             mask=row_ok[:, None] & (offs_a < KV_LORA)[None, :],
         )  # fmt: skip
-        if DV_SPLIT == 2 and DV_PROGRAMS == 1:
+        if DV_SPLIT == 2:
             tl.store(
                 out_rows + CHUNK + offs_a[None, :], (acc_b / l_safe[:, None]).to(out_ptr.dtype.element_ty),
                 mask=row_ok[:, None] & (CHUNK + offs_a < KV_LORA)[None, :],
@@ -330,20 +295,13 @@ def _mla_segments(device: torch.device, num_seqs: int, head_blocks: int, max_seq
 def mla_tiles(
     num_heads: int, kv_lora: int, decode: bool, element_size: int,
     block_h: int | None = None, tile_n: int | None = None, num_warps: int | None = None,
-    num_stages: int | None = None, dv_split: int | None = None, dv_programs: int | None = None,
-    tma: bool | None = None,
+    num_stages: int | None = None, dv_split: int | None = None,
 ) -> dict:  # fmt: skip
     """The tiling mla_attention launches with: the given knobs, the defaults for the rest.
     16-bit: 64 heads (prefill: 64 rows of tokens x heads) a program, 64 keys a step (prefill 32), 8 warps, 2
     stages, c_kv as two halves (compiled for sm_90 with Triton 3.9: 144 KiB of shared memory, 255
     registers and 16 bytes of spill a thread, against 56 bytes with one piece); fp32 (tests, tiny
-    models) keeps the smaller 32-head / 16-key tiles its shared memory allows. `dv_programs` 2 gives
-    each c_kv half's accumulator its own program (two pieces, both in the scores of each): a
-    [64, 256] fp32 accumulator fits one warpgroup (4 warps), so two such programs can share an SM
-    and overlap one's softmax with the other's MMAs, at the price of computing the scores twice.
-    `tma`: decode loads each step's latent tile by tensor-memory copies (the step's keys in one page,
-    so TILE_N must divide the page; c_kv as two halves), where the address of every row was
-    computed by every thread before."""
+    models) keeps the smaller 32-head / 16-key tiles its shared memory allows."""
     half = element_size <= 2
     if block_h is None:
         block_h = 64 if half else 32
@@ -361,19 +319,12 @@ def mla_tiles(
         # <= 128 accumulator floats a thread: [64, 512] fp32 over two warpgroups
         # (16-bit decode at 16 heads too: 8 warps measured 5-10% faster than 4 at V2-Lite's widths)
         num_warps = 8 if (half and decode) or block_m * block_c >= (64 if decode else 16) * 512 else 4
-    dv_programs = dv_programs or 1
     if dv_split is None:
         dv_split = 2 if block_c >= 32 else 1
     assert dv_split in (1, 2) and block_c % (16 * dv_split) == 0, f"dv_split {dv_split} over kv_lora {kv_lora}"
-    assert dv_programs in (1, 2), f"dv_programs {dv_programs}: 1 or 2"
-    if dv_programs == 2:
-        assert dv_split == 2 and kv_lora == block_c, f"dv_programs 2 halves a power-of-two kv_lora, not {kv_lora}"
-    if tma:
-        assert decode and dv_split == 2 and kv_lora == block_c, "tma: decode over two halves of a power-of-two kv_lora"
     return dict(
         block_h=block_h, block_m=block_m, block_q=block_m // block_h, block_c=block_c, tile_n=tile_n,
         num_warps=num_warps, num_stages=2 if num_stages is None else num_stages, dv_split=dv_split,
-        dv_programs=dv_programs, tma=bool(tma),
     )  # fmt: skip
 
 
@@ -396,8 +347,6 @@ def mla_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     dv_split: int | None = None,
-    dv_programs: int | None = None,
-    tma: bool | None = None,
     min_seg_tiles: int = MIN_SEG_TILES,
     kv_scale: torch.Tensor | None = None,
     reduce_cols: int | None = None,
@@ -409,9 +358,7 @@ def mla_attention(
     seq_lens[i] positions; rows no sequence owns are left untouched. `num_segments` forces split-KV
     (> 1) or not (1); by default decode batches too small to fill the GPU are split. `block_h`
     (heads a tile, a power of two), `tile_n` (keys a step, >= 16), `num_warps`, `num_stages`,
-    `dv_split` (1: c_kv as one piece; 2: two halves, two accumulators), `dv_programs` (2: a program
-    for each half's accumulator, see `mla_tiles`), `tma` (tensor-memory copies of the latent tiles,
-    see `mla_tiles`), `min_seg_tiles` (the fewest
+    `dv_split` (1: c_kv as one piece; 2: two halves, two accumulators), `min_seg_tiles` (the fewest
     tiles a split-KV segment takes), `reduce_cols` (c_kv columns a merge program; default
     REDUCE_COLS): tuning knobs for benchmarks (`mla_tiles`).
     `kv_scale` fp32 [1]: the pages are FP8 (e4m3) and hold the latent / kv_scale."""
@@ -429,25 +376,15 @@ def mla_attention(
     # the tiles are sized for the dots' operand width: FP8 tiles widen to the query's dtype
     t = mla_tiles(
         num_heads, kv_lora, decode, q_absorbed.element_size() if fp8 else latent_cache.element_size(),
-        block_h, tile_n, num_warps, num_stages, dv_split, dv_programs, tma,
+        block_h, tile_n, num_warps, num_stages, dv_split,
     )  # fmt: skip
     block_h, block_q, block_c, tile_n = t["block_h"], t["block_q"], t["block_c"], t["tile_n"]
     head_blocks = triton.cdiv(num_heads, block_h)
-    dv_programs = t["dv_programs"]
     block_r = max(16, triton.next_power_of_2(rope))
-    cache_c_desc = cache_r_desc = latent_cache  # unread unless t["tma"]
-    if t["tma"]:
-        assert page % tile_n == 0 and block_r == rope, f"tma: {tile_n} keys a step in pages of {page}, rope {rope}"
-        assert latent_cache.is_contiguous(), "tma: the latent pages as one [blocks x page, kv_lora + rope] matrix"
-        rows = latent_cache.view(-1, latent_dim)
-        cache_c_desc = TensorDescriptor.from_tensor(rows, [tile_n, block_c // t["dv_split"]])
-        cache_r_desc = TensorDescriptor.from_tensor(rows, [tile_n, block_r])
     q_blocks = num_tokens // block_q + num_seqs  # upper bound (see _find_seq); spare programs exit
 
     if num_segments is None:
-        num_segments = (
-            _mla_segments(q_absorbed.device, num_seqs, head_blocks * dv_programs, max_seq_len, tile_n) if decode else 1
-        )
+        num_segments = _mla_segments(q_absorbed.device, num_seqs, head_blocks, max_seq_len, tile_n) if decode else 1
     num_segments = triton.next_power_of_2(num_segments)
     split = num_segments > 1
     if split:
@@ -459,8 +396,8 @@ def mla_attention(
     else:
         part_acc = part_m = part_l = out  # unused
 
-    _mla_kernel[(dv_programs * head_blocks * q_blocks, num_segments)](
-        q_absorbed, q_pe, latent_cache, cache_c_desc, cache_r_desc, out,
+    _mla_kernel[(head_blocks * q_blocks, num_segments)](
+        q_absorbed, q_pe, latent_cache, out,
         part_acc, part_m, part_l,
         query_start_loc, seq_lens, block_tables, kv_scale,
         scale * 1.4426950408889634, num_seqs,
@@ -471,8 +408,7 @@ def mla_attention(
         KV_LORA=kv_lora, ROPE=rope, BLOCK_C=block_c, BLOCK_R=block_r, NUM_HEADS=num_heads, BLOCK_H=block_h,
         HEAD_BLOCKS=head_blocks, BLOCK_M=t["block_m"], BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page,
         NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=min_seg_tiles, DV_SPLIT=t["dv_split"],
-        DV_PROGRAMS=dv_programs, DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32",
-        FP8=fp8, TMA=t["tma"],
+        DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32", FP8=fp8,
         F16_DOTS=fp8 and q_absorbed.dtype == torch.bfloat16, num_warps=t["num_warps"], num_stages=t["num_stages"],
         **pdl.launch(q_absorbed),
     )  # fmt: skip
