@@ -315,6 +315,7 @@ def test_route_takes_the_grouped_kernel_when_on(monkeypatch):
     args = (logits, 6, "sigmoid", True, bias, 8, 3, 2.5)
     calls = []
     monkeypatch.setattr(moe_routing, "grouped_topk", lambda *a: calls.append(a) or select_experts(*a))
+    monkeypatch.setattr(moe_routing, "GROUPED_KERNEL", False)
     moe_routing.route(*args)
     assert not calls  # off: select_experts
     monkeypatch.setattr(moe_routing, "GROUPED_KERNEL", True)

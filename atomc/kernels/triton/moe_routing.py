@@ -6,7 +6,7 @@ an H200), so those launches would be a third of the layer. This kernel does the 
 (softmax scoring, no expert groups, no correction bias: Mixtral, Qwen3-MoE, GPT-OSS) in one
 launch, one program per token. DeepSeek's routings (sigmoid scores, a correction bias, expert
 groups) have their own kernel, `grouped_topk` (one program per token: the logits as [groups,
-experts a group]), behind GROUPED_KERNEL until timed; without it they stay on `select_experts`.
+experts a group]), on by default (GROUPED_KERNEL; timed on an H100); off, they take `select_experts`.
 
 The results of `select_experts` up to ties: fp32 softmax over all experts, the k largest in
 descending order, then optional renormalisation over the chosen k and scaling. Among equal scores
@@ -141,9 +141,10 @@ def softmax_topk(
 
 
 # DeepSeek's routings (sigmoid or softmax scores, expert groups, a correction bias) in one launch
-# instead of select_experts' dozen torch launches; off until a GPU has timed the two against each
-# other (tests/kernels/test_triton_moe.py checks it against select_experts on the interpreter).
-GROUPED_KERNEL = False
+# instead of select_experts' dozen torch launches: DeepSeek-V3 at full width, one dense + one MoE
+# layer in block FP8, decode graph 1.348 -> 1.309 ms at CONC 1, 4.576 -> 4.529 at CONC 64 (H100,
+# docs/performance.md section 24); checked against select_experts on the interpreter and on CUDA.
+GROUPED_KERNEL = True
 
 
 def takes_grouped(experts: int, num_expert_group: int, topk_group: int) -> bool:
