@@ -12,7 +12,7 @@ from triton_interpreter import use_interpreter
 use_interpreter()  # before the first triton import; test_triton_moe_gpu.py covers CUDA
 
 triton = pytest.importorskip("triton")
-from triton_kernel_cases import LaunchRecorder, make_moe, rel_err  # noqa: E402
+from triton_kernel_cases import LaunchRecorder, make_moe, rel_err, routing_lower_id_on_ties  # noqa: E402
 
 from atomc.kernels.triton import arrivals, moe_config  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
@@ -299,6 +299,22 @@ def test_grouped_topk_matches_select_experts(e, k, scoring, bias, groups, keep, 
     torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-5)
     if groups > 1:  # every chosen expert lies in one of the kept groups: at most `keep` groups hit
         assert max(len(set((ids[t] // (e // groups)).tolist())) for t in range(9)) <= keep
+
+
+@pytest.mark.parametrize("e,k,scoring,bias,groups,keep,renormalize,scale", DEEPSEEK_ROUTINGS)
+def test_grouped_topk_over_tied_scores_takes_the_lower_id(e, k, scoring, bias, groups, keep, renormalize, scale):
+    # logits on the bf16 grid tie often (V2's softmax routing, no bias: rows where torch.topk kept the
+    # higher of two equal experts or groups on an H100); the kernel keeps the lower one, every time
+    from atomc.kernels.triton.moe_routing import grouped_topk
+
+    g = torch.Generator().manual_seed(224 + e)
+    logits = torch.randn(64, e, generator=g).to(torch.bfloat16).float()
+    correction = 0.1 * torch.randn(e, generator=g) if bias else None
+    args = (k, scoring, renormalize, correction, groups, keep, scale)
+    weights, ids = grouped_topk(logits, *args)
+    ref_w, ref_ids = routing_lower_id_on_ties(logits, *args)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-5)
 
 
 def test_grouped_topk_refuses_what_it_does_not_take():

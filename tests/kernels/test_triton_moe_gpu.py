@@ -9,7 +9,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-from triton_kernel_cases import make_moe, rel_err  # noqa: E402
+from triton_kernel_cases import make_moe, rel_err, routing_lower_id_on_ties  # noqa: E402
 
 from atomc.ops.moe import experts_reference, select_experts  # noqa: E402
 
@@ -179,9 +179,10 @@ def test_grouped_topk_on_cuda_matches_select_experts(e, k, scoring, bias, groups
     correction = 0.1 * torch.randn(e, generator=g, device=DEV) if bias else None
     args = (k, scoring, renormalize, correction, groups, keep, scale)
     weights, ids = grouped_topk(logits, *args)
-    ref_w, ref_ids = select_experts(logits, *args)
-    torch.cuda.synchronize()
-    # random logits leave no ties in fp32; bf16 logits can tie, and then either expert is right
-    same = (ids == ref_ids).all(-1)
-    assert same.float().mean() >= (1.0 if dtype == torch.float32 else 0.95), f"{(~same).sum()} rows differ"
-    torch.testing.assert_close(weights[same], ref_w[same], atol=1e-5, rtol=1e-4)
+    # bf16 logits tie (V2's softmax without a bias: 6-8% of rows differed from select_experts on an
+    # H100, whose torch.topk order among equal scores is unspecified); the kernel takes the lower id
+    ref_w, ref_ids = routing_lower_id_on_ties(logits, *args)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_w, atol=1e-5, rtol=1e-4)
+    if dtype == torch.float32:  # no ties: select_experts itself
+        assert torch.equal(ids, select_experts(logits, *args)[1])

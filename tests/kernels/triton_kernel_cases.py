@@ -189,3 +189,27 @@ class LaunchRecorder:
     def __getitem__(self, grid):
         self.launched.append(grid)
         return self.kernel[grid]
+
+
+def routing_lower_id_on_ties(logits, top_k, scoring, renormalize, correction_bias, groups, keep, scale):
+    """select_experts' routing with every tie broken towards the lower id, as the routing kernels
+    break them (torch.topk's order among equal values is unspecified): stable descending sorts of the
+    group scores and of the masked scores."""
+    logits = logits.float()
+    scores = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
+    choose = scores if correction_bias is None else scores + correction_bias.float()
+    t, e = choose.shape
+    if groups > 0:
+        grouped = choose.view(t, groups, e // groups)
+        if correction_bias is not None:
+            group_score = grouped.sort(dim=-1, descending=True, stable=True).values[..., :2].sum(-1)
+        else:
+            group_score = grouped.max(-1).values
+        kept = group_score.sort(dim=-1, descending=True, stable=True).indices[:, :keep]
+        mask = torch.zeros(t, groups, dtype=torch.bool, device=choose.device).scatter_(1, kept, True)
+        choose = choose.masked_fill(~mask.repeat_interleave(e // groups, dim=1), float("-inf"))
+    ids = choose.sort(dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights * scale, ids.to(torch.int32)
