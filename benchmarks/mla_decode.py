@@ -4,6 +4,7 @@ atomc::mla_attention's torch reference.
 
     python benchmarks/mla_decode.py --out results/mla_decode.json [--bs 1,8] [--ctx 4096] [--no-reference]
     python benchmarks/mla_decode.py --sweep --bs 8,64 --ctx 4096,16384   # old and new tilings side by side
+    python benchmarks/mla_decode.py --heads 16 --bs 8,64 --ctx 4096,16384  # V3's shard at TP 8 (memory-bound)
     python benchmarks/mla_decode.py --tiny     # CPU smoke run through the Triton interpreter
 
 GB/s counts the latent bytes read once (bs x ctx x 576 x 2), the floor any MLA decode must read
@@ -128,10 +129,10 @@ def matmul_rate() -> float:
     return 2 * 8192**3 / (ms * 1e-3)
 
 
-def roofline_fields(bs: int, ctx: int, us: float, bw: float, peak: float, gemm: float) -> dict:
+def roofline_fields(bs: int, ctx: int, us: float, bw: float, peak: float, gemm: float, heads: int = HEADS) -> dict:
     """A row's rates against the copy bandwidth and the two rooflines (datasheet peak, GEMM rate)."""
-    r = mla_decode_roofline(bs, ctx, HEADS, LORA, ROPE, bw, peak)
-    at_gemm = mla_decode_roofline(bs, ctx, HEADS, LORA, ROPE, bw, gemm)
+    r = mla_decode_roofline(bs, ctx, heads, LORA, ROPE, bw, peak)
+    at_gemm = mla_decode_roofline(bs, ctx, heads, LORA, ROPE, bw, gemm)
     return dict(
         gbps=round(r["latent_bytes"] / us / 1e3, 1),
         tflops=round(r["flops"] / us / 1e6, 1),
@@ -155,16 +156,16 @@ SWEEP = (
 )
 
 
-def resolve(kw: dict, bs: int, ctx: int) -> dict:
+def resolve(kw: dict, bs: int, ctx: int, heads: int = HEADS) -> dict:
     """`num_segments="old"`: the count the MHA decode's rule gives (what the kernel used before)."""
     if kw.get("num_segments") != "old":
         return kw
-    head_blocks = -(-HEADS // kw["block_h"])
+    head_blocks = -(-heads // kw["block_h"])
     return dict(kw, num_segments=_pick_segments(torch.device("cuda", 0), bs, head_blocks, ctx, kw["tile_n"]))
 
 
 def bench_rows(
-    bs: int, ctx: int, rates: tuple[float, float, float], configs: list[dict], with_reference: bool
+    bs: int, ctx: int, rates: tuple[float, float, float], configs: list[dict], with_reference: bool, heads: int = HEADS
 ) -> list[dict]:
     """One row per kernel config in `configs` (a failing one, e.g. out of shared memory, records
     its error), over the same inputs; the reference's time on every row."""
@@ -173,7 +174,7 @@ def bench_rows(
     scale = 192**-0.5
     latent_bytes = bs * ctx * (LORA + ROPE) * 2
     caches = max(2, min(32, -(-(512 << 20) // latent_bytes)))
-    q_absorbed, q_pe, pools, meta = decode_batch(bs, ctx, HEADS, LORA, ROPE, torch.bfloat16, "cuda", caches)
+    q_absorbed, q_pe, pools, meta = decode_batch(bs, ctx, heads, LORA, ROPE, torch.bfloat16, "cuda", caches)
     out = torch.empty_like(q_absorbed)
     ref = reference(q_absorbed, q_pe, pools[0], meta, scale)
     ref_us = None
@@ -181,8 +182,8 @@ def bench_rows(
         ref_us = round(do_bench(lambda: reference(q_absorbed, q_pe, pools[0], meta, scale), warmup=2, rep=20) * 1e3, 1)
     rows = []
     for config in configs:
-        kw = resolve(config, bs, ctx)
-        row = dict(bs=bs, ctx=ctx, config=config, launched=kw, reference_us=ref_us)
+        kw = resolve(config, bs, ctx, heads)
+        row = dict(bs=bs, ctx=ctx, heads=heads, config=config, launched=kw, reference_us=ref_us)
         try:
             row["rel_err"] = rel_err(kernel(q_absorbed, q_pe, pools[0], out, meta, scale, **kw), ref)
             us = graph_time_us(
@@ -193,7 +194,7 @@ def bench_rows(
             print(f"bs {bs:3d} ctx {ctx:6d} {kw}: failed: {row['error']}")
             rows.append(row)
             continue
-        row.update(us=round(us, 2), **roofline_fields(bs, ctx, us, *rates))
+        row.update(us=round(us, 2), **roofline_fields(bs, ctx, us, *rates, heads))
         rows.append(row)
         print(f"bs {bs:3d} ctx {ctx:6d}: {row_text(row)} reference {ref_us or float('nan'):9.1f} us"
               f" err {row['rel_err']:.1e} {kw or ''}")  # fmt: skip
@@ -213,7 +214,8 @@ def run_gpu(args) -> None:
     name = torch.cuda.get_device_name()
     peak = dense_bf16_peak(name) or gemm
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s, bf16 GEMM {gemm / 1e12:.0f} TFLOP/s, peak {peak / 1e12:.0f}"
-          f" TFLOP/s ({name}); ridge {peak / bw:.0f} FLOP/B against 1.89 x {HEADS} = {1.889 * HEADS:.0f}")  # fmt: skip
+          f" TFLOP/s ({name}); ridge {peak / bw:.0f} FLOP/B against 1.89 x {args.heads}"
+          f" = {1.889 * args.heads:.0f}")  # fmt: skip
     knobs = dict(
         num_segments=args.segments, tile_n=args.tile_n, block_h=args.block_h, num_warps=args.num_warps,
         num_stages=args.num_stages, dv_split=args.dv_split,
@@ -223,7 +225,7 @@ def run_gpu(args) -> None:
     rows = []
     for ctx in args.ctx:
         for bs in args.bs:
-            found = bench_rows(bs, ctx, (bw, peak, gemm), configs, not args.no_reference)
+            found = bench_rows(bs, ctx, (bw, peak, gemm), configs, not args.no_reference, args.heads)
             rows += found
             if args.sweep and any("us" in r for r in found):
                 best = min((r for r in found if "us" in r), key=lambda r: r["us"])
@@ -263,6 +265,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("results/mla_decode.json"))
     ap.add_argument("--bs", type=lambda s: [int(x) for x in s.split(",")], default=list(BS))
     ap.add_argument("--ctx", type=lambda s: [int(x) for x in s.split(",")], default=list(CTX))
+    ap.add_argument("--heads", type=int, default=HEADS,
+                    help="query heads (128: V3 on one GPU; 16: its shard at TP 8, memory-bound)")  # fmt: skip
     ap.add_argument("--segments", type=int, default=None, help="force the split-KV segment count")
     ap.add_argument("--tile-n", type=int, default=None, help="keys a step (default: the kernel's)")
     ap.add_argument("--block-h", type=int, default=None, help="heads a tile (default: the kernel's)")
