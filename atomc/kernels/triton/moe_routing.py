@@ -143,7 +143,7 @@ def softmax_topk(
 # DeepSeek's routings (sigmoid or softmax scores, expert groups, a correction bias) in one launch
 # instead of select_experts' dozen torch launches: DeepSeek-V3 at full width, one dense + one MoE
 # layer in block FP8, decode graph 1.348 -> 1.309 ms at CONC 1, 4.576 -> 4.529 at CONC 64 (H100,
-# docs/performance.md section 24); checked against select_experts on the interpreter and on CUDA.
+# docs/performance.md section 24); equal to select_experts up to ties (broken to the lower id).
 GROUPED_KERNEL = True
 
 
