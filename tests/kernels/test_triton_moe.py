@@ -12,7 +12,13 @@ from triton_interpreter import use_interpreter
 use_interpreter()  # before the first triton import; test_triton_moe_gpu.py covers CUDA
 
 triton = pytest.importorskip("triton")
-from triton_kernel_cases import LaunchRecorder, make_moe, rel_err, routing_lower_id_on_ties  # noqa: E402
+from triton_kernel_cases import (  # noqa: E402
+    DEEPSEEK_ROUTINGS,
+    LaunchRecorder,
+    make_moe,
+    rel_err,
+    routing_lower_id_on_ties,
+)
 
 from atomc.kernels.triton import arrivals, moe_config  # noqa: E402
 from atomc.kernels.triton.moe import fused_experts  # noqa: E402
@@ -271,17 +277,6 @@ def test_softmax_topk_ties_go_to_the_lower_expert():
     weights, ids = softmax_topk(logits, 4, False)
     assert ids.tolist() == [[1, 3, 4, 2]]
     assert weights[0, 0] == weights[0, 1] == weights[0, 2] > weights[0, 3]
-
-
-# (experts, k, scoring, bias, groups, kept groups, renormalise, scale): DeepSeek-V3 (sigmoid, bias,
-# 8 groups of 32 keeping 4, the sum of each group's best two), V2 (softmax, 160 in 8 groups of 20:
-# not a power of two, keeping 3, the group's best), a bias without groups, and one group
-DEEPSEEK_ROUTINGS = [
-    (256, 8, "sigmoid", True, 8, 4, True, 2.5),
-    (160, 6, "softmax", False, 8, 3, False, 16.0),
-    (64, 6, "sigmoid", True, 0, 0, True, 1.0),
-    (24, 4, "softmax", False, 1, 1, True, 1.0),
-]
 
 
 @pytest.mark.parametrize("e,k,scoring,bias,groups,keep,renormalize,scale", DEEPSEEK_ROUTINGS)

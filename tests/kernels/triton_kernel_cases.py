@@ -191,6 +191,17 @@ class LaunchRecorder:
         return self.kernel[grid]
 
 
+# (experts, k, scoring, bias, groups, kept groups, renormalise, scale): DeepSeek-V3 (sigmoid, bias,
+# 8 groups of 32 keeping 4, the sum of each group's best two), V2 (softmax, 160 in 8 groups of 20:
+# not a power of two, keeping 3, the group's best), a bias without groups, and one group
+DEEPSEEK_ROUTINGS = [
+    (256, 8, "sigmoid", True, 8, 4, True, 2.5),
+    (160, 6, "softmax", False, 8, 3, False, 16.0),
+    (64, 6, "sigmoid", True, 0, 0, True, 1.0),
+    (24, 4, "softmax", False, 1, 1, True, 1.0),
+]
+
+
 def routing_lower_id_on_ties(logits, top_k, scoring, renormalize, correction_bias, groups, keep, scale):
     """select_experts' routing with every tie broken towards the lower id, as the routing kernels
     break them (torch.topk's order among equal values is unspecified): stable descending sorts of the
