@@ -26,7 +26,8 @@ select_experts): V2 softmax scores, top-k without renormalising (`topk_method` g
 group_limited_greedy: the best `topk_group` of `n_group` groups by their best score); V3 sigmoid
 scores, `e_score_correction_bias` added to choose (not to weigh), groups scored by their best two,
 renormalised when `norm_topk_prob`. Both scale the weights by `routed_scaling_factor`, and add
-`n_shared_experts` shared experts (one gated MLP of moe_intermediate_size * n_shared_experts).
+`n_shared_experts` shared experts (one gated MLP of moe_intermediate_size * n_shared_experts): a
+GatedMLP beside the MoE op, or, with FUSE_SHARED_EXPERTS, n_shared_experts more experts inside it.
 
 The layer, model and causal-LM shell are the shared decoder's (models/decoder.py): this family
 supplies its config, MLAAttention, DeepseekMoE or the dense GatedMLP per layer, and the RoPE table
@@ -54,7 +55,7 @@ layers split heads, but the all-reduce is not there: sizes > 1 are refused).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -279,11 +280,29 @@ class DeepseekRouter(ReplicatedLinear):
             self.register_parameter("e_score_correction_bias", None)
 
 
+# The shared experts as S more experts of the MoE op, which every token runs (atomc/ops/moe.py):
+# their weights are read by the expert kernels' launches, not by a GEMM, an activation and a GEMM
+# of their own. Off until timed on a GPU (kernels.md's list of next calls).
+FUSE_SHARED_EXPERTS = False
+
+
+def fuses_shared_experts(c: DeepseekConfig, parallel: ParallelInfo) -> bool:
+    """Whether this model's MoE layers hold their shared experts (not under expert parallelism,
+    where each rank holds only its own routed experts)."""
+    ep = expert_sharding(parallel)[1]
+    return FUSE_SHARED_EXPERTS and c.shared_intermediate_size > 0 and ep.size == 1
+
+
 class DeepseekMoE(nn.Module):
     def __init__(self, c: DeepseekConfig, parallel: ParallelInfo = SINGLE):
         super().__init__()
         self.gate = DeepseekRouter(c.hidden_size, c.moe.num_experts, c.correction_bias, parallel)
         self.parallel = parallel
+        if fuses_shared_experts(c, parallel):  # the op runs them (S experts of the routed width)
+            spec = replace(c.moe, shared_experts=c.shared_intermediate_size // c.moe.intermediate_size)
+            self.experts = FusedMoE(c.hidden_size, spec, *expert_sharding(parallel))
+            self.shared_experts = None
+            return
         self.experts = FusedMoE(c.hidden_size, c.moe, *expert_sharding(parallel))
         if c.shared_intermediate_size:
             # partial sums: reduced once with the routed experts' (forward)
@@ -294,7 +313,7 @@ class DeepseekMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.gate.e_score_correction_bias
-        if self.shared_experts is None:
+        if self.shared_experts is None:  # none, or inside the op
             return self.experts(x, self.gate(x), bias)
         # the routed experts (each rank its experts, or its slice of each) and the tensor-parallel
         # shared experts are partial sums over the same ranks: added first, reduced once
@@ -321,6 +340,8 @@ class DeepseekV2ForCausalLM(DecoderForCausalLM):
         super().__init__(arch, parallel)
         c = self.config
         self.packed_modules_mapping = {**type(self).packed_modules_mapping, **qkv_a_mapping(c)}
+        if fuses_shared_experts(c, parallel):  # `mlp.shared_experts.*` load into the MoE op's experts
+            self.expert_names = replace(type(self).expert_names, shared="shared_experts")
         if mtp and parallel.stages > 1:
             raise ValueError("DeepSeek's MTP layers are not built under pipeline parallelism")
         if mtp and not c.num_mtp_layers:

@@ -11,6 +11,12 @@ Weights are stacked per expert: `w13` [E_local, 2I, H] holds the gate rows then 
 [E_local, H, I]. `expert_map` [E] (int32) maps a global expert id to its row in w13/w2, -1 where the
 expert lives on another rank (expert parallelism): such a choice contributes nothing here and the
 ranks' outputs are summed by the caller. Without it, global id = local row.
+
+Shared experts (DeepSeek's `n_shared_experts`, which every token runs) may ride in the same op:
+with `num_shared_experts` S > 0, w13 / w2 hold S more rows after the E routed experts (a shared MLP of
+intermediate size S*I cut into S experts of I: an MLP is a sum over its intermediate units), and
+every token's routing gets S more slots, ids E..E+S-1 with weight 1.0 (`append_shared_experts`):
+the kernels then read the shared weights in the same launches as the routed ones.
 """
 
 from __future__ import annotations
@@ -41,12 +47,14 @@ def moe(
     activation: str = "silu",
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    num_shared_experts: int = 0,
 ) -> torch.Tensor:
     """x [T, H] -> [T, H]. Reference: an explicit loop over the experts that received tokens."""
     weights, ids = select_experts(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
         routed_scaling_factor,
     )  # fmt: skip
+    weights, ids = append_shared_experts(weights, ids, num_shared_experts, router_logits.shape[-1])
     return experts_reference(x, weights, ids, w13, w2, w13_bias, w2_bias, expert_map, activation,
                              swiglu_alpha, swiglu_limit)  # fmt: skip
 
@@ -97,6 +105,20 @@ def select_experts(
     if routed_scaling_factor != 1.0:
         weights = weights * routed_scaling_factor
     return weights, ids.to(torch.int32)
+
+
+def append_shared_experts(
+    weights: torch.Tensor, ids: torch.Tensor, num_shared: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing with S shared-expert slots after the k routed ones: ids E..E+S-1 (E routed
+    experts), weight 1.0 (the routed scaling factor is the routed experts' alone, as DeepSeek adds
+    its shared experts unscaled). Unchanged for S = 0."""
+    if num_shared == 0:
+        return weights, ids
+    t = ids.shape[0]
+    shared = torch.arange(num_experts, num_experts + num_shared, dtype=ids.dtype, device=ids.device)
+    ones = torch.ones(t, num_shared, dtype=weights.dtype, device=weights.device)
+    return torch.cat([weights, ones], dim=1), torch.cat([ids, shared.expand(t, num_shared)], dim=1)
 
 
 def _mask_to_best_groups(choose: torch.Tensor, groups: int, keep: int, sum_top2: bool) -> torch.Tensor:

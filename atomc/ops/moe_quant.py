@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from atomc.ops.aiter_layout import FP8_E4M3, unshuffle_16x16, unshuffle_e8m0
-from atomc.ops.moe import experts_reference, select_experts
+from atomc.ops.moe import append_shared_experts, experts_reference, select_experts
 
 WEIGHT_FORMATS = ("mxfp4", "fp8_channel", "fp8_block")  # row-major: what every backend reads
 SHUFFLED_FORMATS = {f"{f}_shuffled": f for f in WEIGHT_FORMATS}  # AITER's layouts -> the values' format
@@ -129,12 +129,15 @@ def moe_quant(
     activation: str = "silu",
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    num_shared_experts: int = 0,
 ) -> torch.Tensor:
-    """x [T, H] -> [T, H]. Reference: dequantise every expert, then atomc::moe's reference body."""
+    """x [T, H] -> [T, H]. Reference: dequantise every expert, then atomc::moe's reference body
+    (shared experts as atomc::moe takes them)."""
     weights, ids = select_experts(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
         routed_scaling_factor,
     )  # fmt: skip
+    weights, ids = append_shared_experts(weights, ids, num_shared_experts, router_logits.shape[-1])
     w13_dense = dequantize_experts(w13, w13_scale, weight_format, x.dtype)
     w2_dense = dequantize_experts(w2, w2_scale, weight_format, x.dtype)
     h, padded = x.shape[1], w13_dense.shape[2]  # padded past H: "mxfp4_shuffled" (module docstring)

@@ -28,6 +28,11 @@ comes with shard id (expert, "gate" | "up" | "down"); a fused tensor holding eve
 ([E, 2I, H], [E, H, I], ...) with shard id None. Tensors of experts on other ranks are skipped.
 `ExpertNames` says how a family's checkpoint spells its expert tensors (the loader maps them).
 
+Shared experts (`MoESpec.shared_experts` S > 0, DeepSeek's when fused: models/deepseek.py) are S
+more rows after the routed experts: the checkpoint's shared MLP (intermediate S*I) loads with shard
+id ("shared", part) and is cut into S experts of I (an MLP is a sum over its intermediate units);
+the op gives every token those S slots too. Not under expert parallelism (every rank would need them).
+
 Routing happens inside the op (models/layers and kernels agree on one contract: atomc/ops/moe.py);
 the router itself is a ReplicatedLinear outside it, so its GEMM is an ordinary linear in the graph.
 """
@@ -66,13 +71,14 @@ class MoESpec:
     routed_scaling_factor: float = 1.0
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    shared_experts: int = 0  # shared experts of intermediate_size run inside the op (module docstring)
 
     def routing_args(self) -> tuple:
         """The routing and activation arguments atomc::moe and atomc::moe_quant take after top_k
         (and moe_quant's weight format), in their order."""
         return (
             self.scoring, self.renormalize, self.num_expert_group, self.topk_group, self.routed_scaling_factor,
-            self.activation, self.swiglu_alpha, self.swiglu_limit,
+            self.activation, self.swiglu_alpha, self.swiglu_limit, self.shared_experts,
         )  # fmt: skip
 
     def __post_init__(self):
@@ -87,9 +93,12 @@ class ExpertNames:
 
     `per_expert`: checkpoint module -> part, for `<container>.<expert>.<module>.weight|bias`
     (Qwen3-MoE: gate_proj/up_proj/down_proj; Mixtral: w1/w3/w2). `fused`: tensor name -> FusedMoE
-    parameter, for `<container>.<name>` holding every expert (transformers' in-memory layout)."""
+    parameter, for `<container>.<name>` holding every expert (transformers' in-memory layout).
+    `shared`: `<shared>.<module>.<leaf>` beside the container (DeepSeek's `shared_experts`) loads into
+    the container's parameters with shard id ("shared", part)."""
 
     per_expert: dict[str, str]
+    shared: str | None = None  # the shared MLP's module beside `container`, when the FusedMoE holds it
     fused: dict[str, str] = field(
         default_factory=lambda: {
             "gate_up_proj": "w13_weight",
@@ -107,6 +116,12 @@ class ExpertNames:
     def to_param(self, parts: list[str]) -> tuple[str, object] | None:
         """Dotted checkpoint name (split) -> (FusedMoE parameter name, shard id), None if no expert tensor."""
         for i, p in enumerate(parts):
+            if p == self.shared and self.shared is not None:
+                rest = parts[i + 1 :]
+                if len(rest) == 2 and rest[0] in self.per_expert and rest[1].isidentifier():
+                    part = self.per_expert[rest[0]]
+                    param = f"{'w2' if part == 'down' else 'w13'}_{rest[1]}"
+                    return ".".join([*parts[:i], self.container, param]), ("shared", part)
             if p != self.container:
                 continue
             rest = parts[i + 1 :]
@@ -122,10 +137,13 @@ class ExpertNames:
     def to_checkpoint(self, param_name: str, shard_id, fused: bool = False) -> str:
         """The inverse: which checkpoint tensor fills this shard (or, `fused`, all) of a FusedMoE parameter."""
         prefix, _, leaf = param_name.rpartition(".")
-        if fused or shard_id is None:
+        shared = shard_id is not None and shard_id[0] == "shared"
+        if (fused or shard_id is None) and not shared:
             return f"{prefix}.{next((k for k, v in self.fused.items() if v == leaf), leaf)}"
         expert, part = shard_id
         module = next(k for k, v in self.per_expert.items() if v == part)
+        if shared:  # the shared MLP's own tensor, whatever layout the routed experts come in
+            return f"{prefix.removesuffix(self.container)}{self.shared}.{module}.{leaf.split('_', 1)[1]}"
         return f"{prefix}.{expert}.{module}.{leaf.split('_', 1)[1]}"
 
 
@@ -137,10 +155,14 @@ class FusedMoE(nn.Module):
         if spec.num_experts % ep.size:
             raise ValueError(f"{spec.num_experts} experts do not divide across {ep.size} expert-parallel ranks")
         self.num_local_experts = spec.num_experts // ep.size
+        self.num_shared = spec.shared_experts
+        if self.num_shared and ep.size > 1:
+            raise ValueError("shared experts run inside the MoE op only without expert parallelism")
+        self.expert_rows = self.num_local_experts + self.num_shared  # routed rows, then the shared ones
         self.first_expert = ep.rank * self.num_local_experts
         self.intermediate_size = spec.intermediate_size
         self.local_intermediate = tp.split(spec.intermediate_size, "MoE intermediate size")
-        e, i, h = self.num_local_experts, self.local_intermediate, hidden_size
+        e, i, h = self.expert_rows, self.local_intermediate, hidden_size
         self.params_dtype = dtype = torch.get_default_dtype()  # the model's: the block's activations
         shapes = {"w13_weight": (e, 2 * i, h), "w2_weight": (e, h, i)}
         if spec.expert_bias:
@@ -157,10 +179,12 @@ class FusedMoE(nn.Module):
         self.moe_method = None  # None: dense experts, atomc::moe; else a quantised method (set_moe_method)
 
     def shard_ids_of(self, name: str) -> tuple:
-        """Every (expert, part) shard a w13_* / w2_* parameter holds (for the loader's missing-tensor check)."""
+        """Every (expert, part) shard a w13_* / w2_* parameter holds (for the loader's missing-tensor
+        check): each routed expert's, then ("shared", part) when it holds the shared experts."""
+        experts = [*range(self.num_experts), *(["shared"] if self.num_shared else [])]
         if name.startswith("w13"):
-            return tuple((x, p) for x in range(self.num_experts) for p in GATE_UP)
-        return tuple((x, "down") for x in range(self.num_experts))
+            return tuple((x, p) for x in experts for p in GATE_UP)
+        return tuple((x, "down") for x in experts)
 
     def set_moe_method(self, method) -> None:
         """Store the experts as `method` says (models/quant/mxfp4.py): its parameters replace the dense
@@ -209,15 +233,39 @@ class FusedMoE(nn.Module):
         allowed = ("down",) if name.startswith("w2") else GATE_UP
         if part not in allowed:
             raise ValueError(f"shard {shard_id!r} does not belong in {name} (its parts: {', '.join(allowed)})")
+        if expert == "shared":
+            for j, chunk in enumerate(self.shared_chunks(param, loaded, part)):
+                self._load_expert(param, name, chunk, self.num_local_experts + j, part)
+            return
         local = self.local_expert(expert)
         if local is not None:  # another expert-parallel rank's tensor: not ours to hold
             self._load_expert(param, name, loaded, local, part)
+
+    def shared_chunks(self, param, loaded: torch.Tensor, part: str) -> list[torch.Tensor]:
+        """The shared MLP's tensor for `part` cut into its S experts' (along I: rows of gate / up,
+        columns of down, in the parameter's packed units); a per-row scale of down ([H]: its rows
+        are H, not I) is every chunk's, a down bias the first chunk's."""
+        if not self.num_shared:
+            raise ValueError("is a shared expert's tensor, but this MoE layer holds no shared experts")
+        if part != "down":
+            dim, pack = 0, getattr(param, "n_pack", 1)
+        elif param.moe_param == "w2_bias":  # added once: by the first chunk
+            return [loaded] + [torch.zeros_like(loaded)] * (self.num_shared - 1)
+        elif getattr(param, "has_input_dim", True):
+            dim, pack = 1, getattr(param, "k_pack", 1)
+        else:
+            return [loaded] * self.num_shared
+        whole = self.num_shared * self.intermediate_size // pack
+        _check(loaded, dim, whole, f" (the {self.num_shared} shared experts' {part})")
+        return list(loaded.split(whole // self.num_shared, dim=dim))
 
     def _load_expert(self, param, name: str, src: torch.Tensor, local: int, part) -> None:
         """One expert's tensor (one part, or for w13 both gate and up when `part` is None) into row `local`."""
         dst = param.data[local]
         n, full = self.local_intermediate, self.intermediate_size
-        what = "" if part is None else f" (expert {local + self.first_expert} {part})"
+        shared = local - self.num_local_experts
+        expert = local + self.first_expert if shared < 0 else f"shared {shared}"
+        what = "" if part is None else f" (expert {expert} {part})"
         if name.startswith("w13"):  # rows of I (in scale blocks when `n_pack` rows share an element)
             rows = getattr(param, "n_pack", 1)
             n, full = n // rows, full // rows
@@ -249,6 +297,10 @@ class FusedMoE(nn.Module):
                 out[(f"{prefix}_weight", (x, part))] = w
                 if self.spec.expert_bias:
                     out[(f"{prefix}_bias", (x, part))] = b
+        s = self.num_shared * i
+        if s:  # the shared MLP's three tensors
+            out |= {("w13_weight", ("shared", p)): (s, h) for p in GATE_UP}
+            out[("w2_weight", ("shared", "down"))] = (h, s)
         return out
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor, correction_bias=None) -> torch.Tensor:

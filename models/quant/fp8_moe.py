@@ -57,7 +57,7 @@ class Fp8MoEMethod(MoEMethod):
         return {f"{w}_{theirs}": f"{w}_{ours}" for w in ("w13", "w2") for theirs, ours in _LEAF_ALIASES}
 
     def create_weights(self, layer: nn.Module, weight_loader) -> None:
-        e, i, h = layer.num_local_experts, layer.local_intermediate, layer.hidden_size
+        e, i, h = layer.expert_rows, layer.local_intermediate, layer.hidden_size
         if self.scheme.online:  # the checkpoint's dense experts, quantised after loading
             dtype = torch.get_default_dtype()
             self._register(layer, "w13_weight", (e, 2 * i, h), dtype, weight_loader)
@@ -100,7 +100,8 @@ class Fp8MoEMethod(MoEMethod):
             if shard_id is not None and per_tensor:
                 if loaded.numel() != 1:
                     raise ValueError(f"has shape {tuple(loaded.shape)}, but a per-tensor weight scale is one value")
-                rows = layer.hidden_size if shard_id[1] == "down" else layer.intermediate_size
+                shared = layer.num_shared if shard_id[0] == "shared" else 1  # the shared MLP: S experts' rows
+                rows = layer.hidden_size if shard_id[1] == "down" else layer.intermediate_size * shared
                 loaded = loaded.reshape(()).expand(rows)
             elif loaded.dim() >= 2 and loaded.shape[-1] == 1:  # compressed-tensors' [N, 1]
                 loaded = loaded.squeeze(-1)
@@ -139,8 +140,13 @@ def _input_scale_loader(layer):
         if loaded.numel() != 1:
             raise ValueError(f"has shape {tuple(loaded.shape)}, but a static input scale is one value")
         expert, part = shard_id
+        column = {"gate": 0, "up": 1, "down": 0}[part]
+        if expert == "shared":  # one scale for the shared MLP's tensor: each of its experts'
+            first = layer.num_local_experts
+            param.data[first : first + layer.num_shared, column] = loaded.reshape(()).float()
+            return
         local = layer.local_expert(expert)
         if local is not None:
-            param.data[local, {"gate": 0, "up": 1, "down": 0}[part]] = loaded.reshape(()).float()
+            param.data[local, column] = loaded.reshape(()).float()
 
     return load

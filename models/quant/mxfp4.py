@@ -79,7 +79,7 @@ class Mxfp4MoEMethod(MoEMethod):
     params = ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales")
 
     def create_weights(self, layer: nn.Module, weight_loader) -> None:
-        e, i, h = layer.num_local_experts, layer.local_intermediate, layer.hidden_size
+        e, i, h = layer.expert_rows, layer.local_intermediate, layer.hidden_size
         for what, size in (("hidden size", h), ("intermediate size on this rank", i)):
             if size % MXFP4_GROUP:
                 raise QuantConfigError(

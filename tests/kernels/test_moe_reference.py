@@ -178,6 +178,25 @@ def test_expert_map_halves_sum_to_the_whole_and_skip_foreign_experts():
     assert remote.any() and torch.equal(halves[0][remote], torch.zeros_like(halves[0][remote]))
 
 
+@pytest.mark.parametrize("shared", [1, 2])
+def test_shared_experts_in_the_op_equal_the_shared_mlp_beside_it(shared):
+    """DeepSeek's shared MLP (intermediate shared * I) cut into `shared` experts after the routed
+    ones (atomc/ops/moe.py) gives the routed block plus that MLP, unscaled by the routing factor."""
+    g = torch.Generator().manual_seed(8)
+    x, logits = torch.randn(6, H, generator=g), torch.randn(6, E, generator=g)
+    w13, w2, _, _ = random_weights()
+    gate, up = 0.3 * torch.randn(shared * INTER, H, generator=g), 0.3 * torch.randn(shared * INTER, H, generator=g)
+    down = 0.3 * torch.randn(H, shared * INTER, generator=g)
+    mlp = F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+    chunks13 = [torch.cat([gc, uc]) for gc, uc in zip(gate.split(INTER), up.split(INTER), strict=True)]
+    fused13 = torch.cat([w13, torch.stack(chunks13)])
+    fused2 = torch.cat([w2, torch.stack(down.split(INTER, dim=1))])
+    args = (None, None, None, None, 2, "sigmoid", True, 4, 2, 2.5)
+    got = torch.ops.atomc.moe(x, logits, fused13, fused2, *args, "silu", 1.702, 7.0, shared)
+    want = torch.ops.atomc.moe(x, logits, w13, w2, *args) + mlp
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
 def test_fake_gives_the_shape_under_compile():
     w13, w2, _, _ = random_weights()
 

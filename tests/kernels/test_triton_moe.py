@@ -325,7 +325,7 @@ def test_route_takes_the_grouped_kernel_when_on(monkeypatch):
     logits, bias = torch.randn(5, 64), 0.1 * torch.randn(64)
     args = (logits, 6, "sigmoid", True, bias, 8, 3, 2.5)
     calls = []
-    monkeypatch.setattr(moe_routing, "grouped_topk", lambda *a: calls.append(a) or select_experts(*a))
+    monkeypatch.setattr(moe_routing, "grouped_topk", lambda *a: calls.append(a) or select_experts(*a[:8]))
     monkeypatch.setattr(moe_routing, "GROUPED_KERNEL", False)
     moe_routing.route(*args)
     assert not calls  # off: select_experts
@@ -334,6 +334,46 @@ def test_route_takes_the_grouped_kernel_when_on(monkeypatch):
     assert len(calls) == 1 and torch.equal(ids, select_experts(*args)[1])
     moe_routing.route(torch.randn(2, 2048), 2, "sigmoid", True, None, 0, 0, 1.0)  # past MAX_EXPERTS: select_experts
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "grouped", "select_experts"])
+@pytest.mark.parametrize("shared", [1, 2, 3])
+def test_routing_appends_the_shared_expert_slots(kernel, shared, monkeypatch):
+    """The routing kernels write the shared slots (ids E.., weight 1.0) after the routed ones, which
+    stay as without them: the contract of atomc/ops/moe.py's append_shared_experts."""
+    from atomc.kernels.triton import moe_routing
+
+    e, k = 16, 3
+    logits = torch.randn(7, e, generator=torch.Generator().manual_seed(shared))
+    args = {"softmax": (logits, k, "softmax", True, None, 0, 0, 1.0),
+            "grouped": (logits, k, "sigmoid", True, 0.1 * torch.ones(e), 4, 2, 2.5),
+            "select_experts": (logits, k, "sigmoid", False, None, 4, 2, 1.5)}[kernel]  # fmt: skip
+    monkeypatch.setattr(moe_routing, "GROUPED_KERNEL", kernel == "grouped")
+    weights, ids = moe_routing.route(*args, shared)
+    plain_w, plain_ids = moe_routing.route(*args)
+    assert ids.shape == weights.shape == (7, k + shared) and ids.dtype == torch.int32
+    assert torch.equal(ids[:, :k], plain_ids) and torch.equal(weights[:, :k], plain_w)
+    assert ids[:, k:].tolist() == [list(range(e, e + shared))] * 7
+    assert torch.equal(weights[:, k:], torch.ones(7, shared))
+
+
+@pytest.mark.parametrize("config", [GEMV, SMALL, SORTED], ids=["gemv", "small", "sorted"])
+def test_shared_experts_ride_in_the_fused_op(config):
+    """atomc::moe with two shared experts on the Triton kernels against its reference, on each route."""
+    from atomc.kernels.triton.moe import fused_moe
+
+    t = 1 if config is GEMV else 9
+    x, logits, w13, w2, _, _ = make_moe(t, E + 2, H, INTER, K, torch.float32, "cpu", seed=3)
+    logits = logits[:, :E]  # the router scores the routed experts only; rows E, E+1 are the shared ones
+    args = (x, logits, w13, w2, None, None, None, None, K, "softmax", True, 0, 0, 1.0, "silu", 1.702, 7.0, 2)
+    ref = torch.ops.atomc.moe(*args)
+    weights, ids = select_experts(logits, K)
+    ids = torch.cat([ids, torch.tensor([[E, E + 1]] * t, dtype=torch.int32)], 1)
+    weights = torch.cat([weights, torch.ones(t, 2)], 1)
+    out = fused_experts(x, weights, ids, w13, w2, config=config, num_shared=2)
+    assert rel_err(out, ref) < TOL[torch.float32], rel_err(out, ref)
+    assert rel_err(fused_moe(*args), ref) < TOL[torch.float32]
+    assert rel_err(ref, torch.ops.atomc.moe(*args[:-1])) > 0.05  # the shared experts add to every token
 
 
 def test_routing_choice():

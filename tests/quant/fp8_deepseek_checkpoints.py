@@ -136,12 +136,14 @@ def online_reference_checkpoint(base_dir: Path, out: Path) -> Path:
     return out
 
 
-def reference(dequantized_dir: Path, fake_quant: bool = True):
+def reference(dequantized_dir: Path, fake_quant: bool = True, weight_only: str | None = None):
     """transformers (fp32) on the dequantised checkpoint; `fake_quant`: the block-FP8 GEMMs' inputs
-    rounded through FP8 per 128-value group (module docstring)."""
+    rounded through FP8 per 128-value group (module docstring), except under a module named
+    `weight_only` (the shared experts when atomc runs them in the weight-only MoE op)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(dequantized_dir, dtype=torch.float32).eval()
     if fake_quant:
-        hooked = [m for name, m in model.named_modules() if name.split(".")[-1] in GEMM_INPUTS]
+        hooked = [m for name, m in model.named_modules()
+                  if name.split(".")[-1] in GEMM_INPUTS and weight_only not in name.split(".")]  # fmt: skip
         assert hooked and all(isinstance(m, torch.nn.Linear) for m in hooked)
         for m in hooked:
             m.register_forward_pre_hook(lambda mod, args: (fc.fake_quant(args[0], "group", group=BLOCK),))

@@ -132,6 +132,37 @@ def test_prompt_logits_match_transformers_on_the_dequantised_weights(family, mad
     assert rel < PLAIN_MEDIAN_REL, rel
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shared_experts_inside_the_moe_op_keep_the_checkpoints_bytes(family, made, monkeypatch):
+    """FUSE_SHARED_EXPERTS: the shared MLP's e4m3 bytes and block scales load into the FP8 experts
+    after the routed ones, cut into experts of the routed width, and run there weight-only (as the
+    routed experts do): against the reference that rounds every other block-FP8 GEMM's input."""
+    from models import deepseek
+
+    monkeypatch.setattr(deepseek, "FUSE_SHARED_EXPERTS", True)
+    _, qdir, deq = made(family)
+    model = load_model(qdir, torch.float32, "cpu")
+    state = load_file(str(qdir / "model.safetensors"))
+    c = model.config
+    e, inter = c.moe.num_experts, c.moe.intermediate_size
+    last = len(model.model.layers) - 1
+    experts = model.model.layers[last].mlp.experts
+    pre = f"model.layers.{last}.mlp.shared_experts."
+    for j in range(c.shared_intermediate_size // inter):
+        rows, blocks = slice(j * inter, (j + 1) * inter), slice(j * inter // 128, (j + 1) * inter // 128)
+        w13 = torch.cat([state[pre + "gate_proj.weight"][rows], state[pre + "up_proj.weight"][rows]])
+        s13 = torch.cat([state[f"{pre}{p}_proj.weight_scale_inv"][blocks] for p in ("gate", "up")])
+        w2 = state[pre + "down_proj.weight"][:, rows]
+        assert torch.equal(experts.w13_weight[e + j].view(torch.uint8), w13.view(torch.uint8))
+        assert torch.equal(experts.w13_weight_scale[e + j], s13)
+        assert torch.equal(experts.w2_weight[e + j].view(torch.uint8), w2.view(torch.uint8))
+        assert torch.equal(experts.w2_weight_scale[e + j], state[pre + "down_proj.weight_scale_inv"][:, blocks])
+    ids = torch.randint(0, 384, (37,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = dc.reference(deq, weight_only="shared_experts")(ids[None]).logits[0]
+    assert_close_to_reference(_logits(model, ids), want)
+
+
 def _greedy_against_reference(llm: LLM, deq) -> None:
     out = llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
     ref = dc.reference(deq)

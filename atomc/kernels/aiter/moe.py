@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from atomc.kernels.aiter.fallback import NextBackend
 from atomc.kernels.binding import bind_as_atomc, named_args
-from atomc.ops.moe import select_experts
+from atomc.ops.moe import append_shared_experts, select_experts
 
 FUSED_MOE_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -116,11 +116,15 @@ def route(
 
 
 def route_block(a) -> tuple[torch.Tensor, torch.Tensor]:
-    """`route` for an atomc::moe / moe_quant call's named arguments (binding.named_args)."""
-    return route(
+    """`route` for an atomc::moe / moe_quant call's named arguments (binding.named_args), the
+    shared-expert slots after the routed ones (appended in torch: AITER's routing kernels that take
+    shared experts, topk_softmax's `num_shared_experts` and moe_fused_gate's, do not cover every
+    routing here, and no AMD run has checked what weight they give those slots)."""
+    weights, ids = route(
         a.router_logits, a.top_k, a.scoring, a.renormalize, a.correction_bias, a.num_expert_group, a.topk_group,
         a.routed_scaling_factor,
     )  # fmt: skip
+    return append_shared_experts(weights, ids, a.num_shared_experts, a.router_logits.shape[-1])
 
 
 def local_ids_and_mask(ids: torch.Tensor, expert_map: torch.Tensor, num_local: int):

@@ -62,9 +62,12 @@ def fused_experts(
     alpha: float = 1.702,
     limit: float = 7.0,
     config: dict | None = None,
+    num_shared: int = 0,
 ) -> torch.Tensor:
     """`experts_reference` on the kernels: x [T, H], weights fp32 [T, k], ids int32 [T, k] (global)
-    -> [T, H]. `config` overrides the tuned/default configuration (the tuner and tests use it)."""
+    -> [T, H]. `config` overrides the tuned/default configuration (the tuner and tests use it).
+    `num_shared`: how many of the k slots (the last) and of the experts are shared ones
+    (atomc/ops/moe.py); the tuned tiles are looked up under the routed counts, the model's."""
     t, h = x.shape
     e_local, two_i, h_w = w13.shape
     inter = two_i // 2
@@ -81,7 +84,8 @@ def fused_experts(
         local = expert_map.to(torch.int32)[local.long()]
     if config is None:
         dev = tuned_files.tile_device(x.device)
-        config = moe_config.pick_config(t, e_local, h, inter, k, x.dtype, dev.name, family=dev.family)
+        config = moe_config.pick_config(t, e_local - num_shared, h, inter, k - num_shared, x.dtype, dev.name,
+                                        family=dev.family)  # fmt: skip
     out = torch.empty_like(x)
     if t == 0:
         return out
@@ -166,12 +170,13 @@ def fused_moe(
     activation: str = "silu",
     swiglu_alpha: float = 1.702,
     swiglu_limit: float = 7.0,
+    num_shared_experts: int = 0,
 ) -> torch.Tensor:
-    """`atomc::moe` (same arguments): softmax top-k routing in one Triton kernel (other scorings
-    through `select_experts` in torch), the experts on the Triton kernels."""
+    """`atomc::moe` (same arguments): the routing in one Triton kernel (moe_routing.py; else
+    `select_experts` in torch), the experts on the Triton kernels."""
     weights, ids = route(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
-        routed_scaling_factor,
+        routed_scaling_factor, num_shared_experts,
     )  # fmt: skip
     return fused_experts(x, weights, ids, w13, w2, w13_bias, w2_bias, expert_map, activation, swiglu_alpha,
-                         swiglu_limit)  # fmt: skip
+                         swiglu_limit, num_shared=num_shared_experts)  # fmt: skip

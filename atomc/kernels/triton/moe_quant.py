@@ -110,10 +110,11 @@ def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:
 def fused_experts_quant(
     x, weights, ids, w13, w13_scale, w2, w2_scale, w13_bias=None, w2_bias=None, expert_map=None,
     activation="silu", alpha=1.702, limit=7.0, weight_format: str = "mxfp4", config: dict | None = None,
+    num_shared: int = 0,
 ) -> torch.Tensor:  # fmt: skip
     """`experts_reference` on the dequantised experts (atomc/ops/moe_quant.py's layouts), on the
     kernels: x [T, H], weights fp32 [T, k], ids int32 [T, k] (global) -> [T, H]. `config`
-    overrides the tuned/default configuration."""
+    overrides the tuned/default configuration; `num_shared` as moe.py's fused_experts takes it."""
     e_local, h, inter = _check_shapes(x, w13, w13_scale, w2, w2_scale, weight_format)
     if activation not in ACTIVATION_CODES:
         raise ValueError(f"fused_moe_quant: activation {activation!r} (supported: {', '.join(ACTIVATION_CODES)})")
@@ -126,9 +127,8 @@ def fused_experts_quant(
         local = expert_map.to(torch.int32)[local.long()]
     if config is None:
         dev = tuned_files.tile_device(x.device)
-        config = moe_config.pick_config(
-            t, e_local, h, inter, k, x.dtype, dev.name, weight_format=weight_format, family=dev.family
-        )
+        config = moe_config.pick_config(t, e_local - num_shared, h, inter, k - num_shared, x.dtype, dev.name,
+                                        weight_format=weight_format, family=dev.family)  # fmt: skip
     out = torch.empty_like(x)
     if t == 0:
         return out
@@ -233,9 +233,9 @@ def fused_experts_mxfp4(*args, **kwargs) -> torch.Tensor:
 def fused_moe_quant(
     x, router_logits, w13, w13_scale, w2, w2_scale, w13_bias, w2_bias, expert_map, correction_bias, top_k: int,
     weight_format: str, scoring="softmax", renormalize=True, num_expert_group=0, topk_group=0,
-    routed_scaling_factor=1.0, activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0,
+    routed_scaling_factor=1.0, activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0, num_shared_experts=0,
 ) -> torch.Tensor:  # fmt: skip
-    """`atomc::moe_quant` (same arguments): routing as `fused_moe` does it, then the MXFP4 experts."""
+    """`atomc::moe_quant` (same arguments): routing as `fused_moe` does it, then the quantised experts."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(
             f"fused_moe_quant: weight format {weight_format!r} has no Triton kernel "
@@ -243,7 +243,8 @@ def fused_moe_quant(
         )
     weights, ids = route(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
-        routed_scaling_factor,
+        routed_scaling_factor, num_shared_experts,
     )  # fmt: skip
     return fused_experts_quant(x, weights, ids, w13, w13_scale, w2, w2_scale, w13_bias, w2_bias, expert_map,
-                               activation, swiglu_alpha, swiglu_limit, weight_format)  # fmt: skip
+                               activation, swiglu_alpha, swiglu_limit, weight_format,
+                               num_shared=num_shared_experts)  # fmt: skip

@@ -22,27 +22,36 @@ import triton.language as tl
 
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.pdl import after_producer
-from atomc.ops.moe import select_experts
+from atomc.ops.moe import append_shared_experts, select_experts
 
 MAX_EXPERTS = 1024  # one program holds a token's whole logit row
 
 
 @triton.jit
-def _store_choice(weights_ptr, ids_ptr, t, weights, ids, slots, scale, TOPK: tl.constexpr, RENORMALIZE: tl.constexpr):
-    """Token t's k (weight, id) pairs, the weights renormalised over the k if asked, then scaled."""
+def _store_choice(
+    weights_ptr, ids_ptr, t, weights, ids, slots, scale, E,
+    TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, SHARED: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """Token t's k (weight, id) pairs, the weights renormalised over the k if asked, then scaled;
+    then SHARED shared-expert slots (ids E.., weight 1.0: atomc/ops/moe.py's append_shared_experts)."""
     if RENORMALIZE:
         weights = weights / tl.sum(weights, 0)
     weights = weights * scale
-    out = t * TOPK + slots
+    out = t * (TOPK + SHARED) + slots
     tl.store(weights_ptr + out, weights, mask=slots < TOPK)
     tl.store(ids_ptr + out, ids, mask=slots < TOPK)
+    if SHARED > 0:
+        s = tl.arange(0, BLOCK_S)
+        ok = s < SHARED
+        tl.store(weights_ptr + t * (TOPK + SHARED) + TOPK + s, tl.full(s.shape, 1.0, tl.float32), mask=ok)
+        tl.store(ids_ptr + t * (TOPK + SHARED) + TOPK + s, (E + s).to(tl.int32), mask=ok)
 
 
 @triton.jit
 def _softmax_topk_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, stride_lt, scale,
     TOPK: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, SHARED: tl.constexpr = 0, BLOCK_S: tl.constexpr = 1,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py: the logits come from the step
     t = tl.program_id(0)
@@ -60,7 +69,7 @@ def _softmax_topk_kernel(
         weights = tl.where(slots == s, best, weights)
         ids = tl.where(slots == s, idx, ids)
         left = tl.where(offs == idx, -2.0, left)
-    _store_choice(weights_ptr, ids_ptr, t, weights, ids, slots, scale, TOPK, RENORMALIZE)
+    _store_choice(weights_ptr, ids_ptr, t, weights, ids, slots, scale, E, TOPK, RENORMALIZE, SHARED, BLOCK_S)
 
 
 @triton.jit
@@ -68,7 +77,7 @@ def _grouped_topk_kernel(
     logits_ptr, bias_ptr, weights_ptr, ids_ptr, E, PER_GROUP, stride_lt, scale,
     TOPK: tl.constexpr, TOPK_GROUP: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, SHARED: tl.constexpr = 0, BLOCK_S: tl.constexpr = 1,
 ):  # fmt: skip
     """DeepSeek's routing for one token: the logits as [groups, experts a group]; scores (sigmoid or
     softmax) plus the correction bias choose; a group's score is its best choice score, or the sum
@@ -113,7 +122,7 @@ def _grouped_topk_kernel(
         weights = tl.where(slots == s, tl.sum(tl.sum(tl.where(hit, scores, 0.0), 1), 0), weights)
         ids = tl.where(slots == s, idx, ids)
         taken = taken | hit
-    _store_choice(weights_ptr, ids_ptr, t, weights, ids, slots, scale, TOPK, RENORMALIZE)
+    _store_choice(weights_ptr, ids_ptr, t, weights, ids, slots, scale, E, TOPK, RENORMALIZE, SHARED, BLOCK_S)
 
 
 def handles(scoring: str, correction_bias, num_expert_group: int, experts: int) -> bool:
@@ -121,21 +130,32 @@ def handles(scoring: str, correction_bias, num_expert_group: int, experts: int) 
     return scoring == "softmax" and correction_bias is None and num_expert_group == 0 and experts <= MAX_EXPERTS
 
 
+def _outputs(router_logits: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    t = router_logits.shape[0]
+    weights = torch.empty(t, slots, dtype=torch.float32, device=router_logits.device)
+    return weights, torch.empty(t, slots, dtype=torch.int32, device=router_logits.device)
+
+
+def _shared(num_shared: int) -> dict:
+    return dict(SHARED=num_shared, BLOCK_S=triton.next_power_of_2(max(1, num_shared)))
+
+
 def softmax_topk(
-    router_logits: torch.Tensor, top_k: int, renormalize: bool = True, routed_scaling_factor: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`select_experts(router_logits, top_k, "softmax", renormalize, None, 0, 0, routed_scaling_factor)`."""
+    router_logits: torch.Tensor, top_k: int, renormalize: bool = True, routed_scaling_factor: float = 1.0,
+    num_shared: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`select_experts(router_logits, top_k, "softmax", renormalize, None, 0, 0, routed_scaling_factor)`,
+    then `num_shared` shared-expert slots (append_shared_experts)."""
     t, e = router_logits.shape
     if router_logits.stride(-1) != 1:
         router_logits = router_logits.contiguous()
-    weights = torch.empty(t, top_k, dtype=torch.float32, device=router_logits.device)
-    ids = torch.empty(t, top_k, dtype=torch.int32, device=router_logits.device)
+    weights, ids = _outputs(router_logits, top_k + num_shared)
     if t:
         _softmax_topk_kernel[(t,)](
             router_logits, weights, ids, e, router_logits.stride(0), float(routed_scaling_factor),
             TOPK=top_k, RENORMALIZE=renormalize, BLOCK_E=max(16, triton.next_power_of_2(e)),
             BLOCK_K=triton.next_power_of_2(top_k),
-            num_warps=1 if e <= 128 else 4, **pdl.launch(router_logits),
+            num_warps=1 if e <= 128 else 4, **_shared(num_shared), **pdl.launch(router_logits),
         )  # fmt: skip
     return weights, ids
 
@@ -156,10 +176,10 @@ def takes_grouped(experts: int, num_expert_group: int, topk_group: int) -> bool:
 
 def grouped_topk(
     router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, correction_bias,
-    num_expert_group: int, topk_group: int, routed_scaling_factor: float,
+    num_expert_group: int, topk_group: int, routed_scaling_factor: float, num_shared: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """`select_experts` with expert groups and/or a correction bias (DeepSeek-V2/V3), one launch;
-    no groups is one group of every expert, all kept."""
+    no groups is one group of every expert, all kept. Then `num_shared` shared-expert slots."""
     t, e = router_logits.shape
     groups = max(1, num_expert_group)
     keep = topk_group if num_expert_group > 0 else 1
@@ -167,8 +187,7 @@ def grouped_topk(
         raise ValueError(f"grouped_topk: {e} experts in {groups} groups keeping {keep} is not a routing it takes")
     if router_logits.stride(-1) != 1:
         router_logits = router_logits.contiguous()
-    weights = torch.empty(t, top_k, dtype=torch.float32, device=router_logits.device)
-    ids = torch.empty(t, top_k, dtype=torch.int32, device=router_logits.device)
+    weights, ids = _outputs(router_logits, top_k + num_shared)
     bias = correction_bias if correction_bias is not None else router_logits
     if t:
         _grouped_topk_kernel[(t,)](
@@ -176,23 +195,26 @@ def grouped_topk(
             TOPK=top_k, TOPK_GROUP=keep, SIGMOID=scoring == "sigmoid", HAS_BIAS=correction_bias is not None,
             RENORMALIZE=renormalize, BLOCK_G=triton.next_power_of_2(groups),
             BLOCK_P=max(2, triton.next_power_of_2(e // groups)), BLOCK_K=triton.next_power_of_2(top_k),
-            num_warps=1 if e <= 128 else 4, **pdl.launch(router_logits),
+            num_warps=1 if e <= 128 else 4, **_shared(num_shared), **pdl.launch(router_logits),
         )  # fmt: skip
     return weights, ids
 
 
 def route(
     router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, correction_bias,
-    num_expert_group: int, topk_group: int, routed_scaling_factor: float,
+    num_expert_group: int, topk_group: int, routed_scaling_factor: float, num_shared: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """`select_experts`' (weights, ids), through `softmax_topk` where it `handles` the routing, and
-    `grouped_topk` for DeepSeek's when GROUPED_KERNEL is on."""
-    if handles(scoring, correction_bias, num_expert_group, router_logits.shape[-1]):
-        return softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor)
-    if GROUPED_KERNEL and takes_grouped(router_logits.shape[-1], num_expert_group, topk_group):
+    """`select_experts`' (weights, ids) with `num_shared` shared-expert slots after them, through
+    `softmax_topk` where it `handles` the routing, and `grouped_topk` for DeepSeek's when
+    GROUPED_KERNEL is on (both write the shared slots themselves: no launch for them)."""
+    e = router_logits.shape[-1]
+    if handles(scoring, correction_bias, num_expert_group, e):
+        return softmax_topk(router_logits, top_k, renormalize, routed_scaling_factor, num_shared)
+    if GROUPED_KERNEL and takes_grouped(e, num_expert_group, topk_group):
         return grouped_topk(router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group,
-                            topk_group, routed_scaling_factor)  # fmt: skip
-    return select_experts(
+                            topk_group, routed_scaling_factor, num_shared)  # fmt: skip
+    weights, ids = select_experts(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
         routed_scaling_factor,
     )  # fmt: skip
+    return append_shared_experts(weights, ids, num_shared, e)
