@@ -60,6 +60,17 @@ def test_renormalisation_reaches_topk_softmax(aiter_moe):
     assert (on.float() - off.float()).abs().max() > 1e-2
 
 
+def test_shared_experts_reach_fused_moe_as_more_slots(aiter_moe):
+    """DeepSeek's shared experts in the op (rows E, E+1 of the weights): fused_moe gets the routed
+    slots and then ids E, E+1 with weight 1.0, and the block equals the reference's."""
+    x, logits, w13, w2, _, _ = block(e_local=E + 2, seed=4)
+    got, want = both(aiter_moe, x, logits, w13, w2, None, None, num_shared_experts=2)
+    # four experts a token in fp16 (each output rounded before the sum): a few fp16 steps of ~1
+    torch.testing.assert_close(got.float(), want.float(), atol=5e-3, rtol=5e-3)
+    plain = torch.ops.atomc.moe(x, logits, w13, w2, None, None, None, None, K)
+    assert (want.float() - plain.float()).abs().max() > 1e-2  # the shared rows took part
+
+
 def test_expert_map_through_the_expert_mask(aiter_moe, monkeypatch):
     """Four of eight experts on this rank, their rows not in global order: the ids reach fused_moe as
     local rows, off-rank choices as the one masked id E_local, and the output is this rank's share."""
