@@ -2,7 +2,8 @@
 
 FLOPs are per token (the token dim is symbolic: shapes are evaluated at T=1): GEMMs 2*M*N*K,
 attention 4*ctx*Hq*D at a reference context of REF_CONTEXT tokens, a MoE block its active experts
-only (2*k*(2I*H + H*I): each token runs k of the E experts), other ops one per output element.
+only (2*(k+S)*(2I*H + H*I): each token runs k of the E experts and the S shared ones the op holds),
+other ops one per output element.
 "In atomc kernels" means inside an op of an atomc backend namespace (atomc::, atomc_triton::,
 atomc_aiter::), whoever put it there; "rewritten" is the part whose op the passes introduced (not
 in the graph as traced: the model's own attention and MoE calls count as atomc, not as rewritten).
@@ -74,17 +75,19 @@ def moe_node(node: torch.fx.Node) -> dict | None:
         if fmt in ("mxfp4", "mxfp4_shuffled") and w13 and w2:  # two values a byte along the input dim
             w13, w2 = [*w13[:2], w13[2] * 2], [*w2[:2], w2[2] * 2]  # (AITER's layout: padded to 256)
     tokens = (_shape(_arg(node, 0, "x")) or [1])[0]
-    if not (w13 and w2 and isinstance(top_k, int)):
+    shared = _arg(node, 17 if op == "moe" else 20, "num_shared_experts") or 0  # rows after the routed ones
+    if not (w13 and w2 and isinstance(top_k, int) and isinstance(shared, int)):
         return None
     return {
         "node": node.name,
         "op": _target_name(node),
-        "experts": w13[0],
+        "experts": w13[0] - shared,
         "top_k": top_k,
         "hidden": w13[2],
         "intermediate": w13[1] // 2,
-        "flops_per_token": 2 * tokens * top_k * (w13[1] * w13[2] + w2[1] * w2[2]),
+        "flops_per_token": 2 * tokens * (top_k + shared) * (w13[1] * w13[2] + w2[1] * w2[2]),
         **({"weight_format": fmt} if fmt else {}),
+        **({"shared_experts": shared} if shared else {}),
     }
 
 
@@ -196,6 +199,7 @@ def format_report(manifest: dict) -> str:
             lines.append(
                 f"           {m['node']:<12} {m['op']:<20} {m['experts']} experts, top-{m['top_k']}, "
                 f"hidden {m['hidden']}, intermediate {m['intermediate']}"
+                + (f", {m['shared_experts']} shared experts inside" if m.get("shared_experts") else "")
                 + (f", {m['weight_format']} experts" if m.get("weight_format") else "")
             )
     t = manifest.get("timings", {})

@@ -50,6 +50,19 @@ def test_moe_nodes_are_listed_and_counted_by_their_active_experts(checkpoints):
     assert "moe        2 nodes" in text and text.count("8 experts, top-2, hidden 64, intermediate 48") == 2
 
 
+def test_shared_experts_inside_the_op_count_as_active(checkpoints, monkeypatch):
+    """DeepSeek-V2 with its two shared experts inside the MoE op (FUSE_SHARED_EXPERTS): the node
+    lists the routed experts and the shared ones apart, and counts every token through both."""
+    from models import deepseek
+
+    monkeypatch.setattr(deepseek, "FUSE_SHARED_EXPERTS", True)
+    _, after = traced_flops(checkpoints["deepseek_v2"])  # 8 experts, top-2, 2 shared, H 64, I 32
+    per_block = 2 * (2 + 2) * (2 * 32 * 64 + 64 * 32)
+    assert [(m["experts"], m["top_k"], m.get("shared_experts")) for m in after["moe_nodes"]] == [(8, 2, 2)] * 2
+    assert all(m["flops_per_token"] == per_block for m in after["moe_nodes"])
+    assert format_report(manifest(after)).count("8 experts, top-2, hidden 64, intermediate 32, 2 shared") == 2
+
+
 def test_dense_models_have_no_moe_nodes(checkpoints):
     before, after = traced_flops(checkpoints["llama"])
     assert after["moe_nodes"] == [] and "atomc::moe" not in after["atomc_ops"]
