@@ -131,6 +131,13 @@ def test_the_latent_cache_holds_one_vector_a_token():
     assert caches[0][0].untyped_storage().nbytes() == 2 * 5 * 16 * 576 * 2  # both layers, nothing more
 
 
+def shared_width(moe: DeepseekMoE) -> int:
+    """The shared experts' intermediate size: a GatedMLP's, or the experts the MoE op holds."""
+    if moe.shared_experts is not None:
+        return moe.shared_experts.inter
+    return moe.experts.spec.shared_experts * moe.experts.spec.intermediate_size
+
+
 @pytest.fixture(scope="module")
 def hf_v3(checkpoints):
     return transformers.AutoModelForCausalLM.from_pretrained(checkpoints["deepseek_v3"], dtype=torch.float32).eval()
@@ -143,7 +150,7 @@ def test_v3_layers_routing_and_scale_follow_the_config(checkpoints, hf_v3):
     spec = mlps[1].experts.spec
     assert (spec.scoring, spec.num_expert_group, spec.topk_group, spec.renormalize) == ("sigmoid", 4, 2, True)
     assert spec.routed_scaling_factor == 2.5
-    assert mlps[1].shared_experts.inter == 32  # moe_intermediate_size x 1 shared expert
+    assert shared_width(mlps[1]) == 32  # moe_intermediate_size x 1 shared expert
     attn = model.model.layers[0].self_attn
     assert isinstance(attn, MLAAttention)
     assert attn.c.softmax_scale == pytest.approx(hf_v3.model.layers[0].self_attn.scaling, rel=1e-12)
@@ -172,7 +179,7 @@ def test_v2_has_no_q_lora_and_plain_softmax_routing(checkpoints):
     assert not hasattr(attn, "q_a_layernorm") and attn.qkv_a_proj.output_sizes == [H * (NOPE + ROPE), LORA + ROPE]
     s = moe.experts.spec
     assert (s.scoring, s.renormalize, s.num_expert_group, s.routed_scaling_factor) == ("softmax", False, 0, 1.5)
-    assert moe.gate.e_score_correction_bias is None and moe.shared_experts.inter == 64
+    assert moe.gate.e_score_correction_bias is None and shared_width(moe) == 64
 
 
 # (family, the checkpoint's q projection of x, its rows): V2 without q LoRA, V3 with q_lora_rank 24

@@ -123,14 +123,22 @@ def write_fp8(base_dir: Path, out: Path, eh_proj: bool = False, qc: dict | None 
     return fc._write(out, tensors, qc or QUANTIZATION_CONFIG)
 
 
-def online_reference_checkpoint(base_dir: Path, out: Path) -> Path:
+def online_reference_checkpoint(base_dir: Path, out: Path, shared_columns: int | None = None) -> Path:
     """`--quantization fp8`'s weights written as a plain fp32 checkpoint: every linear and routed
-    expert projection quantised per row (amax / 448) and dequantised, except kv_b_proj (dense)."""
+    expert projection quantised per row (amax / 448) and dequantised, except kv_b_proj (dense).
+    `shared_columns`: the shared experts' down_proj rows quantised per block of that many columns
+    (each shared expert's own rows, when the MoE op holds them: models/deepseek.py)."""
     shutil.copytree(base_dir, out, dirs_exist_ok=True)
     state = load_file(str(base_dir / "model.safetensors"))
     for name in quantised_names(state, eh_proj=True):
-        if not name.endswith("kv_b_proj"):
-            q, s = fc.per_row(state[f"{name}.weight"].float())
+        if name.endswith("kv_b_proj"):
+            continue
+        w = state[f"{name}.weight"].float()
+        if shared_columns and name.endswith("shared_experts.down_proj"):
+            blocks = [fc.per_row(b) for b in w.split(shared_columns, dim=1)]
+            state[f"{name}.weight"] = torch.cat([q.float() * s for q, s in blocks], dim=1).contiguous()
+        else:
+            q, s = fc.per_row(w)
             state[f"{name}.weight"] = (q.float() * s).contiguous()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out

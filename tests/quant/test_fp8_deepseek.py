@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from atomc import LLM, SamplingParams
+from models import deepseek
 from models.arch import ModelArch
 from models.deepseek import DeepseekRouter
 from models.layers.linear import LinearBase
@@ -80,6 +81,12 @@ def assert_close_to_reference(got: torch.Tensor, want: torch.Tensor) -> None:
     assert share >= BULK_SHARE and per_token.max().item() <= OUTLIER_ATOL, per_token.tolist()
 
 
+def _weight_only_shared() -> str | None:
+    """The module the reference leaves unrounded: the shared experts when the MoE op holds them
+    (models/deepseek.py FUSE_SHARED_EXPERTS), which runs its experts weight-only."""
+    return "shared_experts" if deepseek.FUSE_SHARED_EXPERTS else None
+
+
 def _methods(model) -> dict[str, type]:
     return {n: type(m.linear_method) for n, m in model.named_modules() if isinstance(m, LinearBase)}
 
@@ -125,7 +132,7 @@ def test_prompt_logits_match_transformers_on_the_dequantised_weights(family, mad
     ids = torch.randint(0, 384, (37,), generator=torch.Generator().manual_seed(1))
     got = _logits(model, ids)
     with torch.no_grad():
-        fake = dc.reference(deq)(ids[None]).logits[0]
+        fake = dc.reference(deq, weight_only=_weight_only_shared())(ids[None]).logits[0]
         plain = dc.reference(deq, fake_quant=False)(ids[None]).logits[0]
     assert_close_to_reference(got, fake)
     rel = ((got - plain).abs().amax(-1) / plain.abs().max()).median().item()
@@ -237,7 +244,8 @@ def test_mtp_layer_loads_like_the_main_layers(eh_proj, made):
     layer, ckpt = model.mtp[0], "model.layers.2."
     methods = _methods(layer)
     assert methods["eh_proj"] is (FP8BlockLinearMethod if eh_proj else UnquantizedLinearMethod)
-    for name in ("block.self_attn.qkv_a_proj", "block.self_attn.o_proj", "block.mlp.shared_experts.down_proj"):
+    shared = () if deepseek.FUSE_SHARED_EXPERTS else ("block.mlp.shared_experts.down_proj",)  # else in the op
+    for name in ("block.self_attn.qkv_a_proj", "block.self_attn.o_proj", *shared):
         assert methods[name] is FP8BlockLinearMethod
     assert methods["block.self_attn.kv_b_proj"] is DequantizedFP8BlockLinearMethod
     assert methods["block.mlp.gate"] is UnquantizedLinearMethod
@@ -277,7 +285,9 @@ def test_online_fp8_keeps_kv_b_proj_and_the_router_dense(family, made, tmp_path)
     # fp32: the dense model of the per-row-rounded weights (kv_b_proj unrounded), each online FP8
     # linear's input rounded per token: the same computation, held to the module docstring's rule
     fp32 = load_model(base, torch.float32, "cpu", quantization="fp8")
-    dense = load_model(dc.online_reference_checkpoint(base, tmp_path / "online-ref"), torch.float32, "cpu")
+    chunk = fp32.config.moe.intermediate_size if deepseek.FUSE_SHARED_EXPERTS else None  # a shared expert's rows
+    ref_dir = dc.online_reference_checkpoint(base, tmp_path / "online-ref", shared_columns=chunk)
+    dense = load_model(ref_dir, torch.float32, "cpu")
     fake_quant_inputs(dense, fp32, OnlineFP8LinearMethod, "token")
     assert_close_to_reference(_logits(fp32, ids), _logits(dense, ids))
 
@@ -332,7 +342,9 @@ def test_cpu_pipeline_keeps_the_fp8_gemms_and_fuses_the_latent_norm_rope(made):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     by_name = {r.name: (r.matched, r.rewritten) for r in reports}
     assert by_name["fuse_mla_latent_norm_rope"] == (2, 2)
-    assert by_name["fuse_rmsnorm_fp8_quant"][1] > 0 and by_name["fuse_silu_mul_fp8_quant"] == (2, 2)
+    # SiLU·mul + quant: the dense layer's MLP, and the MoE layer's shared experts unless the op holds them
+    silu_quants = 1 if deepseek.FUSE_SHARED_EXPERTS else 2
+    assert by_name["fuse_rmsnorm_fp8_quant"][1] > 0 and by_name["fuse_silu_mul_fp8_quant"] == (silu_quants,) * 2
     code = reports[-1].graph_after
     assert code.count("torch._C._nn.linear") == 1  # layer 1's router
     assert "torch.ops.atomc.fp8_block_gemm" in code
