@@ -27,9 +27,12 @@ def _logits(path, parallel: ParallelInfo) -> torch.Tensor:
         return model.compute_logits(model(ids, torch.arange(len(PROMPT))))
 
 
-def _rank(rank: int, size: int, init: str, path, expert_parallel: bool, out) -> None:
+def _rank(rank: int, size: int, init: str, path, expert_parallel: bool, out, fuse_shared: bool = False) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
     try:
+        from models import deepseek
+
+        deepseek.FUSE_SHARED_EXPERTS = fuse_shared  # a spawned rank imports the module afresh
         collective.set_group("tp", None)
         logits = _logits(path, ParallelInfo(rank, size, expert_parallel=expert_parallel))
         torch.save(logits, f"{out}.{rank}")
@@ -57,13 +60,16 @@ def _stage(rank: int, size: int, init: str, path, out) -> None:
         dist.destroy_process_group()
 
 
-def run_split(path, tmp_path, size: int = 2, expert_parallel: bool = False, pipeline: bool = False) -> list:
+def run_split(
+    path, tmp_path, size: int = 2, expert_parallel: bool = False, pipeline: bool = False, fuse_shared: bool = False
+) -> list:
     init = f"file://{tmp_path / 'rendezvous'}"
     out = tmp_path / "logits"
     if pipeline:
         mp.start_processes(_stage, args=(size, init, path, out), nprocs=size, start_method="spawn")
         return [torch.load(f"{out}.{size - 1}")]
-    mp.start_processes(_rank, args=(size, init, path, expert_parallel, out), nprocs=size, start_method="spawn")
+    args = (size, init, path, expert_parallel, out, fuse_shared)
+    mp.start_processes(_rank, args=args, nprocs=size, start_method="spawn")
     return [torch.load(f"{out}.{r}") for r in range(size)]
 
 
@@ -77,6 +83,16 @@ def test_two_ranks_match_one_process(checkpoints, tmp_path, family, expert_paral
     ranks = run_split(checkpoints[family], tmp_path, expert_parallel=expert_parallel)
     for logits in ranks:  # every rank holds the gathered logits
         assert logits.shape == whole.shape
+        torch.testing.assert_close(logits, whole, atol=1e-4, rtol=1e-4)
+        assert torch.equal(logits.argmax(-1), whole.argmax(-1))
+
+
+def test_shared_experts_inside_the_op_split_over_two_ranks(checkpoints, tmp_path):
+    """DeepSeek-V2 (two shared experts) tensor-parallel with its shared experts inside the MoE op
+    (models/deepseek.py FUSE_SHARED_EXPERTS): each rank a slice of every expert's intermediate size,
+    shared ones included; the ranks match the single process without the fusion."""
+    whole = _logits(checkpoints["deepseek_v2"], ParallelInfo())
+    for logits in run_split(checkpoints["deepseek_v2"], tmp_path, fuse_shared=True):
         torch.testing.assert_close(logits, whole, atol=1e-4, rtol=1e-4)
         assert torch.equal(logits.argmax(-1), whole.argmax(-1))
 
