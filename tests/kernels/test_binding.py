@@ -50,5 +50,6 @@ def test_a_star_args_body_gets_the_schema_and_its_defaults():
     assert got.top_k == 2 and got.routed_scaling_factor == 2.5  # given
     assert got.scoring == "softmax" and got.renormalize is True and got.num_expert_group == 0  # before it, passed
     assert got.activation == "silu" and got.swiglu_limit == 7.0  # after it, left out by the dispatcher: filled in
-    with pytest.raises(TypeError, match="takes 17 arguments"):
-        named_args("moe", tuple(range(18)))
+    assert got.num_shared_experts == 0
+    with pytest.raises(TypeError, match="takes 18 arguments"):
+        named_args("moe", tuple(range(19)))
