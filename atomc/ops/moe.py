@@ -54,6 +54,7 @@ def moe(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
         routed_scaling_factor,
     )  # fmt: skip
+    check_shared_experts(num_shared_experts, expert_map)
     weights, ids = append_shared_experts(weights, ids, num_shared_experts, router_logits.shape[-1])
     return experts_reference(x, weights, ids, w13, w2, w13_bias, w2_bias, expert_map, activation,
                              swiglu_alpha, swiglu_limit)  # fmt: skip
@@ -105,6 +106,13 @@ def select_experts(
     if routed_scaling_factor != 1.0:
         weights = weights * routed_scaling_factor
     return weights, ids.to(torch.int32)
+
+
+def check_shared_experts(num_shared: int, expert_map: torch.Tensor | None) -> None:
+    """Shared experts ride in the op only without an expert map: every rank would need them, and
+    their ids (E..) are past the map's."""
+    if num_shared and expert_map is not None:
+        raise ValueError("atomc::moe: shared experts inside the op are not supported with an expert_map")
 
 
 def append_shared_experts(

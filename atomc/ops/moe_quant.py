@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from atomc.ops.aiter_layout import FP8_E4M3, unshuffle_16x16, unshuffle_e8m0
-from atomc.ops.moe import append_shared_experts, experts_reference, select_experts
+from atomc.ops.moe import append_shared_experts, check_shared_experts, experts_reference, select_experts
 
 WEIGHT_FORMATS = ("mxfp4", "fp8_channel", "fp8_block")  # row-major: what every backend reads
 SHUFFLED_FORMATS = {f"{f}_shuffled": f for f in WEIGHT_FORMATS}  # AITER's layouts -> the values' format
@@ -137,6 +137,7 @@ def moe_quant(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
         routed_scaling_factor,
     )  # fmt: skip
+    check_shared_experts(num_shared_experts, expert_map)
     weights, ids = append_shared_experts(weights, ids, num_shared_experts, router_logits.shape[-1])
     w13_dense = dequantize_experts(w13, w13_scale, weight_format, x.dtype)
     w2_dense = dequantize_experts(w2, w2_scale, weight_format, x.dtype)

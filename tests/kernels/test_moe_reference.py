@@ -195,6 +195,9 @@ def test_shared_experts_in_the_op_equal_the_shared_mlp_beside_it(shared):
     got = torch.ops.atomc.moe(x, logits, fused13, fused2, *args, "silu", 1.702, 7.0, shared)
     want = torch.ops.atomc.moe(x, logits, w13, w2, *args) + mlp
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match="expert_map"):  # shared experts are past the map's ids
+        torch.ops.atomc.moe(x, logits, fused13, fused2, None, None, torch.arange(E, dtype=torch.int32), *args[3:],
+                            "silu", 1.702, 7.0, shared)  # fmt: skip
 
 
 def test_fake_gives_the_shape_under_compile():

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from atomc.kernels.aiter.fallback import NextBackend
 from atomc.kernels.binding import bind_as_atomc, named_args
-from atomc.ops.moe import append_shared_experts, select_experts
+from atomc.ops.moe import append_shared_experts, check_shared_experts, select_experts
 
 FUSED_MOE_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -120,6 +120,7 @@ def route_block(a) -> tuple[torch.Tensor, torch.Tensor]:
     shared-expert slots after the routed ones (appended in torch: AITER's routing kernels that take
     shared experts, topk_softmax's `num_shared_experts` and moe_fused_gate's, do not cover every
     routing here, and no AMD run has checked what weight they give those slots)."""
+    check_shared_experts(a.num_shared_experts, a.expert_map)
     weights, ids = route(
         a.router_logits, a.top_k, a.scoring, a.renormalize, a.correction_bias, a.num_expert_group, a.topk_group,
         a.routed_scaling_factor,

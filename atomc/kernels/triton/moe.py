@@ -28,6 +28,7 @@ from atomc.kernels.triton.moe_align import align_by_expert
 from atomc.kernels.triton.moe_gemm import moe_combine_kernel, moe_down_kernel, moe_gate_up_kernel
 from atomc.kernels.triton.moe_routing import route
 from atomc.kernels.triton.moe_tiles import ACT_SILU, ACT_SWIGLU_OAI, DENSE
+from atomc.ops.moe import check_shared_experts
 
 ACTIVATION_CODES = {"silu": ACT_SILU, "swiglu_oai": ACT_SWIGLU_OAI}
 COMBINE_BLOCK_H = 1024
@@ -174,6 +175,7 @@ def fused_moe(
 ) -> torch.Tensor:
     """`atomc::moe` (same arguments): the routing in one Triton kernel (moe_routing.py; else
     `select_experts` in torch), the experts on the Triton kernels."""
+    check_shared_experts(num_shared_experts, expert_map)
     weights, ids = route(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
         routed_scaling_factor, num_shared_experts,

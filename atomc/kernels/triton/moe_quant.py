@@ -25,6 +25,7 @@ from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel, 
 from atomc.kernels.triton.moe_routing import route
 from atomc.kernels.triton.moe_tiles import MXFP4_GROUP, WEIGHT_CODES
 from atomc.kernels.triton.packed_f16 import e4m3_weight_x_top
+from atomc.ops.moe import check_shared_experts
 from atomc.ops.moe_quant import WEIGHT_FORMATS
 
 FP8_FORMATS = ("fp8_channel", "fp8_block")
@@ -241,6 +242,7 @@ def fused_moe_quant(
             f"fused_moe_quant: weight format {weight_format!r} has no Triton kernel "
             f"(supported: {', '.join(WEIGHT_FORMATS)})"
         )
+    check_shared_experts(num_shared_experts, expert_map)
     weights, ids = route(
         router_logits, top_k, scoring, renormalize, correction_bias, num_expert_group, topk_group,
         routed_scaling_factor, num_shared_experts,
