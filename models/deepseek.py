@@ -282,8 +282,9 @@ class DeepseekRouter(ReplicatedLinear):
 
 # The shared experts as S more experts of the MoE op, which every token runs (atomc/ops/moe.py):
 # their weights are read by the expert kernels' launches, not by a GEMM, an activation and a GEMM
-# of their own. Off until timed on a GPU (kernels.md's list of next calls).
-FUSE_SHARED_EXPERTS = False
+# of their own. DeepSeek-V2-Lite batch 1 on an H100, one call, three runs each: 395.0 -> 408.2
+# tok/s (docs/performance.md section 25). Off: a GatedMLP beside the op, as the checkpoint has it.
+FUSE_SHARED_EXPERTS = True
 
 
 def fuses_shared_experts(c: DeepseekConfig, parallel: ParallelInfo) -> bool:

@@ -337,13 +337,19 @@ def test_fp8_moe_bytes_count_a_byte_a_weight_plus_row_scales():
 def held_bytes(model, expert_share: float) -> dict[str, float]:
     """The bytes a decode step reads of what atomc holds, per decoder layer (`model.layers.N`) and
     the rest: every parameter, the routed experts at `expert_share` (top_k of E), the embedding
-    table left out (a step reads one row)."""
+    table left out (a step reads one row). Shared experts the MoE op holds (its last rows) are read
+    whole, as a shared MLP beside it is."""
+    shared = {f"{n}.": m.num_shared for n, m in model.named_modules() if getattr(m, "num_shared", 0)}
     out: dict[str, float] = {}
     for name, p in model.named_parameters():
         if "embed_tokens" in name:
             continue
         part = ".".join(name.split(".")[:3]) if name.startswith("model.layers.") else "rest"
-        out[part] = out.get(part, 0.0) + p.numel() * p.element_size() * (expert_share if ".experts." in name else 1)
+        size = p.numel() * p.element_size()
+        if ".experts." in name:
+            rows, s = p.shape[0], next((v for k, v in shared.items() if name.startswith(k)), 0)
+            size *= ((rows - s) * expert_share + s) / rows
+        out[part] = out.get(part, 0.0) + size
     return out
 
 

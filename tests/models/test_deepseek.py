@@ -408,25 +408,29 @@ def test_compiled_greedy_matches_transformers(family, checkpoints, tmp_path):
         assert_greedy_agree(out.outputs[0].token_ids, ref, ids[0].tolist(), hf_logits)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["inside", "beside"])
 @pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
-def test_shared_experts_inside_the_moe_op_match_transformers(family, checkpoints, monkeypatch, tmp_path):
-    """With FUSE_SHARED_EXPERTS the shared MLP loads into the MoE op's experts after the routed ones
-    (cut into n_shared_experts experts of the routed width) and runs there: the prompt logits and
-    32 compiled greedy tokens still match transformers."""
+def test_shared_experts_inside_or_beside_the_moe_op_match_transformers(
+    family, fused, checkpoints, monkeypatch, tmp_path
+):
+    """With FUSE_SHARED_EXPERTS (the default) the shared MLP loads into the MoE op's experts after the
+    routed ones (cut into n_shared_experts experts of the routed width) and runs there; without it,
+    a GatedMLP beside the op. Either way the prompt logits and 32 compiled greedy tokens match
+    transformers."""
     from models import deepseek
     from tests.greedy import assert_greedy_agree
 
-    monkeypatch.setattr(deepseek, "FUSE_SHARED_EXPERTS", True)
+    monkeypatch.setattr(deepseek, "FUSE_SHARED_EXPERTS", fused)
     hf = transformers.AutoModelForCausalLM.from_pretrained(checkpoints[family], dtype=torch.float32).eval()
     model = load_model(checkpoints[family], torch.float32, "cpu")
     c = model.config
     shared = c.shared_intermediate_size // c.moe.intermediate_size
     mlp = model.model.layers[-1].mlp
-    assert mlp.shared_experts is None and mlp.experts.spec.shared_experts == shared
-    assert mlp.experts.w13_weight.shape[0] == c.moe.num_experts + shared
+    assert (mlp.shared_experts is None) == fused and mlp.experts.spec.shared_experts == shared * fused
+    assert mlp.experts.w13_weight.shape[0] == c.moe.num_experts + shared * fused
     # the checkpoint's shared down_proj, column block j, is shared expert j's w2
     hf_down = hf.model.layers[-1].mlp.shared_experts.down_proj.weight
-    for j in range(shared):
+    for j in range(shared * fused):
         got = mlp.experts.w2_weight[c.moe.num_experts + j]
         assert torch.equal(got, hf_down[:, j * c.moe.intermediate_size : (j + 1) * c.moe.intermediate_size])
     ids = torch.arange(3, 40) * 7 % 384
@@ -436,7 +440,7 @@ def test_shared_experts_inside_the_moe_op_match_transformers(family, checkpoints
     assert (out - ref).abs().max().item() < 1e-3
     llm = LLM(model=str(checkpoints[family]), dtype="float32", device="cpu", cache_dir=str(tmp_path))
     layer = llm.engine.runner.model.model.layers[-1].mlp
-    assert layer.shared_experts is None  # the engine's model was built with the switch on too
+    assert (layer.shared_experts is None) == fused  # the engine's model was built with the same switch
     prompt = [5, 17, 33, 2, 99, 150, 7, 8]
     got = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
     want = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
