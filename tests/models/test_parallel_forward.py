@@ -27,12 +27,13 @@ def _logits(path, parallel: ParallelInfo) -> torch.Tensor:
         return model.compute_logits(model(ids, torch.arange(len(PROMPT))))
 
 
-def _rank(rank: int, size: int, init: str, path, expert_parallel: bool, out, fuse_shared: bool = False) -> None:
+def _rank(rank: int, size: int, init: str, path, expert_parallel: bool, out, fuse_shared: bool | None = None) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
     try:
-        from models import deepseek
+        if fuse_shared is not None:  # a spawned rank imports the module afresh: the switch as the test sets it
+            from models import deepseek
 
-        deepseek.FUSE_SHARED_EXPERTS = fuse_shared  # a spawned rank imports the module afresh
+            deepseek.FUSE_SHARED_EXPERTS = fuse_shared
         collective.set_group("tp", None)
         logits = _logits(path, ParallelInfo(rank, size, expert_parallel=expert_parallel))
         torch.save(logits, f"{out}.{rank}")
@@ -61,8 +62,9 @@ def _stage(rank: int, size: int, init: str, path, out) -> None:
 
 
 def run_split(
-    path, tmp_path, size: int = 2, expert_parallel: bool = False, pipeline: bool = False, fuse_shared: bool = False
-) -> list:
+    path, tmp_path, size: int = 2, expert_parallel: bool = False, pipeline: bool = False,
+    fuse_shared: bool | None = None,
+) -> list:  # fmt: skip
     init = f"file://{tmp_path / 'rendezvous'}"
     out = tmp_path / "logits"
     if pipeline:
@@ -87,10 +89,13 @@ def test_two_ranks_match_one_process(checkpoints, tmp_path, family, expert_paral
         assert torch.equal(logits.argmax(-1), whole.argmax(-1))
 
 
-def test_shared_experts_inside_the_op_split_over_two_ranks(checkpoints, tmp_path):
+def test_shared_experts_inside_the_op_split_over_two_ranks(checkpoints, tmp_path, monkeypatch):
     """DeepSeek-V2 (two shared experts) tensor-parallel with its shared experts inside the MoE op
     (models/deepseek.py FUSE_SHARED_EXPERTS): each rank a slice of every expert's intermediate size,
     shared ones included; the ranks match the single process without the fusion."""
+    from models import deepseek
+
+    monkeypatch.setattr(deepseek, "FUSE_SHARED_EXPERTS", False)
     whole = _logits(checkpoints["deepseek_v2"], ParallelInfo())
     for logits in run_split(checkpoints["deepseek_v2"], tmp_path, fuse_shared=True):
         torch.testing.assert_close(logits, whole, atol=1e-4, rtol=1e-4)
