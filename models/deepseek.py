@@ -299,13 +299,10 @@ class DeepseekMoE(nn.Module):
         super().__init__()
         self.gate = DeepseekRouter(c.hidden_size, c.moe.num_experts, c.correction_bias, parallel)
         self.parallel = parallel
-        if fuses_shared_experts(c, parallel):  # the op runs them (S experts of the routed width)
-            spec = replace(c.moe, shared_experts=c.shared_intermediate_size // c.moe.intermediate_size)
-            self.experts = FusedMoE(c.hidden_size, spec, *expert_sharding(parallel))
-            self.shared_experts = None
-            return
-        self.experts = FusedMoE(c.hidden_size, c.moe, *expert_sharding(parallel))
-        if c.shared_intermediate_size:
+        fused = fuses_shared_experts(c, parallel)  # the op runs them (S experts of the routed width)
+        spec = replace(c.moe, shared_experts=c.shared_intermediate_size // c.moe.intermediate_size) if fused else c.moe
+        self.experts = FusedMoE(c.hidden_size, spec, *expert_sharding(parallel))
+        if c.shared_intermediate_size and not fused:
             # partial sums: reduced once with the routed experts' (forward)
             inter = c.shared_intermediate_size
             self.shared_experts = GatedMLP(c.hidden_size, inter, False, parallel, reduce_results=False)

@@ -37,14 +37,14 @@ def _store_choice(
     if RENORMALIZE:
         weights = weights / tl.sum(weights, 0)
     weights = weights * scale
-    out = t * (TOPK + SHARED) + slots
-    tl.store(weights_ptr + out, weights, mask=slots < TOPK)
-    tl.store(ids_ptr + out, ids, mask=slots < TOPK)
+    row = t * (TOPK + SHARED)
+    tl.store(weights_ptr + row + slots, weights, mask=slots < TOPK)
+    tl.store(ids_ptr + row + slots, ids, mask=slots < TOPK)
     if SHARED > 0:
         s = tl.arange(0, BLOCK_S)
         ok = s < SHARED
-        tl.store(weights_ptr + t * (TOPK + SHARED) + TOPK + s, tl.full(s.shape, 1.0, tl.float32), mask=ok)
-        tl.store(ids_ptr + t * (TOPK + SHARED) + TOPK + s, (E + s).to(tl.int32), mask=ok)
+        tl.store(weights_ptr + row + TOPK + s, tl.full(s.shape, 1.0, tl.float32), mask=ok)
+        tl.store(ids_ptr + row + TOPK + s, (E + s).to(tl.int32), mask=ok)
 
 
 @triton.jit
