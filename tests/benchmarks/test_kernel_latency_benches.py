@@ -1,7 +1,7 @@
-"""The --tiny modes of benchmarks/decode_attention_short.py, fp8_quant_kernels.py and head_matmul.py (the CPU smoke
-runs through the Triton interpreter): every config of their grids runs, agrees with the first
-config's output (the scripts assert it), and lands in the JSON. In child processes: the interpreter
-setting must precede triton's first import."""
+"""The --tiny modes of benchmarks/decode_attention_short.py, fp8_quant_kernels.py, head_matmul.py and
+moe_align.py (the CPU smoke runs through the Triton interpreter): every config of their grids runs,
+agrees with the first config's output (the scripts assert it), and lands in the JSON. In child
+processes: the interpreter setting must precede triton's first import."""
 
 import json
 import os
@@ -45,3 +45,9 @@ def test_head_matmul_tiny(tmp_path):
     assert {r["product"] for r in rows} == {"columns (W_UK)", "rows (W_UV^T)"}
     assert sum(r["config"] == "bmm" for r in rows) == 2 and len(rows) == 6
     assert all(r["rel_err"] < 1e-5 for r in rows)
+
+
+def test_moe_align_tiny(tmp_path):
+    rows = run_tiny("moe_align.py", tmp_path / "align.json")["results"]
+    # each size ran both ways and the script found them equal (it exits non-zero where they differ)
+    assert [r["tokens"] for r in rows] == [3, 40] and all(r["pairs"] == 2 * r["tokens"] for r in rows)

@@ -23,6 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from atomc.kernels.triton.fp8_gemv import _fp8_gemv_dot_kernel
 from atomc.kernels.triton.gemv import _gemv_reduce_kernel
+from atomc.kernels.triton.moe_align import _align_kernel
 from atomc.kernels.triton.moe_gemv import moe_gate_up_gemv_kernel
 from atomc.kernels.triton.moe_mxfp4_gemv import mxfp4_down_combine_gemv_kernel
 from atomc.kernels.triton.rmsnorm import _rms_norm_kernel
@@ -39,6 +40,9 @@ KERNELS = {
     "rms_norm": (_rms_norm_kernel, dict(x_ptr="*bf16", res_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16",
                  res_out_ptr="*bf16", stride_x="i32", stride_r="i32", stride_o="i32", stride_ro="i32",
                  n_cols="i32", eps="fp32"), dict(ADD=True, BLOCK_N=2048)),
+    "moe_align": (_align_kernel, dict(local_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
+                  num_padded_ptr="*i32", P="i32", ROWS="i32", NUM_BLOCKS="i32"),
+                  dict(E=128, BLOCK_M=64, BINS=256, CHUNK=64, COUNT=1024, FILL_E=16, MAX_RUN_BLOCKS=64, TAIL=1024)),
     "moe_gate_up_gemv": (moe_gate_up_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16",
                          b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32", H="i32", INTER="i32",
                          stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32",
@@ -87,7 +91,7 @@ def ptx() -> dict:
 @pytest.mark.parametrize(
     "kernel",
     ["gemv", "fp8_dot_gemv", "fp8_block_dot_gemv", "rms_norm", "moe_gate_up_gemv", "mxfp4_down_combine_gemv",
-     "mxfp4_down_combine_gemv_packed"],
+     "mxfp4_down_combine_gemv_packed", "moe_align"],
 )  # fmt: skip
 def test_one_wait_and_one_release_with_pdl_and_none_without(ptx, kernel):
     on, off = ptx[f"{kernel} on"], ptx[f"{kernel} off"]

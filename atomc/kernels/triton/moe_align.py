@@ -3,15 +3,38 @@
 Every size here follows from (pairs, experts, block) alone, never from the routing: the buffers
 are sized for the worst case (each expert's run padded by up to block - 1 rows), so the step runs
 without a host sync and a CUDA graph captures it. The blocks past the real padded total are
-marked by `num_padded` (a device scalar) and the GEMM programs that get them exit at once.
+marked by `num_padded` (a device scalar) and the GEMM programs that get them exit at once. Pairs
+whose expert is on another rank (local id -1) are dropped. The order is stable: within an expert's
+run, pairs keep their order.
 
-Torch ops for now (a stable argsort and a few scans); pairs whose expert is on another rank
-(local id -1) are sorted last and dropped.
+Two ways, the same outputs to the last entry (tests/kernels/test_moe_align.py):
+- `align_by_expert_torch`: torch ops (a stable argsort, scans, a scatter, a searchsorted): about
+  25 launches, some 36 us a MoE layer at a 1,024-pair prefill on an H100 (the profile of
+  docs/performance.md section 20), paid by every MoE layer of every step past the small route;
+- `align_by_expert_kernel` (`ALIGN_IN_ONE_KERNEL`, up to ONE_KERNEL_MAX_PAIRS pairs): one launch.
+  Program c places the pairs of chunk c (`_chunk` pairs): every program counts all pairs per expert
+  (two histograms a COUNT pairs: at most ONE_KERNEL_MAX_PAIRS / COUNT steps), so it knows each expert's
+  padded start, and the pairs of its expert in the chunks before its own; a pair's place in its
+  chunk is the number of earlier pairs of the same expert there (a [CHUNK, CHUNK] comparison).
+  Program p also writes the padding rows and the block experts of experts p * FILL_EXPERTS .., and
+  its share of the rows and blocks past the padded total.
+Off by default until timed against the torch ops (docs/kernels.md, "Fused MoE").
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+
+from atomc.kernels.triton import pdl
+from atomc.kernels.triton.pdl import after_producer
+
+ALIGN_IN_ONE_KERNEL = False
+ONE_KERNEL_MAX_PAIRS = 8192  # each program reads every pair: past this the torch ops
+COUNT = 1024  # pairs a counting step
+FILL_EXPERTS = 16  # experts whose padding a program writes
+TAIL = 1024  # rows a program's step past the padded total
 
 
 def max_padded_rows(pairs: int, experts: int, block_m: int) -> int:
@@ -22,6 +45,12 @@ def align_by_expert(local: torch.Tensor, experts: int, block_m: int) -> tuple[to
     """local [P] int32 local expert ids (-1 = not here) -> (sorted_ids [R] int32: pair ids grouped by
     expert, each group padded to a multiple of block_m with P; block_expert [R // block_m] int32:
     the expert of each block (`experts` past the end); num_padded [1] int32: rows in use)."""
+    if ALIGN_IN_ONE_KERNEL and 0 < local.numel() <= ONE_KERNEL_MAX_PAIRS:
+        return align_by_expert_kernel(local, experts, block_m)
+    return align_by_expert_torch(local, experts, block_m)
+
+
+def align_by_expert_torch(local: torch.Tensor, experts: int, block_m: int):
     p = local.numel()
     dev = local.device
     rows = max_padded_rows(p, experts, block_m)
@@ -41,3 +70,102 @@ def align_by_expert(local: torch.Tensor, experts: int, block_m: int) -> tuple[to
     block_start = torch.arange(0, rows, block_m, device=dev)
     block_expert = torch.searchsorted(pad_end[:experts], block_start, right=True).to(torch.int32)
     return sorted_ids[:rows], block_expert, pad_end[experts - 1 : experts].to(torch.int32)
+
+
+@triton.jit
+def _keys(local_ptr, offs, P, E: tl.constexpr):
+    """Each pair's bucket: its expert, E off-rank, E + 1 past the last pair."""
+    ids = tl.load(local_ptr + offs, mask=offs < P, other=-1)
+    return tl.where(offs < P, tl.where(ids >= 0, ids, E), E + 1)
+
+
+@triton.jit
+def _pick(values, index, BINS: tl.constexpr):
+    """values[index] for each entry of `index` (values [BINS], a register vector)."""
+    bins = tl.arange(0, BINS)
+    return tl.sum(tl.where(index[:, None] == bins[None, :], values[None, :], 0), 1)
+
+
+@triton.jit
+def _align_kernel(
+    local_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, P, ROWS, NUM_BLOCKS,
+    E: tl.constexpr, BLOCK_M: tl.constexpr, BINS: tl.constexpr, CHUNK: tl.constexpr, COUNT: tl.constexpr,
+    FILL_E: tl.constexpr, MAX_RUN_BLOCKS: tl.constexpr, TAIL: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    after_producer(PDL)  # pdl.py: the ids come from the step's routing
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    my_start = pid * CHUNK
+    bins = tl.arange(0, BINS)
+    offs = tl.arange(0, CHUNK)
+    counts = tl.zeros([BINS], tl.int32)
+    before = tl.zeros([BINS], tl.int32)  # pairs of each expert before this program's chunk
+    for c0 in range(0, P, COUNT):
+        idx = c0 + tl.arange(0, COUNT)
+        key = _keys(local_ptr, idx, P, E)
+        counts += tl.histogram(key, BINS)
+        before += tl.histogram(tl.where(idx < my_start, key, E + 1), BINS)  # later pairs: the spare bin
+    expert = bins < E
+    padded = tl.where(expert, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
+    pad_end = tl.cumsum(padded, 0)
+    pad_start = pad_end - padded
+    num_padded = tl.sum(padded, 0)
+
+    if my_start < P:  # place this chunk's pairs
+        key = _keys(local_ptr, my_start + offs, P, E)
+        earlier = (key[:, None] == key[None, :]) & (offs[None, :] < offs[:, None])
+        rank = tl.sum(earlier.to(tl.int32), 1)
+        dest = _pick(pad_start + before, key, BINS) + rank
+        tl.store(sorted_ptr + dest, my_start + offs, mask=key < E)
+
+    # padding rows and block experts of experts pid * FILL_E ..
+    e_ids = pid * FILL_E + tl.arange(0, FILL_E)
+    e_ok = e_ids < E
+    e_start = _pick(pad_start, e_ids, BINS)
+    e_count = _pick(counts, e_ids, BINS)
+    e_padded = _pick(padded, e_ids, BINS)
+    j = tl.arange(0, BLOCK_M)
+    pad_row = e_start[:, None] + e_count[:, None] + j[None, :]
+    pad_ok = e_ok[:, None] & (e_count[:, None] + j[None, :] < e_padded[:, None])
+    tl.store(sorted_ptr + pad_row, tl.full([FILL_E, BLOCK_M], 0, tl.int32) + P, mask=pad_ok)
+    b = tl.arange(0, MAX_RUN_BLOCKS)
+    run_ok = e_ok[:, None] & (b[None, :] * BLOCK_M < e_padded[:, None])
+    tl.store(block_expert_ptr + e_start[:, None] // BLOCK_M + b[None, :], e_ids[:, None] + b[None, :] * 0,
+             mask=run_ok)  # fmt: skip
+
+    # past the padded total: rows hold P, blocks hold E
+    t = tl.arange(0, TAIL)
+    for r0 in range(num_padded + pid * TAIL, ROWS, nprog * TAIL):
+        tl.store(sorted_ptr + r0 + t, tl.full([TAIL], 0, tl.int32) + P, mask=r0 + t < ROWS)
+    for b0 in range(num_padded // BLOCK_M + pid * TAIL, NUM_BLOCKS, nprog * TAIL):
+        tl.store(block_expert_ptr + b0 + t, tl.full([TAIL], E, tl.int32), mask=b0 + t < NUM_BLOCKS)
+    if pid == 0:
+        tl.store(num_padded_ptr, num_padded)
+
+
+def _chunk(bins: int) -> int:
+    """Pairs a placing program: its [chunk, bins] pick of each pair's start stays at 16K values."""
+    return max(16, min(128, 16384 // bins))
+
+
+def align_by_expert_kernel(local: torch.Tensor, experts: int, block_m: int):
+    """align_by_expert in one launch (the module docstring); local int32, at most
+    ONE_KERNEL_MAX_PAIRS pairs."""
+    p = local.numel()
+    assert local.dtype == torch.int32 and local.is_contiguous() and 0 < p <= ONE_KERNEL_MAX_PAIRS
+    assert block_m & (block_m - 1) == 0, block_m
+    rows = max_padded_rows(p, experts, block_m)
+    bins = triton.next_power_of_2(experts + 2)
+    chunk = _chunk(bins)
+    dev = local.device
+    sorted_ids = torch.empty(rows, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(rows // block_m, dtype=torch.int32, device=dev)
+    num_padded = torch.empty(1, dtype=torch.int32, device=dev)
+    programs = max(triton.cdiv(p, chunk), triton.cdiv(experts, FILL_EXPERTS))
+    _align_kernel[(programs,)](
+        local, sorted_ids, block_expert, num_padded, p, rows, rows // block_m,
+        E=experts, BLOCK_M=block_m, BINS=bins, CHUNK=chunk, COUNT=COUNT, FILL_E=FILL_EXPERTS,
+        MAX_RUN_BLOCKS=triton.next_power_of_2(triton.cdiv(p, block_m)), TAIL=TAIL, num_warps=4,
+        **pdl.launch(local),
+    )  # fmt: skip
+    return sorted_ids, block_expert, num_padded

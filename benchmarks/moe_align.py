@@ -1,0 +1,81 @@
+"""The MoE alignment alone (atomc/kernels/triton/moe_align.py): the torch ops against the one-launch
+kernel, at the expert counts, top-k and row blocks of the models atomc serves, from a decode batch
+that takes the sorted route to a prefill chunk.
+
+    python benchmarks/moe_align.py --out results/moe_align.json
+    python benchmarks/moe_align.py --tiny   # CPU smoke run through the Triton interpreter
+
+Each way is timed as the replay of a CUDA graph of `--layers` calls (each its own routing, as a
+model's MoE layers), after checking the kernel's outputs equal the torch ops' entry for entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+TINY = "--tiny" in sys.argv
+if TINY:
+    os.environ["TRITON_INTERPRET"] = "1"  # before the first triton import
+
+import torch  # noqa: E402
+from graph_timing import graph_time_us  # noqa: E402
+
+align = importlib.import_module("atomc.kernels.triton.moe_align")
+# name: (experts, top_k, block_m of the sorted route's tuned tiles at 64+ tokens)
+SHAPES = {
+    "qwen3-30b-a3b": (128, 8, 16),
+    "deepseek-v2-lite": (66, 8, 16),  # 64 routed + 2 shared experts inside the op
+    "deepseek-v3": (257, 9, 64),  # 256 routed + 1 shared
+    "mixtral-8x7b": (8, 2, 64),
+}
+TOKENS = (16, 64, 256, 1024)
+TINY_SHAPES = {"tiny": (6, 2, 16)}
+TINY_TOKENS = (3, 40)
+
+
+def routings(tokens, experts, k, layers, dev, g) -> list[tuple]:
+    """Each layer's local ids [tokens * k]: k distinct experts a token, as top-k gives them."""
+    out = []
+    for _ in range(layers):
+        scores = torch.rand(tokens, experts, generator=g, device=dev)
+        out.append((scores.topk(k, dim=1).indices.to(torch.int32).flatten().contiguous(),))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--layers", type=int, default=48, help="calls in one graph, each its own routing")
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args()
+    dev = "cpu" if TINY else "cuda"
+    layers = 2 if TINY else args.layers
+    g = torch.Generator(dev).manual_seed(0)
+    results = []
+    for name, (experts, k, block_m) in (TINY_SHAPES if TINY else SHAPES).items():
+        for tokens in TINY_TOKENS if TINY else TOKENS:
+            calls = routings(tokens, experts, k, layers, dev, g)
+            want = align.align_by_expert_torch(calls[0][0], experts, block_m)
+            got = align.align_by_expert_kernel(calls[0][0], experts, block_m)
+            if not all(torch.equal(a, b) for a, b in zip(got, want, strict=True)):
+                raise SystemExit(f"{name} at {tokens} tokens: the kernel's alignment differs from the torch ops'")
+            row = {"model": name, "tokens": tokens, "pairs": tokens * k, "experts": experts, "block_m": block_m}
+            if not TINY:
+                for way in ("torch", "kernel"):
+                    fn = getattr(align, f"align_by_expert_{way}")
+                    row[f"{way}_us"] = graph_time_us(lambda ids, f=fn, e=experts, b=block_m: f(ids, e, b), calls)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name() if not TINY else "cpu",
+                                              "results": results}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
