@@ -91,3 +91,22 @@ def test_fp8_experts_default_to_the_small_route_at_one_token(weights, tmp_path):
     assert moe_config.pick_config(1, *shape, "none", tmp_path)["path"] == "gemv"
     assert moe_config.pick_config(1, *shape, "none", tmp_path, weight_format="mxfp4")["path"] == "gemv"
     assert moe_config.pick_config(2, *shape, "none", tmp_path, weight_format=weights)["gate_up"]["block_n"] == 16
+
+
+def test_shared_experts_count_in_the_route_a_tuned_file_gives(tmp_path):
+    """A tuned small-route bucket for 8 tokens x 8 routed experts (64 pairs) is the file's; with a
+    shared expert inside the op each token runs 9 slots, 72 pairs, past the small route: the sorted
+    default (DeepSeek-V3's block-FP8 layers at CONC 8 raised here on a GPU)."""
+    shape = (256, 7168, 2048, 8, torch.bfloat16)
+    tile = dict(block_m=0, block_n=32, block_k=128, num_warps=4, num_stages=3)
+    name = moe_config.config_name(*shape, "none", "fp8_block")
+    body = {"buckets": {"8": {"path": "small", "gate_up": tile, "down": tile}}, "meta": {"device": "none"}}
+    (tmp_path / name).write_text(json.dumps(body))
+    assert moe_config.pick_config(8, *shape, "none", tmp_path, weight_format="fp8_block")["path"] == "small"
+    shared = moe_config.pick_config(8, *shape, "none", tmp_path, weight_format="fp8_block", num_shared=1)
+    assert shared["path"] == "sorted"
+    assert moe_config.fits(shared["path"], 8, 9)
+    # 7 tokens x 9 slots = 63 pairs: the tuned tile still fits
+    assert (
+        moe_config.pick_config(7, *shape, "none", tmp_path, weight_format="fp8_block", num_shared=1)["path"] == "small"
+    )

@@ -86,7 +86,7 @@ def fused_experts(
     if config is None:
         dev = tuned_files.tile_device(x.device)
         config = moe_config.pick_config(t, e_local - num_shared, h, inter, k - num_shared, x.dtype, dev.name,
-                                        family=dev.family)  # fmt: skip
+                                        family=dev.family, num_shared=num_shared)  # fmt: skip
     out = torch.empty_like(x)
     if t == 0:
         return out

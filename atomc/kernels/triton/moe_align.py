@@ -31,7 +31,7 @@ from atomc.kernels.triton import pdl
 from atomc.kernels.triton.pdl import after_producer
 
 ALIGN_IN_ONE_KERNEL = False
-ONE_KERNEL_MAX_PAIRS = 8192  # each program reads every pair: past this the torch ops
+ONE_KERNEL_MAX_PAIRS = 16384  # each program reads every pair: past this the torch ops
 COUNT = 1024  # pairs a counting step
 FILL_EXPERTS = 16  # experts whose padding a program writes
 TAIL = 1024  # rows a program's step past the padded total

@@ -148,18 +148,23 @@ def with_packed_default(cfg: dict, weight_format: str, dtype: torch.dtype = torc
 @functools.cache  # per (shape, token count): a dict lookup per call after the first
 def pick_config(
     tokens: int, experts: int, hidden: int, inter: int, top_k: int, dtype: torch.dtype, device_name: str,
-    directory: Path = CONFIG_DIR, weight_format: str = "", family: str = "",
+    directory: Path = CONFIG_DIR, weight_format: str = "", family: str = "", num_shared: int = 0,
 ) -> dict:  # fmt: skip
     """The tuned configuration for this shape and token count when a file has one (the device's, or
     its `family`'s), else the default; "path" always filled in. Callers must not modify the result
-    (it is cached)."""
+    (it is cached). `experts` and `top_k` are the routed ones (the tuned files' names); with
+    `num_shared` shared experts inside the op each token runs top_k + num_shared slots, and the
+    route must fit those (e.g. DeepSeek-V3 at 8 tokens: a tuned small-route tile for 8 x 8 pairs,
+    but 8 x 9 are run, past SMALL_PATH_MAX_PAIRS: the default's sorted route)."""
     prefix = config_prefix(experts, hidden, inter, top_k, dtype, weight_format)
     tuned = load_configs(prefix, device_name, family, directory)
-    default = with_packed_default(default_config(tokens, top_k, experts, inter, weight_format), weight_format, dtype)
+    slots = top_k + num_shared
+    default = default_config(tokens, slots, experts + num_shared, inter, weight_format)
+    default = with_packed_default(default, weight_format, dtype)
     if not tuned:
         return default
     below = [m for m in tuned if m <= tokens]
     cfg = {"path": default["path"], **tuned[max(below) if below else min(tuned)]}
-    if not fits(cfg["path"], tokens, top_k, weight_format):
+    if not fits(cfg["path"], tokens, slots, weight_format):
         return default  # e.g. a one-token gemv entry or a small-route tile too short for these pairs
     return with_packed_default(cfg, weight_format, dtype)

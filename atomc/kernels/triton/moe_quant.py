@@ -128,8 +128,10 @@ def fused_experts_quant(
         local = expert_map.to(torch.int32)[local.long()]
     if config is None:
         dev = tuned_files.tile_device(x.device)
-        config = moe_config.pick_config(t, e_local - num_shared, h, inter, k - num_shared, x.dtype, dev.name,
-                                        weight_format=weight_format, family=dev.family)  # fmt: skip
+        config = moe_config.pick_config(
+            t, e_local - num_shared, h, inter, k - num_shared, x.dtype, dev.name, weight_format=weight_format,
+            family=dev.family, num_shared=num_shared,
+        )  # fmt: skip
     out = torch.empty_like(x)
     if t == 0:
         return out
