@@ -7,7 +7,7 @@ that takes the sorted route to a prefill chunk.
 
 Each way is timed as the replay of a CUDA graph of `--layers` calls (each its own routing, as a
 model's MoE layers), after checking the kernel's outputs equal the torch ops' entry for entry; past
-the kernel's ONE_KERNEL_MAX_PAIRS only the torch ops run.
+the kernel's ONE_KERNEL_MAX_PAIRS (`--max-pairs` raises it for the run) only the torch ops run.
 """
 
 from __future__ import annotations
@@ -52,8 +52,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--layers", type=int, default=48, help="calls in one graph, each its own routing")
+    ap.add_argument("--max-pairs", type=int, default=None, help="the kernel's pair limit for this run")
     ap.add_argument("--tiny", action="store_true")
     args = ap.parse_args()
+    if args.max_pairs:
+        align.ONE_KERNEL_MAX_PAIRS = args.max_pairs
     dev = "cpu" if TINY else "cuda"
     layers = 2 if TINY else args.layers
     g = torch.Generator(dev).manual_seed(0)

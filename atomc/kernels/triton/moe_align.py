@@ -9,8 +9,7 @@ run, pairs keep their order.
 
 Two ways, the same outputs to the last entry (tests/kernels/test_moe_align.py):
 - `align_by_expert_torch`: torch ops (a stable argsort, scans, a scatter, a searchsorted): about
-  25 launches, some 36 us a MoE layer at a 1,024-pair prefill on an H100 (the profile of
-  docs/performance.md section 20), paid by every MoE layer of every step past the small route;
+  25 launches, paid by every MoE layer of every step past the small route;
 - `align_by_expert_kernel` (`ALIGN_IN_ONE_KERNEL`, up to ONE_KERNEL_MAX_PAIRS pairs): one launch.
   Program c places the pairs of chunk c (`_chunk` pairs): every program counts all pairs per expert
   (two histograms a COUNT pairs: at most ONE_KERNEL_MAX_PAIRS / COUNT steps), so it knows each expert's
@@ -18,7 +17,9 @@ Two ways, the same outputs to the last entry (tests/kernels/test_moe_align.py):
   chunk is the number of earlier pairs of the same expert there (a [CHUNK, CHUNK] comparison).
   Program p also writes the padding rows and the block experts of experts p * FILL_EXPERTS .., and
   its share of the rows and blocks past the padded total.
-Off by default until timed against the torch ops (docs/kernels.md, "Fused MoE").
+On: alone in CUDA graphs on an H100 it took 6.5-18 us against the torch ops' 53-152 us, from 128 to
+8,192 pairs at Qwen3-30B-A3B's, DeepSeek-V2-Lite's and V3's expert counts, its outputs equal on the
+GPU (benchmarks/moe_align.py; docs/performance.md section 26).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import triton.language as tl
 from atomc.kernels.triton import pdl
 from atomc.kernels.triton.pdl import after_producer
 
-ALIGN_IN_ONE_KERNEL = False
-ONE_KERNEL_MAX_PAIRS = 16384  # each program reads every pair: past this the torch ops
+ALIGN_IN_ONE_KERNEL = True
+ONE_KERNEL_MAX_PAIRS = 8192  # each program reads every pair; the largest size timed (past it: the torch ops)
 COUNT = 1024  # pairs a counting step
 FILL_EXPERTS = 16  # experts whose padding a program writes
 TAIL = 1024  # rows a program's step past the padded total
