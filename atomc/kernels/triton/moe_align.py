@@ -17,9 +17,11 @@ Two ways, the same outputs to the last entry (tests/kernels/test_moe_align.py):
   chunk is the number of earlier pairs of the same expert there (a [CHUNK, CHUNK] comparison).
   Program p also writes the padding rows and the block experts of experts p * FILL_EXPERTS .., and
   its share of the rows and blocks past the padded total.
-On: alone in CUDA graphs on an H100 it took 6.5-18 us against the torch ops' 53-152 us, from 128 to
-8,192 pairs at Qwen3-30B-A3B's, DeepSeek-V2-Lite's and V3's expert counts, its outputs equal on the
-GPU (benchmarks/moe_align.py; docs/performance.md section 26).
+On: alone in CUDA graphs on an H100 it took 5-18 us against the torch ops' 53-152 us up to 8,192
+pairs, and 27-67 us against 140-156 up to 16,384 (Qwen3-30B-A3B's, DeepSeek-V2-Lite's, V3's and
+Mixtral's expert counts), its outputs equal on the GPU (benchmarks/moe_align.py; docs/performance.md
+section 26). The cost grows with pairs x chunks, and with the expert count (V3's 257 experts: 32-pair
+chunks), so past 16,384 pairs, not timed, the torch ops stay.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from atomc.kernels.triton import pdl
 from atomc.kernels.triton.pdl import after_producer
 
 ALIGN_IN_ONE_KERNEL = True
-ONE_KERNEL_MAX_PAIRS = 8192  # each program reads every pair; the largest size timed (past it: the torch ops)
+ONE_KERNEL_MAX_PAIRS = 16384  # each program reads every pair; the largest size timed (past it: the torch ops)
 COUNT = 1024  # pairs a counting step
 FILL_EXPERTS = 16  # experts whose padding a program writes
 TAIL = 1024  # rows a program's step past the padded total
