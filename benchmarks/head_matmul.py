@@ -19,14 +19,13 @@ import itertools
 import json
 import os
 import sys
-from pathlib import Path
 
 TINY = "--tiny" in sys.argv
 if TINY:
     os.environ["TRITON_INTERPRET"] = "1"  # before the first triton import
 
 import torch  # noqa: E402
-from graph_timing import graph_time_us  # noqa: E402
+from graph_timing import graph_time_us, save_results  # noqa: E402
 
 from atomc.ops.head_matmul import head_matmul_reference  # noqa: E402
 
@@ -105,10 +104,7 @@ def main() -> None:
                 default = next(r for r in timed if r["config"] == {})
                 print(f"== {name} {rows[0]['product']}: bmm {rows[0]['us']:.2f} us, default {default['us']:.2f} us, "
                       f"best {best['us']:.2f} us {best['config']}", flush=True)  # fmt: skip
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name() if not TINY else "cpu",
-                                              "results": results}, indent=1))  # fmt: skip
+    save_results(args.out, results, TINY)
 
 
 if __name__ == "__main__":

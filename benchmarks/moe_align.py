@@ -17,14 +17,13 @@ import importlib
 import json
 import os
 import sys
-from pathlib import Path
 
 TINY = "--tiny" in sys.argv
 if TINY:
     os.environ["TRITON_INTERPRET"] = "1"  # before the first triton import
 
 import torch  # noqa: E402
-from graph_timing import graph_time_us  # noqa: E402
+from graph_timing import graph_time_us, save_results  # noqa: E402
 
 align = importlib.import_module("atomc.kernels.triton.moe_align")
 # name: (experts, top_k, block_m of the sorted route's tuned tiles at 64+ tokens)
@@ -77,10 +76,7 @@ def main() -> None:
                     row[f"{way}_us"] = graph_time_us(lambda ids, f=fn, e=experts, b=block_m: f(ids, e, b), calls)
             results.append(row)
             print(json.dumps(row), flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name() if not TINY else "cpu",
-                                              "results": results}, indent=1))  # fmt: skip
+    save_results(args.out, results, TINY)
 
 
 if __name__ == "__main__":
