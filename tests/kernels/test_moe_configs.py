@@ -110,3 +110,15 @@ def test_shared_experts_count_in_the_route_a_tuned_file_gives(tmp_path):
     assert (
         moe_config.pick_config(7, *shape, "none", tmp_path, weight_format="fp8_block", num_shared=1)["path"] == "small"
     )
+
+
+def test_deepseek_v2_lite_shipped_tiles_with_its_shared_experts():
+    """The shipped V2-Lite file (64 experts, top-6) has a small-route bucket at 8 tokens; with its 2
+    shared experts inside the op, 9 tokens run 72 slots, so the route must not be the small one
+    (it raised there before the route counted the shared slots)."""
+    shape = (64, 2048, 1408, 6, torch.bfloat16)
+    assert moe_config.pick_config(9, *shape, "NVIDIA H200")["path"] == "small"  # 54 routed pairs
+    for tokens in (9, 15):
+        cfg = moe_config.pick_config(tokens, *shape, "NVIDIA H200", num_shared=2)
+        assert moe_config.fits(cfg["path"], tokens, 8) and cfg["path"] == "sorted"
+    assert moe_config.pick_config(8, *shape, "NVIDIA H200", num_shared=2)["path"] == "small"  # 64 slots fit
