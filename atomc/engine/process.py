@@ -127,13 +127,17 @@ def run_engine_process(config: EngineConfig, conn, spawned_at: float | None = No
         )
     except BaseException as e:  # start-up failure: the server reports it and exits non-zero
         logger.debug("engine start-up failed", exc_info=True)
-        conn.send(("failed", _portable(e), traceback.format_exc()))
+        try:
+            conn.send(("failed", _portable(e), traceback.format_exc()))
+        except OSError:
+            logger.info("start-up failed and the server is gone: %s: %s", type(e).__name__, e)
         return
-    conn.send(("ready", info))
     try:
+        conn.send(("ready", info))
         _serve_pipe(engine, conn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
-        pass  # the server is gone: nothing to report to
+        # the server is gone (it may have stopped during start-up, with its own error): nothing to report to
+        logger.info("the server is gone: the engine stops")
     except BaseException as e:
         logger.exception("engine loop failed")
         try:

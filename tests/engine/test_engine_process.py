@@ -221,3 +221,35 @@ def test_deciding_on_the_engine_process_imports_no_torch():
         "uses_engine_process(EngineConfig()); assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_engine_stops_quietly_when_the_server_left_during_start_up(monkeypatch, tmp_path):
+    """A server that stopped while the engine started (its own error already printed) leaves a
+    closed pipe: the engine's "ready" must not end in a BrokenPipeError traceback, and the engine
+    is still closed."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    from atomc.engine import llm_engine, process
+
+    closed = []
+
+    class Engine:
+        model_name, max_model_len, model_dir, sampling_defaults = "m", 8, tmp_path, {}
+        arch = SimpleNamespace(vocab_size=10)
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def stats(self):
+            return {}
+
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(llm_engine, "LLMEngine", Engine)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the test process keeps its handlers
+    server_end, engine_end = multiprocessing.Pipe()
+    server_end.close()
+    process.run_engine_process(EngineConfig(device="cpu"), engine_end)
+    assert closed == [True]
