@@ -50,6 +50,8 @@ def test_experts_on_other_ranks_and_experts_without_pairs(pairs):
 
 def test_one_expert_takes_every_pair():
     assert_same(torch.full((513,), 3, dtype=torch.int32), 8, 32)
+    # a run of 132 blocks: its block experts take three RUN_STEP steps
+    assert_same(torch.full((2100,), 5, dtype=torch.int32), 8, 16)
 
 
 def test_the_largest_batch_it_takes():

@@ -42,7 +42,7 @@ KERNELS = {
                  n_cols="i32", eps="fp32"), dict(ADD=True, BLOCK_N=2048)),
     "moe_align": (_align_kernel, dict(local_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
                   num_padded_ptr="*i32", P="i32", ROWS="i32", NUM_BLOCKS="i32"),
-                  dict(E=128, BLOCK_M=64, BINS=256, CHUNK=64, COUNT=1024, FILL_E=16, MAX_RUN_BLOCKS=64, TAIL=1024)),
+                  dict(E=128, BLOCK_M=64, BINS=256, CHUNK=64, COUNT=1024, FILL_E=16, RUN_STEP=64, TAIL=1024)),
     "moe_gate_up_gemv": (moe_gate_up_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16",
                          b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32", H="i32", INTER="i32",
                          stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32",

@@ -21,7 +21,9 @@ On: alone in CUDA graphs on an H100 it took 5-18 us against the torch ops' 53-15
 pairs, and 27-67 us against 140-156 up to 16,384 (Qwen3-30B-A3B's, DeepSeek-V2-Lite's, V3's and
 Mixtral's expert counts), its outputs equal on the GPU (benchmarks/moe_align.py; docs/performance.md
 section 26). The cost grows with pairs x chunks, and with the expert count (V3's 257 experts: 32-pair
-chunks), so past 16,384 pairs, not timed, the torch ops stay.
+chunks), so past 16,384 pairs, not timed, the torch ops stay. Since those runs the block experts of
+an expert's run are written RUN_STEP a step (they were one tile sized from the pair count, a compile
+for every power of two of it), not re-timed: a decode batch's run takes one step as before.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ ONE_KERNEL_MAX_PAIRS = 16384  # each program reads every pair; the largest size 
 COUNT = 1024  # pairs a counting step
 FILL_EXPERTS = 16  # experts whose padding a program writes
 TAIL = 1024  # rows a program's step past the padded total
+RUN_STEP = 64  # block experts of an expert's run a step
 
 
 def max_padded_rows(pairs: int, experts: int, block_m: int) -> int:
@@ -89,11 +92,13 @@ def _pick(values, index, BINS: tl.constexpr):
     return tl.sum(tl.where(index[:, None] == bins[None, :], values[None, :], 0), 1)
 
 
-@triton.jit
+# one compiled kernel per (experts, block_m): the pair and row counts are plain arguments, so a
+# batch or prefill of a new size compiles nothing
+@triton.jit(do_not_specialize=["P", "ROWS", "NUM_BLOCKS"])
 def _align_kernel(
     local_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, P, ROWS, NUM_BLOCKS,
     E: tl.constexpr, BLOCK_M: tl.constexpr, BINS: tl.constexpr, CHUNK: tl.constexpr, COUNT: tl.constexpr,
-    FILL_E: tl.constexpr, MAX_RUN_BLOCKS: tl.constexpr, TAIL: tl.constexpr, PDL: tl.constexpr,
+    FILL_E: tl.constexpr, RUN_STEP: tl.constexpr, TAIL: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py: the ids come from the step's routing
     pid = tl.program_id(0)
@@ -131,10 +136,12 @@ def _align_kernel(
     pad_row = e_start[:, None] + e_count[:, None] + j[None, :]
     pad_ok = e_ok[:, None] & (e_count[:, None] + j[None, :] < e_padded[:, None])
     tl.store(sorted_ptr + pad_row, tl.full([FILL_E, BLOCK_M], 0, tl.int32) + P, mask=pad_ok)
-    b = tl.arange(0, MAX_RUN_BLOCKS)
-    run_ok = e_ok[:, None] & (b[None, :] * BLOCK_M < e_padded[:, None])
-    tl.store(block_expert_ptr + e_start[:, None] // BLOCK_M + b[None, :], e_ids[:, None] + b[None, :] * 0,
-             mask=run_ok)  # fmt: skip
+    e_blocks = tl.where(e_ok, e_padded // BLOCK_M, 0)
+    for b0 in range(0, tl.max(e_blocks, 0), RUN_STEP):
+        b = b0 + tl.arange(0, RUN_STEP)
+        run_ok = b[None, :] < e_blocks[:, None]
+        tl.store(block_expert_ptr + e_start[:, None] // BLOCK_M + b[None, :], e_ids[:, None] + b[None, :] * 0,
+                 mask=run_ok)  # fmt: skip
 
     # past the padded total: rows hold P, blocks hold E
     t = tl.arange(0, TAIL)
@@ -168,7 +175,7 @@ def align_by_expert_kernel(local: torch.Tensor, experts: int, block_m: int):
     _align_kernel[(programs,)](
         local, sorted_ids, block_expert, num_padded, p, rows, rows // block_m,
         E=experts, BLOCK_M=block_m, BINS=bins, CHUNK=chunk, COUNT=COUNT, FILL_E=FILL_EXPERTS,
-        MAX_RUN_BLOCKS=triton.next_power_of_2(triton.cdiv(p, block_m)), TAIL=TAIL, num_warps=4,
+        RUN_STEP=RUN_STEP, TAIL=TAIL, num_warps=4,
         **pdl.launch(local),
     )  # fmt: skip
     return sorted_ids, block_expert, num_padded
