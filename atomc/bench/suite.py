@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,14 @@ def json_safe(obj):
     if isinstance(obj, list | tuple):
         return [json_safe(v) for v in obj]
     return obj
+
+
+def write_json(path: Path, obj) -> None:
+    """`obj` as JSON at `path`, whole or not at all: written beside it, then renamed over it, so a run
+    stopped mid-write (the suite timeout's SIGTERM) leaves the last complete file for the deck."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(json_safe(obj), indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def check_thresholds(cfg: SweepConfig, thresholds: dict, enforce: bool) -> list[str]:
@@ -206,7 +215,7 @@ class SuiteRun:
 
     def save(self) -> None:
         self.report["blocks"] = [b.to_dict() for b in self.blocks]
-        self.report_path.write_text(json.dumps(json_safe(self.report), indent=2) + "\n")
+        write_json(self.report_path, self.report)
 
     def context(self, url: str, model: str, api_key: str | None) -> SuiteContext:
         ctx = SuiteContext(url, model, self.output_dir, self.cfg.path.parent, api_key, self.cfg.params, self.log)
@@ -244,7 +253,7 @@ class SuiteRun:
     def record_cell(self, cell, result: dict) -> None:
         self.report["cells"][cell.key] = result
         name = sw.cell_file_name(self.cfg.params["result_filename"], cell.key)
-        (self.cells_dir / name).write_text(json.dumps(json_safe(result), indent=2) + "\n")
+        write_json(self.cells_dir / name, result)
         self.save()
 
 
