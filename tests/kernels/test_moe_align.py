@@ -59,29 +59,34 @@ def test_the_largest_batch_it_takes():
     assert_same(ids(p, 128, seed=3, off_rank=0.1), 128, 64)
 
 
-def test_the_switch_routes_by_size(monkeypatch):
+@pytest.fixture
+def kernel_calls(monkeypatch) -> list[int]:
+    """The switch on; the pair counts the one-launch alignment is called with."""
     monkeypatch.setattr(moe_align, "ALIGN_IN_ONE_KERNEL", True)
     calls = []
     real = moe_align.align_by_expert_kernel
     monkeypatch.setattr(moe_align, "align_by_expert_kernel", lambda *a: calls.append(a[0].numel()) or real(*a))
+    return calls
+
+
+def test_the_switch_routes_by_size(kernel_calls):
     moe_align.align_by_expert(ids(10, 8, seed=4), 8, 16)
     moe_align.align_by_expert(ids(moe_align.ONE_KERNEL_MAX_PAIRS + 1, 8, seed=5), 8, 16)  # the torch ops
-    assert calls == [10]
+    assert kernel_calls == [10]
 
 
-def test_sorted_route_with_the_kernel(monkeypatch):
+def test_sorted_route_with_the_kernel(kernel_calls, monkeypatch):
     # the fused MoE's sorted route gives the same output with either alignment
     moe = importlib.import_module("atomc.kernels.triton.moe")
     tile = dict(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
     config = {"path": "sorted", "gate_up": dict(tile), "down": dict(tile)}
     x, logits, w13, w2, _, _ = make_moe(37, 6, 48, 40, 2, torch.float32, "cpu", seed=7)
     args = (x, *select_experts(logits, 2), w13, w2, None, None, None, "silu", 1.702, 7.0)
-    before = fused_experts(*args, config=config)
-    monkeypatch.setattr(moe_align, "ALIGN_IN_ONE_KERNEL", True)
-    calls = []
-    real = moe_align.align_by_expert_kernel
-    monkeypatch.setattr(moe_align, "align_by_expert_kernel", lambda *a: calls.append(1) or real(*a))
+    with monkeypatch.context() as off:  # the torch ops (the switch is on by default)
+        off.setattr(moe_align, "ALIGN_IN_ONE_KERNEL", False)
+        before = fused_experts(*args, config=config)
+    assert kernel_calls == []
     after = fused_experts(*args, config=config)
-    assert calls and moe.align_by_expert is moe_align.align_by_expert
+    assert kernel_calls == [74] and moe.align_by_expert is moe_align.align_by_expert
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     assert rel_err(after, experts_reference(*args)) < 1e-5
