@@ -41,6 +41,7 @@ COUNT = 1024  # pairs a counting step
 FILL_EXPERTS = 16  # experts whose padding a program writes
 TAIL = 1024  # rows a program's step past the padded total
 RUN_STEP = 64  # block experts of an expert's run a step
+PAD_STEP = 16  # padding rows of an expert's run a step (the row block is a run-time value)
 
 
 def max_padded_rows(pairs: int, experts: int, block_m: int) -> int:
@@ -92,13 +93,15 @@ def _pick(values, index, BINS: tl.constexpr):
     return tl.sum(tl.where(index[:, None] == bins[None, :], values[None, :], 0), 1)
 
 
-# one compiled kernel per (experts, block_m): the pair and row counts are plain arguments, so a
-# batch or prefill of a new size compiles nothing
-@triton.jit(do_not_specialize=["P", "ROWS", "NUM_BLOCKS"])
+# one compiled kernel per expert count: the pair and row counts and the row block are plain
+# arguments, so neither a batch or prefill of a new size nor the block the tile file picks for it
+# compiles anything while serving (a block of 128 rows first seen mid-run stalled a CONC-64 run on
+# an H100 for about 2 s: docs/performance.md section 27)
+@triton.jit(do_not_specialize=["P", "ROWS", "NUM_BLOCKS", "BLOCK_M"])
 def _align_kernel(
-    local_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, P, ROWS, NUM_BLOCKS,
-    E: tl.constexpr, BLOCK_M: tl.constexpr, BINS: tl.constexpr, CHUNK: tl.constexpr, COUNT: tl.constexpr,
-    FILL_E: tl.constexpr, RUN_STEP: tl.constexpr, TAIL: tl.constexpr, PDL: tl.constexpr,
+    local_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, P, ROWS, NUM_BLOCKS, BLOCK_M,
+    E: tl.constexpr, BINS: tl.constexpr, CHUNK: tl.constexpr, COUNT: tl.constexpr,
+    FILL_E: tl.constexpr, PAD_STEP: tl.constexpr, RUN_STEP: tl.constexpr, TAIL: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py: the ids come from the step's routing
     pid = tl.program_id(0)
@@ -132,10 +135,11 @@ def _align_kernel(
     e_start = _pick(pad_start, e_ids, BINS)
     e_count = _pick(counts, e_ids, BINS)
     e_padded = _pick(padded, e_ids, BINS)
-    j = tl.arange(0, BLOCK_M)
-    pad_row = e_start[:, None] + e_count[:, None] + j[None, :]
-    pad_ok = e_ok[:, None] & (e_count[:, None] + j[None, :] < e_padded[:, None])
-    tl.store(sorted_ptr + pad_row, tl.full([FILL_E, BLOCK_M], 0, tl.int32) + P, mask=pad_ok)
+    for j0 in range(0, BLOCK_M - 1, PAD_STEP):  # an expert's run ends in at most BLOCK_M - 1 padding rows
+        j = j0 + tl.arange(0, PAD_STEP)
+        pad_row = e_start[:, None] + e_count[:, None] + j[None, :]
+        pad_ok = e_ok[:, None] & (e_count[:, None] + j[None, :] < e_padded[:, None])
+        tl.store(sorted_ptr + pad_row, tl.full([FILL_E, PAD_STEP], 0, tl.int32) + P, mask=pad_ok)
     e_blocks = tl.where(e_ok, e_padded // BLOCK_M, 0)
     for b0 in range(0, tl.max(e_blocks, 0), RUN_STEP):
         b = b0 + tl.arange(0, RUN_STEP)
@@ -173,8 +177,8 @@ def align_by_expert_kernel(local: torch.Tensor, experts: int, block_m: int):
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
     programs = max(triton.cdiv(p, chunk), triton.cdiv(experts, FILL_EXPERTS))
     _align_kernel[(programs,)](
-        local, sorted_ids, block_expert, num_padded, p, rows, rows // block_m,
-        E=experts, BLOCK_M=block_m, BINS=bins, CHUNK=chunk, COUNT=COUNT, FILL_E=FILL_EXPERTS,
+        local, sorted_ids, block_expert, num_padded, p, rows, rows // block_m, block_m,
+        E=experts, BINS=bins, CHUNK=chunk, COUNT=COUNT, FILL_E=FILL_EXPERTS, PAD_STEP=PAD_STEP,
         RUN_STEP=RUN_STEP, TAIL=TAIL, num_warps=4,
         **pdl.launch(local),
     )  # fmt: skip
