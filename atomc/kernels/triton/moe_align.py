@@ -21,9 +21,11 @@ On: alone in CUDA graphs on an H100 it took 5-18 us against the torch ops' 53-15
 pairs, and 27-67 us against 140-156 up to 16,384 (Qwen3-30B-A3B's, DeepSeek-V2-Lite's, V3's and
 Mixtral's expert counts), its outputs equal on the GPU (benchmarks/moe_align.py; docs/performance.md
 section 26). The cost grows with pairs x chunks, and with the expert count (V3's 257 experts: 32-pair
-chunks), so past 16,384 pairs, not timed, the torch ops stay. Since those runs the block experts of
-an expert's run are written RUN_STEP a step (they were one tile sized from the pair count, a compile
-for every power of two of it), not re-timed: a decode batch's run takes one step as before.
+chunks), so past 16,384 pairs, not timed, the torch ops stay. One compile per expert count: the
+counts and the row block are run-time values (a block's padding rows PAD_STEP a step, the block
+experts of an expert's run RUN_STEP a step). A serving run at CONC 64 had the median step 12% shorter
+than with the torch ops, and stalled about 2 s compiling a 128-row variant mid-run, when the row
+block was still a compile-time constant (performance.md section 27); the run-time block is untimed.
 """
 
 from __future__ import annotations
