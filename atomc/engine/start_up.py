@@ -45,6 +45,8 @@ def runner_phases(runner) -> str:
         parts.append(f"model (compiled) {model:.1f}s")
     kv = times.get("kv_sizing_s", 0.0)
     parts.append(f"KV sizing {kv:.1f}s (on a GPU the first forward, with the kernels' first-use compiles)")
+    if "warm_up_s" in times:
+        parts.append(f"forwards at the smaller prefill sizes {times['warm_up_s']:.1f}s (their kernels' compiles)")
     return ", ".join(parts)
 
 

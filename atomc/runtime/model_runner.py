@@ -130,6 +130,10 @@ class ModelRunner:
                 check_stage_kv_groups(self.kv_groups, device)
             self.group_num_blocks = distributed.min_across_ranks(self.group_num_blocks, device)
         self.timings["kv_sizing_s"] = time.perf_counter() - t0
+        if str(device).startswith("cuda"):
+            t0 = time.perf_counter()
+            self.warm_up_prefill_sizes()
+            self.timings["warm_up_s"] = time.perf_counter() - t0
         self.num_blocks = self.group_num_blocks[0]
         self.kv_caches = self._allocate_kv_cache(self.group_num_blocks)
         self.sampler = Sampler(seed=config.model.seed)
@@ -179,20 +183,40 @@ class ModelRunner:
         `max_num_batched_tokens` prompt tokens in sequences of at most `max_model_len`, with a
         temporary KV cache just big enough for them, plus logits for `max_num_seqs` rows.
         Returns the bytes of that temporary cache (the caller leaves them out of the activation peak)."""
-        sched, bs = self.config.scheduler, self.block_size
+        sched = self.config.scheduler
         total = sched.max_num_batched_tokens
+        hidden, num_blocks = self._prefill_forward(total)
+        if self.parallel.last_stage:  # the LM head's rows (a pipeline stage before the last has none)
+            logits = self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
+            warm_greedy(logits)  # the sampler's argmax kernels compile here, not in the first served step
+        return bytes_per_block(self.kv_specs, self.block_size, self.kv_dtype) * num_blocks
+
+    def _prefill_forward(self, total: int) -> tuple[torch.Tensor, int]:
+        """A forward over `total` prompt tokens (sequences of at most max_model_len) with a temporary
+        KV cache just big enough for them: (hidden states, that cache's blocks)."""
         longest = min(self.max_model_len, total)
         lens = [longest] * (total // longest) + ([total % longest] if total % longest else [])
-        step = prefill_step_input(lens, bs)
+        step = prefill_step_input(lens, self.block_size)
         ids, positions, (meta,) = device_batch(step, self.device)
         num_blocks = sum(len(t) for t in step.block_tables)
         scratch = self._allocate_kv_cache(num_blocks)  # every layer (group) reads the one table
         with set_forward_context(ForwardContext(meta, scratch, kv_scales=self.kv_scales)):
             hidden = self._profile_forward(ids, positions)
-        if self.parallel.last_stage:  # the LM head's rows (a pipeline stage before the last has none)
-            logits = self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
-            warm_greedy(logits)  # the sampler's argmax kernels compile here, not in the first served step
-        return bytes_per_block(self.kv_specs, bs, self.kv_dtype) * num_blocks
+        return hidden, num_blocks
+
+    @torch.inference_mode()
+    def warm_up_prefill_sizes(self) -> list[int]:
+        """Forwards at `warm_up_sizes` tokens, so the Triton kernels compile the variants those
+        steps pick (the MoE and FP8 tile files choose tiles by token count) at start-up rather than
+        in the middle of serving, where a compile stalls every request in flight for seconds (one did
+        for about 2 s in a CONC-64 run: docs/performance.md section 27). Compiled kernels persist in
+        Triton's cache, so a later start pays a forward a size. Returns the sizes run."""
+        sched = self.config.scheduler
+        sizes = warm_up_sizes(sched.max_num_seqs, sched.max_num_batched_tokens)
+        for total in sizes:
+            self._prefill_forward(total)
+        torch.cuda.empty_cache()  # their scratch caches and activations: back before the KV cache is made
+        return sizes
 
     def _profile_forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.forward(ids, positions)
@@ -389,6 +413,17 @@ def prompt_logprob_entries(req: PromptLogprobRequest, logits: torch.Tensor) -> l
             entry.update(zip(top.indices[j].tolist(), top.values[j].tolist(), strict=True))
         entries.append(entry)
     return entries
+
+
+def warm_up_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+    """Token counts a start-up forward runs at: the powers of two above the decode graphs' largest
+    batch (whose capture compiles their sizes' kernels) and below the sizing forward's
+    `max_num_batched_tokens` (which compiles its own)."""
+    sizes, t = [], 1 << max(0, max_num_seqs).bit_length()  # the first power of two above max_num_seqs
+    while t < max_num_batched_tokens:
+        sizes.append(t)
+        t *= 2
+    return sizes
 
 
 def captures_cuda_graphs(device: str, model) -> bool:

@@ -86,3 +86,7 @@ def test_runner_phases_split_a_warm_load_and_show_the_overlapped_cuda_context():
     cold = runner_phases(_Runner({"hit": False, "timings": {}}, {**times, "device_init_s": 0.0}))
     assert "CUDA context" not in cold and "model (compiled) 4.7s," in cold
     assert "model (eager) 0.0s" in runner_phases(_Runner({}, {}))
+    # on a GPU: the forwards at the smaller prefill sizes, after the sizing forward
+    gpu = runner_phases(_Runner({"hit": True, "timings": {"load_s": 4.1}}, {**times, "warm_up_s": 2.26}))
+    assert gpu.endswith("KV sizing 0.4s (on a GPU the first forward, with the kernels' first-use compiles), "
+                        "forwards at the smaller prefill sizes 2.3s (their kernels' compiles)")  # fmt: skip
