@@ -34,17 +34,8 @@ POINTERS = {
 }  # fmt: skip
 
 
-ROPE_POINTERS = {
-    "pos_ptr": "*i64", "cs_ptr": "*fp32", "k_new_ptr": "*bf16", "v_new_ptr": "*bf16", "slot_ptr": "*i64",
-    "qw_ptr": "*bf16", "kw_ptr": "*bf16",
-}  # fmt: skip
-
-
-def compile_decode(
-    fp8: bool, num_warps: int | None = None, tile_n: int | None = None, num_stages: int = 2, rope: bool = False
-):
-    """The compiled _attn_kernel as a bf16 decode step launches it (the wrapper's block sizes);
-    `rope`: with RoPE, Qwen3's q/k norms and the KV write inside (paged_attention.DecodeRope)."""
+def compile_decode(fp8: bool, num_warps: int | None = None, tile_n: int | None = None, num_stages: int = 2):
+    """The compiled _attn_kernel as a bf16 decode step launches it (the wrapper's block sizes)."""
     group = HQ // HKV
     block_m = max(16, triton.next_power_of_2(group))
     tile_n = tile_n or pa.default_tile_n(True, fp8)
@@ -53,26 +44,18 @@ def compile_decode(
         HEAD_DIM=D, BLOCK_D=D, GROUP=group, NUM_Q_HEADS=HQ, BLOCK_M=block_m, BLOCK_Q=block_m // group,
         TILE_N=tile_n, PAGE=PAGE, NUM_SEGMENTS=SEGMENTS, SPLIT=True, MIN_SEG_TILES=pa.MIN_SEG_TILES, IEEE=False,
         WINDOW=0, SINKS=False, FP8=fp8, F16_DOTS=fp8, MERGE_LAST=False, PDL=True,
-        ROPE=rope, NORM=rope, ROUND_IN_FP32=False,
     )  # fmt: skip
     kv = "*fp8e4nv" if fp8 else "*bf16"
     pointers = {**POINTERS, "k_cache_ptr": kv, "v_cache_ptr": kv}
-    if rope:
-        pointers.update(ROPE_POINTERS)
-    else:  # the launch leaves them at their None defaults
-        consts.update(dict.fromkeys(ROPE_POINTERS))
     return warps, tile_n, compile_as_launched(pa._attn_kernel, pointers, consts, warps, num_stages)
 
 
 def main() -> None:
-    runs = ((False, None, None, False), (False, None, None, True), (True, None, None, False), (True, None, None, True),
-            (True, 8, 128, False), (True, 4, 64, False), (True, 8, 64, False))  # fmt: skip
-    for fp8, warps, tile_n, rope in runs:
-        used, tile, kernel = compile_decode(fp8, warps, tile_n, rope=rope)
+    for fp8, warps, tile_n in ((False, None, None), (True, None, None), (True, 8, 128), (True, 4, 64), (True, 8, 64)):
+        used, tile, kernel = compile_decode(fp8, warps, tile_n)
         r = resources(kernel)
         default = " (default)" if warps is None else ""
-        with_rope = ", RoPE + q/k norms + KV write inside" if rope else ""
-        label = f"{'fp8' if fp8 else 'bf16'} pages, {tile}-key tiles, {used} warps{default}{with_rope}"
+        label = f"{'fp8' if fp8 else 'bf16'} pages, {tile}-key tiles, {used} warps{default}"
         print(f"{label}: {r['shared'] // 1024} KiB shared, {r['registers']} registers, {r['spill_bytes']} B spilled,"
               f" {r['mma_sync']} mma.sync / {r['wgmma']} wgmma dots, {r['async_copies']} async copies")  # fmt: skip
 

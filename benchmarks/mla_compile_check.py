@@ -58,8 +58,7 @@ def compile_as_launched(fn, pointers: dict, consts: dict, num_warps: int, num_st
     the pointer arguments' types, `qk_scale` fp32, other arguments i32; pointers and strides
     divisible by 16, as the JIT specialises them (num_seqs and stride_bt are not)."""
     names = fn.arg_names
-    floats = ("qk_scale", "q_eps", "k_eps")
-    sig = {n: pointers.get(n) or ("constexpr" if n in consts else "fp32" if n in floats else "i32") for n in names}
+    sig = {n: pointers.get(n) or ("constexpr" if n in consts else "fp32" if n == "qk_scale" else "i32") for n in names}
     aligned = [i for i, n in enumerate(names) if n in pointers or (n.startswith("stride") and n != "stride_bt")]
     src = ASTSource(
         fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()},

@@ -108,9 +108,8 @@ def _node_flops(node: torch.fx.Node) -> int:
     if name in _MATMULS and len(shapes) >= 2 and shapes[0] and shapes[1] and len(shapes[1]) == 2:
         a, w = (shapes[1], shapes[2]) if name == "addmm" and len(shapes) > 2 and shapes[2] else (shapes[0], shapes[1])
         return 2 * _numel(a[:-1]) * w[0] * w[1]
-    queries = [s for s in shapes if s and len(s) == 3]  # q [T, Hq, D] (rope_paged_attention: after positions)
-    if "attention" in name and queries:
-        t, hq, d = queries[0]
+    if "attention" in name and shapes and shapes[0] and len(shapes[0]) == 3:
+        t, hq, d = shapes[0]
         return 4 * t * hq * d * REF_CONTEXT
     weights = [
         _shape(a)

@@ -28,7 +28,6 @@ OPS = (
     "paged_attention",
     "rope_and_write_kv",
     "qk_norm_rope_and_write_kv",
-    "rope_paged_attention",
     "rope",
     "rms_norm",
     "fused_add_rms_norm",
@@ -69,14 +68,7 @@ AITER_LAYOUT_OPS = ("fp8_gemm_shuffled", "fp8_block_gemm_shuffled")
 # there (graphs/partition.py), in every backend namespace. tests/kernels/test_kernel_registry.py fails when
 # an op reads the context and is missing here. rope_and_write_kv and qk_norm_rope_and_write_kv write
 # the KV cache but declare no mutation; they are marked side-effectful below (see passes/README.md).
-CONTEXT_OPS = (
-    "attention",
-    "paged_attention",
-    "rope_and_write_kv",
-    "qk_norm_rope_and_write_kv",
-    "rope_paged_attention",
-    "mla_attention",
-)
+CONTEXT_OPS = ("attention", "paged_attention", "rope_and_write_kv", "qk_norm_rope_and_write_kv", "mla_attention")
 # where each backend's ops live: torch.ops.<namespace>.*, defined by importing <module>
 NAMESPACES = {"torch": "atomc", "triton": "atomc_triton", "aiter": "atomc_aiter"}
 MODULES = {
@@ -254,7 +246,6 @@ AITER_OPS = (
     "rope",
     "rope_and_write_kv",
     "qk_norm_rope_and_write_kv",
-    "rope_paged_attention",
     "attention",
     "paged_attention",
     "moe",

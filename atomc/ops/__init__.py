@@ -10,10 +10,6 @@ from atomc.ops import attention  # noqa: F401
 from atomc.ops import activation, linear, moe, norm, paged_attention, rope, rope_kv  # noqa: F401
 
 # isort: split
-# RoPE + KV write + paged attention as one op (it calls the two above)
-from atomc.ops import rope_attention  # noqa: F401
-
-# isort: split
 # DeepSeek's latent attention (torch reference only), the latent's norm + RoPE the passes fuse to,
 # and the per-head products of its absorbed form
 from atomc.ops import head_matmul, mla, mla_latent  # noqa: F401

@@ -35,7 +35,6 @@ def default_passes(platform: str, tensor_parallel_size: int = 1) -> list[AtomcPa
     from atomc.passes.fuse_mla_latent_norm_rope import FuseMLALatentNormRope
     from atomc.passes.fuse_qk_norm_rope import FuseQKNormRope
     from atomc.passes.fuse_rmsnorm_fp8_quant import FuseRMSNormFP8Quant
-    from atomc.passes.fuse_rope_attention import FuseRopeAttention
     from atomc.passes.fuse_rope_kv_write import FuseRopeKVWrite
     from atomc.passes.fuse_silu_mul import FuseSiluMul
     from atomc.passes.fuse_silu_mul_fp8_quant import FuseSiluMulFP8Quant
@@ -57,7 +56,6 @@ def default_passes(platform: str, tensor_parallel_size: int = 1) -> list[AtomcPa
         FuseFP8QuantLinear(platform),
         FuseRopeKVWrite(),
         FuseQKNormRope(),
-        FuseRopeAttention(),
         FuseMLALatentNormRope(),
         DecodeGemv(platform),
         Lowering(platform),

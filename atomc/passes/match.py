@@ -28,7 +28,6 @@ OPS: dict[str, tuple[tuple, str | None]] = {
     "silu": ((torch.nn.functional.silu, torch.ops.aten.silu.default), None),
     "linear": ((torch.nn.functional.linear, torch.ops.aten.linear.default), None),
     "getitem": ((operator.getitem,), None),
-    "empty_like": ((torch.empty_like, torch.ops.aten.empty_like.default), None),
 }
 
 

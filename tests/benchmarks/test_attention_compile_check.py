@@ -25,22 +25,3 @@ def test_fp8_pages_registers_by_tile_and_warps():
     assert fp8_64_4["registers"] > 1.5 * bf16["registers"]  # what 4 warps cost over FP8 pages
     assert fp8_64_8["registers"] <= 1.2 * bf16["registers"] and fp8_64_8["spill_bytes"] == 0
     assert fp8["registers"] >= fp8_64_4["registers"]  # twice the keys a step on the same warps
-
-
-ROPE_PROBE = """
-import json, sys
-sys.path.insert(0, "benchmarks")
-import attention_compile_check as c
-from mla_compile_check import resources
-runs = [c.compile_decode(False), c.compile_decode(False, rope=True)]
-print(json.dumps([dict(resources(k), warps=w, tile_n=t) for w, t, k in runs]))
-"""
-
-
-def test_rope_inside_the_decode_kernel_compiles_with_its_tiles():
-    # RoPE, Qwen3's q/k norms and the KV write inside the bf16 decode kernel (paged_attention.DecodeRope):
-    # the same tiles, shared memory and dots; the extra registers stay within 4 warps' budget
-    plain, fused = run_probe(ROPE_PROBE)
-    assert (fused["tile_n"], fused["warps"], fused["shared"]) == (plain["tile_n"], plain["warps"], plain["shared"])
-    assert fused["mma_sync"] == plain["mma_sync"] == 2 and fused["async_copies"] == plain["async_copies"]
-    assert fused["registers"] <= 168 and fused["spill_bytes"] <= plain["spill_bytes"]

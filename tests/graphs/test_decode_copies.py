@@ -10,8 +10,6 @@ the qkv slices are not contiguous.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -26,18 +24,14 @@ if torch.cuda.is_available():  # triton then compiles for the GPU, and these are
     pytest.skip("runs the Triton kernels through the interpreter, on machines without CUDA", allow_module_level=True)
 
 
-# Llama: plain RoPE + KV write; Qwen3-MoE: the q/k-norm variant and the MoE op. `rope_in_attention`:
-# the decode step's RoPE and KV write inside the attention kernel (paged_attention.ROPE_IN_DECODE_ATTENTION)
-@pytest.mark.parametrize("rope_in_attention", [False, True])
+# Llama: plain RoPE + KV write; Qwen3-MoE: the q/k-norm variant and the MoE op
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
-def test_cuda_decode_step_copies_nothing(checkpoints, family, rope_in_attention, monkeypatch):
-    kernels = importlib.import_module("atomc.kernels.triton.paged_attention")
-    monkeypatch.setattr(kernels, "ROPE_IN_DECODE_ATTENTION", rope_in_attention)
+def test_cuda_decode_step_copies_nothing(checkpoints, family):
     dtype = torch.float16  # the engine's half-precision path (the interpreter mishandles bf16)
     model = load_model(checkpoints[family], dtype, "cpu")
     backend = AtomcBackend(PassManager.for_platform("cuda"))
     forward = bind(aot_trace(model, "cpu", backend), model)
-    assert "atomc_triton.rope_paged_attention" in backend.record.graph_module.code  # the lowered graph
+    assert "atomc_triton.paged_attention" in backend.record.graph_module.code  # the lowered graph
     a = model.arch
     shape = (2 * a.num_layers, 4, 16, a.num_kv_heads, a.head_dim)
     ids = torch.randint(0, 300, (24,), generator=torch.Generator().manual_seed(0))

@@ -8,7 +8,7 @@ from atomc.passes.noop_elimination import NoopElimination
 ORDER = [
     "noop_elimination", "canonicalize", "fuse_add_rmsnorm", "fuse_silu_mul", "share_fp8_quant",
     "fuse_rmsnorm_fp8_quant", "fuse_silu_mul_fp8_quant", "fuse_fp8_quant_linear", "fuse_rope_kv_write",
-    "fuse_qk_norm_rope", "fuse_rope_attention",
+    "fuse_qk_norm_rope",
     "fuse_mla_latent_norm_rope", "decode_gemv", "lowering",
 ]  # fmt: skip
 

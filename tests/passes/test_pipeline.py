@@ -19,10 +19,9 @@ EXPECTED = {
         "fuse_fp8_quant_linear": (0, 0),
         "fuse_rope_kv_write": (2, 2),
         "fuse_qk_norm_rope": (2, 0),  # no q/k norms
-        "fuse_rope_attention": (2, 2),  # each rope + KV write joins its paged attention
         "fuse_mla_latent_norm_rope": (0, 0),  # no latent attention (DeepSeek's: test_fuse_mla_latent_norm_rope.py)
         "decode_gemv": (8, 0),  # cpu keeps F.linear
-        "lowering": (9, 0),  # cpu: 1 rms_norm, 4 fused_add, 2 silu_and_mul, 2 rope_paged_attention stay
+        "lowering": (11, 0),  # cpu: 1 rms_norm, 4 fused_add, 2 silu_and_mul, 2 rope_kv, 2 paged stay
     },
     "qwen3": {  # + q_norm/k_norm per layer
         "noop_elimination": (20, 20),
@@ -35,10 +34,9 @@ EXPECTED = {
         "fuse_fp8_quant_linear": (0, 0),
         "fuse_rope_kv_write": (2, 2),
         "fuse_qk_norm_rope": (2, 2),  # 4 q/k norms folded into the 2 rope + KV writes
-        "fuse_rope_attention": (2, 2),
         "fuse_mla_latent_norm_rope": (0, 0),
         "decode_gemv": (8, 0),
-        "lowering": (9, 0),
+        "lowering": (11, 0),
     },
 }
 

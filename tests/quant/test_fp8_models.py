@@ -149,14 +149,14 @@ def test_passes_leave_quantised_linears_as_atomc_ops(fmt, quantized):
     # o_proj's quant (of the attention output) stays. Nothing to share: q/k/v, gate/up are merged.
     assert by_name["share_fp8_quant"] == (0, 0)
     assert by_name["fuse_rmsnorm_fp8_quant"] == (4, 4) and by_name["fuse_silu_mul_fp8_quant"] == (2, 2)
-    # 9 as for bf16 Llama, less the 4 norms and 2 SiLU·muls now fused with their quants (+6 fused
+    # 11 as for bf16 Llama, less the 4 norms and 2 SiLU·muls now fused with their quants (+6 fused
     # ops), plus o_proj's 2 quants and the 8 GEMMs; on the CPU those stay the torch bodies (the model
     # calls the op packets: lowering pins the overload). Per-token scales (quark-ptpc): the o and
     # down projections own their quants (fuse_fp8_quant_linear), 4 ops for 2 quants + 2 SiLU quants
     # + 4 GEMMs
     per_token = fmt == "quark-ptpc"
     assert by_name["fuse_fp8_quant_linear"] == ((4, 4) if per_token else (0, 0))
-    assert by_name["lowering"] == ((9 + 6, 4) if per_token else (9 + 10, 10))
+    assert by_name["lowering"] == ((11 + 6, 4) if per_token else (11 + 10, 10))
     assert "torch.ops.atomc_triton" not in reports[-1].graph_after
     code = reports[-1].graph_after
     gemm = "fp8_block_gemm" if "block" in fmt else "fp8_gemm"

@@ -217,27 +217,3 @@ def qk_norm_rope_and_write_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     q, k = _head_norm(q, q_weight, q_eps), _head_norm(k, k_weight, k_eps)
     return rope_then_write(positions, q, k, v, cos_sin_cache, layer_idx)
-
-
-@bind_as_atomc("atomc_aiter", "rope_paged_attention")
-def rope_paged_attention(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_weight: torch.Tensor | None,
-    q_eps: float,
-    k_weight: torch.Tensor | None,
-    k_eps: float,
-    out: torch.Tensor,
-    layer_idx: int,
-    scale: float,
-    sliding_window: int = 0,
-    sinks: torch.Tensor | None = None,
-) -> None:
-    # no AITER entry joins them: the two ops above, in turn (what the graph ran before the fusion)
-    if q_weight is not None and k_weight is not None:
-        q, k = _head_norm(q, q_weight, q_eps), _head_norm(k, k_weight, k_eps)
-    q_rot, k_rot = rope_then_write(positions, q, k, v, cos_sin_cache, layer_idx)
-    attend(q_rot, k_rot, v, out, layer_idx, scale, sliding_window, sinks)

@@ -11,8 +11,6 @@ imports a kernel).
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from atomc.forward_context import layer_cache, layer_kv_scales
@@ -23,9 +21,6 @@ from atomc.ops.attention import attention_without_cache
 from atomc.ops.mla import mla_without_cache
 from atomc.ops.moe_quant import SHUFFLED_FORMATS
 
-# the attention kernel's module (the package exports its function under the same name)
-_attention_kernels = importlib.import_module("atomc.kernels.triton.paged_attention")
-
 
 def custom(name: str, mutates=()):
     """Define `atomc_triton::<name>` with the decorated body and atomc::<name>'s own schema
@@ -33,13 +28,12 @@ def custom(name: str, mutates=()):
     return bind_as_atomc("atomc_triton", name, mutates)
 
 
-def attend(q, out, meta, k_cache, v_cache, scale, sliding_window, sinks, kv_scales, rope=None):
-    """`kv_scales`: the layer's (k_scale, v_scale) from the forward context (read for FP8 pages only).
-    `rope` (decode): q is before RoPE, which the kernel applies (paged_attention.DecodeRope)."""
+def attend(q, out, meta, k_cache, v_cache, scale, sliding_window, sinks, kv_scales):
+    """`kv_scales`: the layer's (k_scale, v_scale) from the forward context (read for FP8 pages only)."""
     tk.paged_attention(
-        q if rope is not None else q.contiguous(), k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens,
-        meta.block_tables, scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs,
-        sliding_window=sliding_window, sinks=sinks, kv_scales=kv_scales, rope=rope,
+        q.contiguous(), k_cache, v_cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+        scale, meta.max_query_len, meta.max_seq_len, meta.num_seqs, sliding_window=sliding_window,
+        sinks=sinks, kv_scales=kv_scales,
     )  # fmt: skip
 
 
@@ -147,38 +141,6 @@ def paged_attention(
     if cache is None:
         return attention_without_cache(q, k, v, out, scale, sliding_window, sinks)
     attend(q, out, *cache, scale, sliding_window, sinks, layer_kv_scales(layer_idx))
-
-
-@custom("rope_paged_attention", mutates=("out",))
-def rope_paged_attention(
-    positions: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_weight: torch.Tensor | None,
-    q_eps: float,
-    k_weight: torch.Tensor | None,
-    k_eps: float,
-    out: torch.Tensor,
-    layer_idx: int,
-    scale: float,
-    sliding_window: int = 0,
-    sinks: torch.Tensor | None = None,
-) -> None:
-    norm = (q_weight, q_eps, k_weight, k_eps) if q_weight is not None and k_weight is not None else None
-    cache = layer_cache(layer_idx)
-    if cache is not None and cache[0].max_query_len == 1 and _attention_kernels.ROPE_IN_DECODE_ATTENTION:
-        # a decode step: RoPE, the cache write and attention in one launch
-        meta, k_cache, v_cache = cache
-        k, v = unit_stride(k), unit_stride(v)
-        rope = _attention_kernels.DecodeRope(positions, k, v, cos_sin_cache, meta.slot_mapping, norm)
-        attend(unit_stride(q), out, *cache, scale, sliding_window, sinks, layer_kv_scales(layer_idx), rope)
-        return
-    q_rot, k_rot = rope_into_new(positions, q, k, v, cos_sin_cache, layer_idx, norm)
-    if cache is None:
-        return attention_without_cache(q_rot, k_rot, v, out, scale, sliding_window, sinks)
-    attend(q_rot, out, *cache, scale, sliding_window, sinks, layer_kv_scales(layer_idx))
 
 
 @custom("attention", mutates=("out",))

@@ -41,7 +41,6 @@ and P to fp16 for the PV dot (more mantissa than bf16 for probabilities in [0, 1
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 import triton
@@ -49,10 +48,8 @@ import triton.language as tl
 
 from atomc.kernels.triton import arrivals, pdl
 from atomc.kernels.triton.arrivals import arrive, reset
-from atomc.kernels.triton.fp8_quant import ROUND_IN_FP32
-from atomc.kernels.triton.kv_cache_write import kv_scale_args, quantize_kv_value
+from atomc.kernels.triton.kv_cache_write import kv_scale_args
 from atomc.kernels.triton.pdl import after_producer
-from atomc.kernels.triton.rope import rotate_rows
 from atomc.kernels.triton.split_kv_merge import fold_sink, merge_partials
 
 
@@ -93,10 +90,6 @@ def _attn_kernel(
     PAGE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SPLIT: tl.constexpr,
     MIN_SEG_TILES: tl.constexpr, IEEE: tl.constexpr, WINDOW: tl.constexpr, SINKS: tl.constexpr,
     FP8: tl.constexpr, F16_DOTS: tl.constexpr, MERGE_LAST: tl.constexpr, PDL: tl.constexpr,
-    # ROPE (decode only): q and k_new / v_new are this step's, before RoPE; see _new_key
-    pos_ptr=None, cs_ptr=None, k_new_ptr=None, v_new_ptr=None, slot_ptr=None, qw_ptr=None, kw_ptr=None,
-    stride_cs=0, stride_knt=0, stride_knh=0, stride_vnt=0, stride_vnh=0, num_slots=0, q_eps=0.0, k_eps=0.0,
-    ROPE: tl.constexpr = False, NORM: tl.constexpr = False, ROUND_IN_FP32: tl.constexpr = False,
 ):  # fmt: skip
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -122,12 +115,7 @@ def _attn_kernel(
     d_ok = offs_d < HEAD_DIM
 
     q_rows = (q_start + q_local).to(tl.int64) * stride_qt + head * stride_qh
-    if ROPE:
-        # one token a program (decode): its position's cos|sin row
-        cs_row = cs_ptr + tl.load(pos_ptr + q_start).to(tl.int64) * stride_cs
-        q = rotate_rows(q_ptr, q_rows, row_ok, offs_d, cs_row, qw_ptr, q_eps, HEAD_DIM, NORM)
-    else:
-        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if FP8:
         qk_scale = qk_scale * tl.load(k_scale_ptr)  # s = q . (stored * k_scale) * scale
         if F16_DOTS:
@@ -149,12 +137,6 @@ def _attn_kernel(
             if kv_begin >= kv_end:  # past the block's keys: the reduce reads no partial from here
                 return
             kv_end = tl.minimum(kv_end, kv_begin + seg_len)
-    if ROPE:
-        # the new key (position seq_len - 1) is not in the cache yet: the program whose keys hold it
-        # takes it from registers after the loop, which reads the cached keys before it
-        new_pos = seq_len - 1
-        own_new = (new_pos >= kv_begin) & (new_pos < kv_end)
-        kv_end = tl.minimum(kv_end, new_pos)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -196,15 +178,6 @@ def _attn_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    if ROPE:
-        if own_new:
-            m_i, l_i, acc = _new_key(
-                q, m_i, l_i, acc, row_ok, offs_d, qk_scale, q_start.to(tl.int64), kv_head, cs_row,
-                k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, kw_ptr, k_scale_ptr, v_scale_ptr,
-                stride_knt, stride_knh, stride_vnt, stride_vnh, stride_kb, stride_ks, stride_kh,
-                stride_vb, stride_vs, stride_vh, num_slots, k_eps,
-                HEAD_DIM, PAGE, NORM, FP8, ROUND_IN_FP32,
-            )  # fmt: skip
     if FP8:
         acc = acc * tl.load(v_scale_ptr)  # sum p * (stored * v_scale)
     tok = (q_start + q_local).to(tl.int64)
@@ -234,44 +207,6 @@ def _attn_kernel(
             o.to(out_ptr.dtype.element_ty),
             mask=row_ok[:, None] & d_ok[None, :],
         )
-
-
-@triton.jit
-def _new_key(
-    q, m_i, l_i, acc, row_ok, offs_d, qk_scale, tok, kv_head, cs_row,
-    k_new_ptr, v_new_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, kw_ptr, k_scale_ptr, v_scale_ptr,
-    stride_knt, stride_knh, stride_vnt, stride_vnh, stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh, num_slots, k_eps,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
-):  # fmt: skip
-    """The step's own key and value for one KV head (decode): rotate k (after its norm), store k and
-    v in their cache slot as the cache write would (slot -1, or a row past the slot mapping: not
-    stored), and fold the key into the running softmax as the loop would, from the stored values
-    (so FP8 pages give what reading the slot back gives). Returns (m_i, l_i, acc)."""
-    d_ok = offs_d < HEAD_DIM
-    k_row = tl.zeros([1], tl.int64) + tok * stride_knt + kv_head * stride_knh
-    k_rot = rotate_rows(k_new_ptr, k_row, k_row >= 0, offs_d, cs_row, kw_ptr, k_eps, HEAD_DIM, NORM)  # [1, D]
-    v_row = v_new_ptr + tok * stride_vnt + kv_head * stride_vnh
-    v_val = tl.load(v_row + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-    k_st = quantize_kv_value(k_rot, k_scale_ptr, k_cache_ptr.dtype.element_ty, FP8, ROUND_IN_FP32)
-    v_st = quantize_kv_value(v_val, v_scale_ptr, v_cache_ptr.dtype.element_ty, FP8, ROUND_IN_FP32)
-    slot = tl.load(slot_ptr + tok, mask=tok < num_slots, other=-1).to(tl.int64)
-    if slot >= 0:
-        page = slot // PAGE
-        off = slot % PAGE
-        k_at = k_cache_ptr + page * stride_kb + off * stride_ks + kv_head * stride_kh
-        v_at = v_cache_ptr + page * stride_vb + off * stride_vs + kv_head * stride_vh
-        tl.store(k_at + offs_d[None, :], k_st, mask=d_ok[None, :])
-        tl.store(v_at + offs_d[None, :], v_st, mask=d_ok[None, :])
-    s = tl.sum(q.to(tl.float32) * k_st.to(tl.float32), 1) * qk_scale  # [M]; the key is visible to its own query
-    s = tl.where(row_ok, s, float("-inf"))
-    m_new = tl.maximum(m_i, s)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_safe)
-    alpha = tl.exp2(m_i - m_safe)
-    # the loop's PV dot takes p in the dot's dtype (q's, also over FP8 pages): the same rounding here
-    pv = p.to(q.dtype).to(tl.float32)[:, None] * v_st.to(tl.float32)
-    return m_new, l_i * alpha + p, acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -351,12 +286,6 @@ def _num_sms(device_index: int) -> int:
 # batches, which were not timed.
 MERGE_IN_KERNEL_MAX_SEQS = 8
 
-# atomc::rope_paged_attention on a decode step: RoPE, the KV write and attention in one launch
-# (`DecodeRope`), one kernel a layer fewer than the RoPE + write kernel before the attention. Off
-# until an A/B on a GPU times it (kernels.md, "What the next GPU calls must measure"); off, the op
-# runs those two kernels as the graph did before the fusion pass.
-ROPE_IN_DECODE_ATTENTION = False
-
 MIN_SEG_TILES = 1  # the fewest tiles a split-KV segment takes at run time (a sequence's own length)
 CAPTURE_SEG_TILES = 2  # the fewest a segment takes at the capture bound, when the count is chosen
 MAX_SEGMENTS = 16
@@ -380,37 +309,6 @@ def _pick_segments(device: torch.device, num_seqs: int, num_kv_heads: int, max_s
     want = 1 << (fit.bit_length() - 1)  # largest power of two <= fit
     most = triton.next_power_of_2(max(1, triton.cdiv(max_seq_len, CAPTURE_SEG_TILES * tile_n)))
     return max(1, min(want, most, MAX_SEGMENTS))
-
-
-class DecodeRope(NamedTuple):
-    """For `paged_attention(rope=...)`, decode only: the kernel rotates q (given before RoPE) and
-    each sequence's new key itself, after Qwen3's per-head norms with `qk_norm` = (q_weight, q_eps,
-    k_weight, k_eps), writes the new k and v to their slots (FP8 pages: quantised as the cache write
-    does) and attends to the new key from registers: RoPE, the cache write and attention in one
-    launch (atomc::rope_paged_attention)."""
-
-    positions: torch.Tensor  # [T]
-    k: torch.Tensor  # [T, Hkv, D], before RoPE; any token / head strides
-    v: torch.Tensor  # [T, Hkv, D]
-    cos_sin_cache: torch.Tensor  # [max_pos, D]: cos | sin
-    slot_mapping: torch.Tensor  # [<= T]; -1 and rows past it are not written
-    qk_norm: tuple[torch.Tensor, float, torch.Tensor, float] | None = None
-
-
-def _rope_args(rope: DecodeRope | None, q: torch.Tensor, head_dim: int, max_query_len: int) -> dict:
-    if rope is None:
-        return {}
-    assert max_query_len == 1, "the RoPE inside the attention kernel is for decode steps (one token a sequence)"
-    k, v, cs = rope.k, rope.v, rope.cos_sin_cache
-    assert head_dim % 2 == 0 and cs.shape[-1] == head_dim and cs.stride(-1) == 1
-    assert k.stride(-1) == 1 and v.stride(-1) == 1 and k.dtype == v.dtype == q.dtype
-    q_weight, q_eps, k_weight, k_eps = rope.qk_norm if rope.qk_norm is not None else (None, 0.0, None, 0.0)
-    return dict(
-        pos_ptr=rope.positions, cs_ptr=cs, k_new_ptr=k, v_new_ptr=v, slot_ptr=rope.slot_mapping,
-        qw_ptr=q_weight, kw_ptr=k_weight, stride_cs=cs.stride(0), stride_knt=k.stride(0), stride_knh=k.stride(1),
-        stride_vnt=v.stride(0), stride_vnh=v.stride(1), num_slots=rope.slot_mapping.numel(), q_eps=q_eps,
-        k_eps=k_eps, ROPE=True, NORM=rope.qk_norm is not None,
-    )  # fmt: skip
 
 
 def default_tile_n(decode: bool, fp8: bool) -> int:
@@ -457,7 +355,6 @@ def paged_attention(
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     fp8_f16_dots: bool | None = None,
     merge_in_kernel: bool | None = None,
-    rope: DecodeRope | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over paged K/V [blocks, page, Hkv, D]; writes out [T, Hq, D].
     `sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p only. `sinks` [Hq]: one
@@ -474,8 +371,7 @@ def paged_attention(
     False the query's dtype (the benchmark's A/B of the module docstring's choice), True fp16 dots
     whatever q is (the interpreter tests, which cannot run bf16). `merge_in_kernel` (split-KV):
     the last segment program of a q block merges the partials (an arrival counter), no reduce
-    kernel; None: for at most MERGE_IN_KERNEL_MAX_SEQS sequences. `rope` (decode): q is this step's
-    before RoPE, and the kernel also rotates it, writes the new K/V and attends to them (`DecodeRope`).
+    kernel; None: for at most MERGE_IN_KERNEL_MAX_SEQS sequences.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
@@ -534,8 +430,7 @@ def paged_attention(
         BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page, NUM_SEGMENTS=num_segments, SPLIT=split,
         MIN_SEG_TILES=min_seg_tiles, IEEE=q.dtype == torch.float32, WINDOW=max(sliding_window, 0),
         SINKS=sinks is not None, FP8=fp8, F16_DOTS=f16_dots, MERGE_LAST=merge_last, num_warps=num_warps,
-        num_stages=num_stages, ROUND_IN_FP32=fp8 and ROUND_IN_FP32, **_rope_args(rope, q, head_dim, max_query_len),
-        **common,
+        num_stages=num_stages, **common,
     )  # fmt: skip
     if split and not merge_last:
         _reduce_kernel[(q_blocks, num_kv_heads)](

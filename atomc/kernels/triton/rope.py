@@ -55,33 +55,6 @@ def _rotate(ptr, row, stride_h, out_ptr, out_row, stride_oh, cos, sin, w_ptr, ep
 
 
 @triton.jit
-def rotate_rows(x_ptr, rows, row_ok, offs_d, cs_row, w_ptr, eps, HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
-    """RoPE of whole heads as one [R, BLOCK_D] tile (`rows`: each head's offset from x_ptr), for a
-    kernel that rotates what it reads (the decode attention): each value beside its rotate-half
-    partner, loaded twice, so the rows stay whole. The arithmetic and roundings of `_rotate`
-    (NORM: the head's RMSNorm with weight w first); returns the rows in x's dtype."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    dtype = x_ptr.dtype.element_ty
-    d_ok = offs_d < HEAD_DIM
-    first = offs_d < HALF
-    partner = tl.where(first, offs_d + HALF, offs_d - HALF)
-    c = tl.where(first, offs_d, offs_d - HALF)
-    mask = row_ok[:, None] & d_ok[None, :]
-    x = tl.load(x_ptr + rows[:, None] + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(x_ptr + rows[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-    if NORM:
-        r = tl.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)[:, None]
-        w = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-        wp = tl.load(w_ptr + partner, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-        x = (w * (x * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-        xp = (wp * (xp * r).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-    cos = tl.load(cs_row + c, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    sin = tl.load(cs_row + HALF + c, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    # first half: x1 cos - x2 sin; second half: x2 cos + x1 sin
-    return tl.where(first[None, :], x * cos - xp * sin, x * cos + xp * sin).to(dtype)
-
-
-@triton.jit
 def _rope_kernel(
     pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, qw_ptr, kw_ptr, k_scale_ptr, v_scale_ptr,
     q_out_ptr, k_out_ptr,
