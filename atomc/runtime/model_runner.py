@@ -418,7 +418,8 @@ def prompt_logprob_entries(req: PromptLogprobRequest, logits: torch.Tensor) -> l
 def warm_up_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
     """Token counts a start-up forward runs at: the powers of two above the decode graphs' largest
     batch (whose capture compiles their sizes' kernels) and below the sizing forward's
-    `max_num_batched_tokens` (which compiles its own)."""
+    `max_num_batched_tokens` (which compiles its own). With `--enforce-eager`, or capture sizes
+    below max_num_seqs, the decode batches past the graphs still compile on first use."""
     sizes, t = [], 1 << max(0, max_num_seqs).bit_length()  # the first power of two above max_num_seqs
     while t < max_num_batched_tokens:
         sizes.append(t)
