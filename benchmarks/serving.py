@@ -212,6 +212,10 @@ def main() -> None:
             f"TPOT p50 {_ms(r['median_tpot_ms'])}  "
             f"TTFT p50 {_ms(r['median_ttft_ms'])}  completed {r['completed']}/{r['num_prompts']}"
         )
+        # a step's time and its spread: a stall (a kernel compiling mid-run) shows as a std far above the
+        # p50 while the medians stay put (docs/performance.md section 27)
+        itl = (_ms(r.get(k)) for k in ("median_itl_ms", "p99_itl_ms", "std_itl_ms"))
+        print("{:14}ITL p50 {}  p99 {}  std {}".format("", *itl))
     print(f"  transformers: {json.dumps(result.get('hf'))}")
     incomplete = [r["conc"] for r in result["atomc"] if r["completed"] < r["num_prompts"]]
     missing = [c for c in args.conc if c not in {r["conc"] for r in result["atomc"]}]
