@@ -111,10 +111,33 @@ def test_tiny_run_end_to_end(tmp_path):
     assert all(key in tail for key in report["cells"]) and "exit code: 0" in tail
 
 
+# the suite's Python, held after its first report.json (before the server starts), so the timeout
+# always stops it mid-run: a 10 s timeout alone let a warm tiny suite (compile cache hit) finish first
+HELD_SUITE = """#!/usr/bin/env bash
+if [[ "$*" == *"bench sweep"* ]]; then
+  exec "$REAL_PYTHON" -c '
+import runpy, sys, time
+from atomc.bench import suite
+save = suite.SuiteRun.save
+def held(run):
+    save(run)
+    time.sleep(3600)
+suite.SuiteRun.save = held
+sys.argv = ["atomc", *sys.argv[1:]]
+runpy.run_module("atomc.cli", run_name="__main__")' "${@:3}"
+fi
+exec "$REAL_PYTHON" "$@"
+"""
+
+
 @pytest.mark.slow
 def test_a_suite_stopped_by_the_timeout_still_leaves_a_deck(tmp_path):
     out = tmp_path / "out"
-    env = {**_env_with_failing_dmesg(tmp_path), "SUITE_TIMEOUT_S": "10"}  # stops it during the server start
+    held = tmp_path / "held_python"
+    held.write_text(HELD_SUITE)
+    held.chmod(held.stat().st_mode | stat.S_IEXEC)
+    env = {**_env_with_failing_dmesg(tmp_path), "SUITE_TIMEOUT_S": "30"}
+    env.update(PYTHON=str(held), REAL_PYTHON=sys.executable)
     proc = subprocess.run(
         ["bash", str(SCRIPT), str(out), "--tiny"], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path
     )
