@@ -5,9 +5,10 @@ that takes the sorted route to a prefill chunk.
     python benchmarks/moe_align.py --out results/moe_align.json
     python benchmarks/moe_align.py --tiny   # CPU smoke run through the Triton interpreter
 
-Each way is timed as the replay of a CUDA graph of `--layers` calls (each its own routing, as a
-model's MoE layers), after checking the kernel's outputs equal the torch ops' entry for entry; past
-the kernel's ONE_KERNEL_MAX_PAIRS (`--max-pairs` raises it for the run) only the torch ops run.
+Each way (the torch ops, the kernel as the tree has it, the kernel with `GATHER_PICK` on) is timed
+as the replay of a CUDA graph of `--layers` calls (each its own routing, as a model's MoE layers),
+after checking the kernel's outputs equal the torch ops' entry for entry; past the kernel's
+ONE_KERNEL_MAX_PAIRS (`--max-pairs` raises it for the run) only the torch ops run.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def routings(tokens, experts, k, layers, dev, g) -> list[tuple]:
     return out
 
 
+def align_by_expert_gather(local, experts: int, block_m: int):
+    """The kernel with GATHER_PICK on (128-pair chunks at every expert count), for this call."""
+    before = align.GATHER_PICK
+    align.GATHER_PICK = True
+    try:
+        return align.align_by_expert_kernel(local, experts, block_m)
+    finally:
+        align.GATHER_PICK = before
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
@@ -63,21 +74,24 @@ def main() -> None:
     for name, (experts, k, block_m) in (TINY_SHAPES if TINY else SHAPES).items():
         for tokens in TINY_TOKENS if TINY else TOKENS:
             calls = routings(tokens, experts, k, layers, dev, g)
-            ways = ("torch", "kernel") if tokens * k <= align.ONE_KERNEL_MAX_PAIRS else ("torch",)
-            if "kernel" in ways:
-                want = align.align_by_expert_torch(calls[0][0], experts, block_m)
-                got = align.align_by_expert_kernel(calls[0][0], experts, block_m)
+            ways = ("torch", "kernel", "gather") if tokens * k <= align.ONE_KERNEL_MAX_PAIRS else ("torch",)
+            want = align.align_by_expert_torch(calls[0][0], experts, block_m)
+            for way in ways[1:]:
+                got = WAYS[way](calls[0][0], experts, block_m)
                 if not all(torch.equal(a, b) for a, b in zip(got, want, strict=True)):
-                    raise SystemExit(f"{name} at {tokens} tokens: the kernel's alignment differs from the torch ops'")
+                    raise SystemExit(f"{name} at {tokens} tokens: the {way} alignment differs from the torch ops'")
             row = {"model": name, "tokens": tokens, "pairs": tokens * k, "experts": experts, "block_m": block_m}
             if not TINY:
                 for way in ways:
-                    fn = getattr(align, f"align_by_expert_{way}")
+                    fn = WAYS[way]
                     row[f"{way}_us"] = graph_time_us(lambda ids, f=fn, e=experts, b=block_m: f(ids, e, b), calls)
             results.append(row)
             print(json.dumps(row), flush=True)
     save_results(args.out, results, TINY)
 
+
+# the torch ops, the kernel as the tree has it, and the kernel with GATHER_PICK on
+WAYS = {"torch": align.align_by_expert_torch, "kernel": align.align_by_expert_kernel, "gather": align_by_expert_gather}
 
 if __name__ == "__main__":
     main()

@@ -41,6 +41,15 @@ def test_kernel_matches_the_torch_ops(pairs, experts, block_m):
     assert_same(ids(pairs, experts, seed=pairs + experts), experts, block_m)
 
 
+@pytest.mark.parametrize("experts,block_m", [(8, 64), (128, 16), (257, 64)])
+@pytest.mark.parametrize("pairs", [7, 129, 1000, 3000])
+def test_gathered_places_match_the_torch_ops(pairs, experts, block_m, monkeypatch):
+    # GATHER_PICK: 128-pair chunks at every expert count (DeepSeek-V3's 257 took 32 with the pick)
+    monkeypatch.setattr(moe_align, "GATHER_PICK", True)
+    assert moe_align._chunk(triton.next_power_of_2(experts + 2)) == 128
+    assert_same(ids(pairs, experts, seed=pairs + experts, off_rank=0.05), experts, block_m)
+
+
 @pytest.mark.parametrize("pairs", [300, 2049])
 def test_experts_on_other_ranks_and_experts_without_pairs(pairs):
     # a quarter of the pairs belong to other ranks (dropped); the skew leaves most experts empty

@@ -42,7 +42,8 @@ KERNELS = {
                  n_cols="i32", eps="fp32"), dict(ADD=True, BLOCK_N=2048)),
     "moe_align": (_align_kernel, dict(local_ptr="*i32", sorted_ptr="*i32", block_expert_ptr="*i32",
                   num_padded_ptr="*i32", P="i32", ROWS="i32", NUM_BLOCKS="i32", BLOCK_M="i32"),
-                  dict(E=128, BINS=256, CHUNK=64, COUNT=1024, FILL_E=16, PAD_STEP=16, RUN_STEP=64, TAIL=1024)),
+                  dict(E=128, BINS=256, CHUNK=64, COUNT=1024, FILL_E=16, PAD_STEP=16, RUN_STEP=64, TAIL=1024,
+                       GATHER=False)),
     "moe_gate_up_gemv": (moe_gate_up_gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", s_ptr="*bf16",
                          b_ptr="*bf16", act_ptr="*bf16", local_ids="*i32", H="i32", INTER="i32",
                          stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_sk="i32",
@@ -57,6 +58,9 @@ KERNELS = {
 KERNELS["mxfp4_down_combine_gemv_packed"] = (
     mxfp4_down_combine_gemv_kernel, KERNELS["mxfp4_down_combine_gemv"][1],
     dict(KERNELS["mxfp4_down_combine_gemv"][2], PACKED=True, ASM=True),
+)
+KERNELS["moe_align_gather"] = (  # GATHER_PICK: tl.gather places the pairs, 128 a chunk at 257 experts
+    _align_kernel, KERNELS["moe_align"][1], dict(KERNELS["moe_align"][2], E=257, BINS=512, CHUNK=128, GATHER=True),
 )
 out = {}
 for name, (fn, sig, cx) in KERNELS.items():
@@ -91,7 +95,7 @@ def ptx() -> dict:
 @pytest.mark.parametrize(
     "kernel",
     ["gemv", "fp8_dot_gemv", "fp8_block_dot_gemv", "rms_norm", "moe_gate_up_gemv", "mxfp4_down_combine_gemv",
-     "mxfp4_down_combine_gemv_packed", "moe_align"],
+     "mxfp4_down_combine_gemv_packed", "moe_align", "moe_align_gather"],
 )  # fmt: skip
 def test_one_wait_and_one_release_with_pdl_and_none_without(ptx, kernel):
     on, off = ptx[f"{kernel} on"], ptx[f"{kernel} off"]

@@ -105,6 +105,7 @@ def _align_kernel(
     local_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, P, ROWS, NUM_BLOCKS, BLOCK_M,
     E: tl.constexpr, BINS: tl.constexpr, CHUNK: tl.constexpr, COUNT: tl.constexpr,
     FILL_E: tl.constexpr, PAD_STEP: tl.constexpr, RUN_STEP: tl.constexpr, TAIL: tl.constexpr, PDL: tl.constexpr,
+    GATHER: tl.constexpr = False,
 ):  # fmt: skip
     after_producer(PDL)  # pdl.py: the ids come from the step's routing
     pid = tl.program_id(0)
@@ -129,7 +130,10 @@ def _align_kernel(
         key = _keys(local_ptr, my_start + offs, P, E)
         earlier = (key[:, None] == key[None, :]) & (offs[None, :] < offs[:, None])
         rank = tl.sum(earlier.to(tl.int32), 1)
-        dest = _pick(pad_start + before, key, BINS) + rank
+        if GATHER:  # a gather through shared memory: the chunk need not shrink as the bins grow
+            dest = tl.gather(pad_start + before, key, 0) + rank
+        else:
+            dest = _pick(pad_start + before, key, BINS) + rank
         tl.store(sorted_ptr + dest, my_start + offs, mask=key < E)
 
     # padding rows and block experts of experts pid * FILL_E ..
@@ -160,9 +164,17 @@ def _align_kernel(
         tl.store(num_padded_ptr, num_padded)
 
 
+# Each pair's place read by `tl.gather` instead of the [chunk, bins] one-hot pick, so every expert
+# count gets 128-pair chunks (fewer programs, each counting every pair: half the counting work at
+# Qwen3-30B-A3B's 128 experts, a quarter at DeepSeek-V3's 257). Off until timed on a GPU
+# (benchmarks/moe_align.py against a copy with it on; kernels.md's list of next calls).
+GATHER_PICK = False
+
+
 def _chunk(bins: int) -> int:
-    """Pairs a placing program: its [chunk, bins] pick of each pair's start stays at 16K values."""
-    return max(16, min(128, 16384 // bins))
+    """Pairs a placing program: 128 with GATHER_PICK; else its [chunk, bins] pick of each pair's
+    start stays at 16K values."""
+    return 128 if GATHER_PICK else max(16, min(128, 16384 // bins))
 
 
 def align_by_expert_kernel(local: torch.Tensor, experts: int, block_m: int):
@@ -182,7 +194,7 @@ def align_by_expert_kernel(local: torch.Tensor, experts: int, block_m: int):
     _align_kernel[(programs,)](
         local, sorted_ids, block_expert, num_padded, p, rows, rows // block_m, block_m,
         E=experts, BINS=bins, CHUNK=chunk, COUNT=COUNT, FILL_E=FILL_EXPERTS, PAD_STEP=PAD_STEP,
-        RUN_STEP=RUN_STEP, TAIL=TAIL, num_warps=4,
+        RUN_STEP=RUN_STEP, TAIL=TAIL, GATHER=GATHER_PICK, num_warps=4,
         **pdl.launch(local),
     )  # fmt: skip
     return sorted_ids, block_expert, num_padded
