@@ -119,7 +119,8 @@ def _align_kernel(
         idx = c0 + tl.arange(0, COUNT)
         key = _keys(local_ptr, idx, P, E)
         counts += tl.histogram(key, BINS)
-        before += tl.histogram(tl.where(idx < my_start, key, E + 1), BINS)  # later pairs: the spare bin
+        if not GATHER or c0 < my_start:  # (GATHER: a step wholly past this chunk adds nothing before it)
+            before += tl.histogram(tl.where(idx < my_start, key, E + 1), BINS)  # later pairs: the spare bin
     expert = bins < E
     padded = tl.where(expert, (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)
     pad_end = tl.cumsum(padded, 0)
@@ -166,8 +167,9 @@ def _align_kernel(
 
 # Each pair's place read by `tl.gather` instead of the [chunk, bins] one-hot pick, so every expert
 # count gets 128-pair chunks (fewer programs, each counting every pair: half the counting work at
-# Qwen3-30B-A3B's 128 experts, a quarter at DeepSeek-V3's 257). Off until timed on a GPU
-# (benchmarks/moe_align.py against a copy with it on; kernels.md's list of next calls).
+# Qwen3-30B-A3B's 128 experts, a quarter at DeepSeek-V3's 257), and a program skips the "before"
+# histogram of the counting steps past its chunk (about a quarter of the rest). Off until timed on
+# a GPU (benchmarks/moe_align.py times it beside the kernel; kernels.md's list of next calls).
 GATHER_PICK = False
 
 
