@@ -211,8 +211,8 @@ class ModelRunner:
         in the middle of serving, where a compile stalls every request in flight for seconds (one did
         for about 2 s in a CONC-64 run: docs/performance.md section 27). Compiled kernels persist in
         Triton's cache, so a later start pays a forward a size. Returns the sizes run."""
-        sched = self.config.scheduler
-        sizes = warm_up_sizes(sched.max_num_seqs, sched.max_num_batched_tokens)
+        graphs = not self.config.compile.enforce_eager and captures_cuda_graphs(self.device, self.model)
+        sizes = warm_up_sizes(largest_decode_graph(self.config, graphs), self.config.scheduler.max_num_batched_tokens)
         for total in sizes:
             self._prefill_forward(total)
         torch.cuda.empty_cache()  # their scratch caches and activations: back before the KV cache is made
@@ -415,12 +415,22 @@ def prompt_logprob_entries(req: PromptLogprobRequest, logits: torch.Tensor) -> l
     return entries
 
 
-def warm_up_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+def largest_decode_graph(config: EngineConfig, graphs: bool) -> int:
+    """The largest decode batch the runner captures a CUDA graph for (0: none, e.g. --enforce-eager)."""
+    if not graphs:
+        return 0
+    sched = config.scheduler
+    sizes = resolve_capture_sizes(config.compile.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens)
+    return max((s for s in sizes if s <= sched.max_num_seqs), default=0)
+
+
+def warm_up_sizes(largest_graph: int, max_num_batched_tokens: int) -> list[int]:
     """Token counts a start-up forward runs at: the powers of two above the decode graphs' largest
-    batch (whose capture compiles their sizes' kernels) and below the sizing forward's
-    `max_num_batched_tokens` (which compiles its own). With `--enforce-eager`, or capture sizes
-    below max_num_seqs, the decode batches past the graphs still compile on first use."""
-    sizes, t = [], 1 << max(0, max_num_seqs).bit_length()  # the first power of two above max_num_seqs
+    batch (whose capture compiles their sizes' kernels; from 1 without graphs) and below the sizing
+    forward's `max_num_batched_tokens` (which compiles its own). The tile files are keyed by powers
+    of two, so every batch between them picks a variant compiled here (decode attention, a kernel
+    of its own, still compiles at the first decode step without graphs)."""
+    sizes, t = [], 1 << max(0, largest_graph).bit_length()  # the first power of two above the graphs
     while t < max_num_batched_tokens:
         sizes.append(t)
         t *= 2

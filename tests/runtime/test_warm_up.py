@@ -4,7 +4,8 @@ forwards themselves on the CPU runner)."""
 
 from __future__ import annotations
 
-from atomc.runtime.model_runner import warm_up_sizes
+from atomc.config import EngineConfig
+from atomc.runtime.model_runner import largest_decode_graph, warm_up_sizes
 from tests.engine.helpers import make
 
 
@@ -14,6 +15,16 @@ def test_sizes_lie_strictly_between_the_decode_graphs_and_the_sizing_forward():
     assert warm_up_sizes(100, 1024) == [128, 256, 512]
     assert warm_up_sizes(256, 512) == []  # the sizing forward covers it
     assert warm_up_sizes(4, 16) == [8]
+    assert warm_up_sizes(0, 64) == [1, 2, 4, 8, 16, 32]  # no graphs: every decode batch too
+
+
+def test_the_graphs_set_where_the_sizes_start():
+    cfg = EngineConfig()
+    cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens = 256, 8192
+    assert largest_decode_graph(cfg, graphs=True) == 256  # the default ladder reaches max_num_seqs
+    cfg.compile.cudagraph_capture_sizes = [1, 2, 4, 8]
+    assert largest_decode_graph(cfg, graphs=True) == 8  # batches of 9..256 run eagerly: warmed
+    assert largest_decode_graph(cfg, graphs=False) == 0
 
 
 def test_each_size_is_one_forward_over_its_tokens(llama_dir, monkeypatch):
@@ -27,6 +38,6 @@ def test_each_size_is_one_forward_over_its_tokens(llama_dir, monkeypatch):
         return real(ids, positions)
 
     monkeypatch.setattr(runner, "_profile_forward", forward)
-    assert runner.warm_up_prefill_sizes() == [8, 16, 32, 64]
-    # sequences of at most max_model_len: 64 tokens is one prompt of 64
-    assert seen == [(8, 8), (16, 16), (32, 32), (64, 64)]
+    # the CPU engine runs eagerly (no graphs): from one token; a prompt is at most max_model_len (64)
+    assert runner.warm_up_prefill_sizes() == [1, 2, 4, 8, 16, 32, 64]
+    assert seen == [(n, n) for n in (1, 2, 4, 8, 16, 32, 64)]
