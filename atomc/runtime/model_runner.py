@@ -419,9 +419,9 @@ def largest_decode_graph(config: EngineConfig, graphs: bool) -> int:
     """The largest decode batch the runner captures a CUDA graph for (0: none, e.g. --enforce-eager)."""
     if not graphs:
         return 0
-    sched = config.scheduler
-    sizes = resolve_capture_sizes(config.compile.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens)
-    return max((s for s in sizes if s <= sched.max_num_seqs), default=0)
+    seqs, tokens = config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens
+    sizes = resolve_capture_sizes(config.compile.cudagraph_capture_sizes, seqs, tokens)
+    return max((s for s in sizes if s <= seqs), default=0)
 
 
 def warm_up_sizes(largest_graph: int, max_num_batched_tokens: int) -> list[int]:
