@@ -36,20 +36,25 @@ from atomc.kv_spec import blocks_per_sequence, kv_cache_groups, kv_cache_torch_d
 from atomc.platforms import platform_of
 from atomc.runtime import distributed
 from atomc.runtime.batch import (
-    PromptLogprobRequest,
     StepInput,
     StepResult,
     group_array_name,
     prefill_step_input,
     write_batch_arrays,
 )
-from atomc.runtime.capture_sizes import resolve_capture_sizes
+from atomc.runtime.capture_sizes import decode_graph_sizes, warm_up_sizes
 from atomc.runtime.cudagraph import DecodeGraphs, MixedGraphs, default_mixed_sizes
 from atomc.runtime.device_init import DeviceInit
 from atomc.runtime.fp8_kv import check_fp8_kv_supported, is_fp8, kv_scale_tensors
 from atomc.runtime.greedy import warm_greedy
 from atomc.runtime.kv_cache import allocate_kv_cache, bytes_per_block, scale_kv_blocks, split_kv_blocks
-from atomc.runtime.sampler import PendingSample, Sampler, SamplingBatch, apply_token_bitmask
+from atomc.runtime.sampler import (
+    PendingSample,
+    Sampler,
+    SamplingBatch,
+    apply_token_bitmask,
+    prompt_logprob_entries,
+)
 from atomc.runtime.transfer import to_device
 from models.arch import ModelArch
 from models.layers.parallel import SINGLE, ParallelInfo
@@ -211,8 +216,10 @@ class ModelRunner:
         in the middle of serving, where a compile stalls every request in flight for seconds (one did
         for about 2 s in a CONC-64 run: docs/performance.md section 27). Compiled kernels persist in
         Triton's cache, so a later start pays a forward a size. Returns the sizes run."""
-        graphs = not self.config.compile.enforce_eager and captures_cuda_graphs(self.device, self.model)
-        sizes = warm_up_sizes(largest_decode_graph(self.config, graphs), self.config.scheduler.max_num_batched_tokens)
+        sched, comp = self.config.scheduler, self.config.compile
+        graphs = not comp.enforce_eager and captures_cuda_graphs(self.device, self.model)
+        captured = decode_graph_sizes(comp.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens)
+        sizes = warm_up_sizes(max(captured) if graphs and captured else 0, sched.max_num_batched_tokens)
         for total in sizes:
             self._prefill_forward(total)
         torch.cuda.empty_cache()  # their scratch caches and activations: back before the KV cache is made
@@ -378,8 +385,7 @@ class ModelRunner:
                 pool = self.mixed_graphs.pool
                 self.timings["cudagraph_capture_mixed_s"] = self.mixed_graphs.capture_seconds
         # the same sizes the compile plan recorded (they are a cache-key factor)
-        sizes = resolve_capture_sizes(comp.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens)
-        sizes = [s for s in sizes if s <= sched.max_num_seqs]
+        sizes = decode_graph_sizes(comp.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens)
         self.decode_graphs = DecodeGraphs(
             self.forward, self.model.compute_logits, self.kv_caches, sizes, max_blocks, max_model_len, self.device,
             capture=use_graphs, layer_group=self.layer_group, kv_scales=self.kv_scales,
@@ -398,43 +404,6 @@ def check_stage_kv_groups(groups: list, device: str) -> None:
             f"pipeline stages hold different kinds of attention layers (this stage's KV groups: windows "
             f"{windows}); atomc needs every stage to hold each kind: try another --pipeline-parallel-size"
         )
-
-
-def prompt_logprob_entries(req: PromptLogprobRequest, logits: torch.Tensor) -> list[dict[int, float]]:
-    """Per row of `req` (its `logits`, one row a target): the target's logprob and the top N."""
-    logprobs = torch.log_softmax(logits, -1)
-    targets = torch.tensor(req.target_ids, device=logprobs.device)
-    chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
-    top = logprobs.topk(req.top_n, dim=-1) if req.top_n > 0 else None
-    entries = []
-    for j, tok in enumerate(req.target_ids):
-        entry = {tok: chosen[j]}
-        if top is not None:
-            entry.update(zip(top.indices[j].tolist(), top.values[j].tolist(), strict=True))
-        entries.append(entry)
-    return entries
-
-
-def largest_decode_graph(config: EngineConfig, graphs: bool) -> int:
-    """The largest decode batch the runner captures a CUDA graph for (0: none, e.g. --enforce-eager)."""
-    if not graphs:
-        return 0
-    seqs, tokens = config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens
-    sizes = resolve_capture_sizes(config.compile.cudagraph_capture_sizes, seqs, tokens)
-    return max((s for s in sizes if s <= seqs), default=0)
-
-
-def warm_up_sizes(largest_graph: int, max_num_batched_tokens: int) -> list[int]:
-    """Token counts a start-up forward runs at: the powers of two above the decode graphs' largest
-    batch (whose capture compiles their sizes' kernels; from 1 without graphs) and below the sizing
-    forward's `max_num_batched_tokens` (which compiles its own). The tile files are keyed by powers
-    of two, so every batch between them picks a variant compiled here (decode attention, a kernel
-    of its own, still compiles at the first decode step without graphs)."""
-    sizes, t = [], 1 << max(0, largest_graph).bit_length()  # the first power of two above the graphs
-    while t < max_num_batched_tokens:
-        sizes.append(t)
-        t *= 2
-    return sizes
 
 
 def captures_cuda_graphs(device: str, model) -> bool:

@@ -2,9 +2,9 @@
 
 Order per row: logit edits (allowed_token_ids, bad_words, logit_bias; logit_edits.py) -> penalties ->
 min_tokens mask -> greedy argmax, or temperature -> top-k -> top-p -> min-p -> draw. Logprobs come from
-the raw logits (vLLM's default "raw_logprobs"). Mask work is batched; only the random draws loop per
-row, each on CPU with the row's own generator, so a seeded row reproduces exactly whatever else is in
-the batch and whatever device the logits live on.
+the raw logits (vLLM's default "raw_logprobs"), as do the prompt's (`prompt_logprob_entries`). Mask work
+is batched; only the random draws loop per row, each on CPU with the row's own generator, so a seeded
+row reproduces exactly whatever else is in the batch and whatever device the logits live on.
 
 The sampler never returns an id outside [0, vocab): a drawn row with no finite probability mass left
 (inf or NaN logits, every token masked) takes the argmax of its logits before the masks, NaN read as
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from atomc.runtime.batch import PromptLogprobRequest
 from atomc.runtime.greedy import greedy_tokens
 from atomc.runtime.logit_edits import apply_logit_edits
 from atomc.runtime.transfer import to_device, to_host_async
@@ -393,3 +394,18 @@ class Sampler:
             return PendingSample(tokens, rows, n, [sampled], fallbacks)
         top = lp.topk(min(max(n), lp.shape[-1]), dim=-1)
         return PendingSample(tokens, rows, n, [sampled, top.values, top.indices], fallbacks)
+
+
+def prompt_logprob_entries(req: PromptLogprobRequest, logits: torch.Tensor) -> list[dict[int, float]]:
+    """Per row of `req` (its `logits`, one row a target): the target's logprob and the top N."""
+    logprobs = torch.log_softmax(logits, -1)
+    targets = torch.tensor(req.target_ids, device=logprobs.device)
+    chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
+    top = logprobs.topk(req.top_n, dim=-1) if req.top_n > 0 else None
+    entries = []
+    for j, tok in enumerate(req.target_ids):
+        entry = {tok: chosen[j]}
+        if top is not None:
+            entry.update(zip(top.indices[j].tolist(), top.values[j].tolist(), strict=True))
+        entries.append(entry)
+    return entries

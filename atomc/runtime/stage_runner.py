@@ -34,16 +34,15 @@ import torch
 
 from atomc.forward_context import group_context, set_forward_context
 from atomc.runtime.batch import StepInput
-from atomc.runtime.capture_sizes import resolve_capture_sizes
+from atomc.runtime.capture_sizes import decode_graph_sizes
 from atomc.runtime.cudagraph import default_mixed_sizes
 from atomc.runtime.model_runner import (
     ModelRunner,
     PendingStep,
     captures_cuda_graphs,
     device_batch,
-    prompt_logprob_entries,
 )
-from atomc.runtime.sampler import PendingSample, SamplerOutput
+from atomc.runtime.sampler import PendingSample, SamplerOutput, prompt_logprob_entries
 from atomc.runtime.stage_graphs import StageGraphs
 from atomc.runtime.stage_io import PendingLogits, Sends, logits_rows, recv_hidden, recv_into
 from atomc.runtime.transfer import to_device
@@ -148,9 +147,8 @@ class StageRunner(ModelRunner):
         """This stage's CUDA graphs (CUDA only, not with enforce_eager), at the single runner's
         sizes: mixed batches, then pure-decode batches, in one memory pool. Not yet run on a GPU."""
         sched, comp = self.config.scheduler, self.config.compile
-        sizes = resolve_capture_sizes(comp.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens)
         self.stage_graphs = self.build_graphs(
-            [s for s in sizes if s <= sched.max_num_seqs],
+            decode_graph_sizes(comp.cudagraph_capture_sizes, sched.max_num_seqs, sched.max_num_batched_tokens),
             default_mixed_sizes(comp.cudagraph_mixed_max_tokens, sched.max_num_batched_tokens),
             max_model_len,
             capture=captures_cuda_graphs(self.device, self.model),

@@ -4,8 +4,7 @@ forwards themselves on the CPU runner)."""
 
 from __future__ import annotations
 
-from atomc.config import EngineConfig
-from atomc.runtime.model_runner import largest_decode_graph, warm_up_sizes
+from atomc.runtime.capture_sizes import decode_graph_sizes, warm_up_sizes
 from tests.engine.helpers import make
 
 
@@ -19,12 +18,10 @@ def test_sizes_lie_strictly_between_the_decode_graphs_and_the_sizing_forward():
 
 
 def test_the_graphs_set_where_the_sizes_start():
-    cfg = EngineConfig()
-    cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens = 256, 8192
-    assert largest_decode_graph(cfg, graphs=True) == 256  # the default ladder reaches max_num_seqs
-    cfg.compile.cudagraph_capture_sizes = [1, 2, 4, 8]
-    assert largest_decode_graph(cfg, graphs=True) == 8  # batches of 9..256 run eagerly: warmed
-    assert largest_decode_graph(cfg, graphs=False) == 0
+    assert max(decode_graph_sizes(None, 256, 8192)) == 256  # the default ladder reaches max_num_seqs
+    assert decode_graph_sizes([1, 2, 4, 8, 300], 256, 8192) == [1, 2, 4, 8]  # only decode batches
+    # capture sizes up to 8: batches of 9..256 run eagerly, so the warm-up starts above 8
+    assert warm_up_sizes(max(decode_graph_sizes([1, 2, 4, 8], 256, 8192)), 8192)[:3] == [16, 32, 64]
 
 
 def test_each_size_is_one_forward_over_its_tokens(llama_dir, monkeypatch):
