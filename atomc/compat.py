@@ -308,3 +308,19 @@ def _try_blockwise(dev: torch.device, out_dtype: torch.dtype, mm: Callable) -> s
         return f"{type(exc).__name__}: {str(exc)[:300]}"
     err = ((got.float() - want).norm() / want.norm()).item()
     return "" if err < 2e-2 else f"wrong result (relative error {err:.3g}): a scale layout read otherwise"
+
+
+# ---- Triton's compile hooks ----
+
+
+def triton_jit_hooks() -> Any | None:
+    """The object whose `jit_cache_hook` (before a kernel variant compiles, or loads from Triton's
+    disk cache) and `jit_post_compile_hook` (after) the JIT calls: `triton.knobs.runtime` (Triton
+    3.4 on); None without Triton or those hooks."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    runtime = getattr(knobs, "runtime", None)
+    ok = runtime is not None and hasattr(runtime, "jit_cache_hook") and hasattr(runtime, "jit_post_compile_hook")
+    return runtime if ok else None

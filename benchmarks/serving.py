@@ -65,6 +65,13 @@ def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f} ms"
 
 
+def late_compiles(server_log: Path) -> int:
+    """Lines the server logged for a Triton compile after its start-up (each a stall of the run)."""
+    from atomc.kernels.triton.compile_watch import MARK
+
+    return server_log.read_text(errors="replace").count(MARK) if server_log.exists() else 0
+
+
 def run_atomc(args, model_dir: str, out_dir: Path, on_cell=None) -> list[dict]:
     """The cells against one `atomc serve`; `on_cell(rows)` after each (to save what is measured)."""
     from atomc.bench.serve import BenchConfig, run_benchmark
@@ -73,8 +80,9 @@ def run_atomc(args, model_dir: str, out_dir: Path, on_cell=None) -> list[dict]:
     max_seqs = max(args.conc)
     t0 = time.perf_counter()
     dtype = ["--dtype", "float32" if args.tiny else "bfloat16"]
+    server_log = out_dir / "server.log"
     proc = start_server(
-        model_dir, port, max_seqs, args.isl + args.osl + 16, out_dir / "server.log", dtype + args.server_args.split()
+        model_dir, port, max_seqs, args.isl + args.osl + 16, server_log, dtype + args.server_args.split()
     )
     startup = time.perf_counter() - t0
     rows = []
@@ -87,8 +95,10 @@ def run_atomc(args, model_dir: str, out_dir: Path, on_cell=None) -> list[dict]:
                 vocab_size=model_config(args.model, args.tiny)["vocab_size"], show_progress=False, seed=1 + i,
                 num_warmups=conc if args.warmups is None else args.warmups,
             )  # fmt: skip
+            compiled_before = late_compiles(server_log)
             res = run_benchmark(cfg)
             res["conc"] = conc
+            res["late_compiles"] = late_compiles(server_log) - compiled_before  # its warm-ups' included
             rows.append(res)
             if on_cell is not None:
                 on_cell(rows)
@@ -103,7 +113,8 @@ def run_atomc(args, model_dir: str, out_dir: Path, on_cell=None) -> list[dict]:
                 break
             print(
                 f"atomc CONC={conc}: {res['output_throughput']:.0f} tok/s, "
-                f"median TPOT {res['median_tpot_ms']:.2f} ms, median TTFT {res['median_ttft_ms']:.0f} ms",
+                f"median TPOT {res['median_tpot_ms']:.2f} ms, median TTFT {res['median_ttft_ms']:.0f} ms, "
+                f"Triton compiles while serving {res['late_compiles']}",
                 flush=True,
             )
     finally:

@@ -141,6 +141,10 @@ class LLMEngine(EngineClient):
         self._launched: deque[_Launched] = deque()  # oldest first; read back in launch order
         self._seq_ids = itertools.count()
         self._step_ids = itertools.count()
+        if self.device.startswith("cuda"):
+            from atomc.kernels.triton import compile_watch  # only where Triton kernels run
+
+            compile_watch.start()  # from here a Triton compile is a stall: logged
         log.info("start-up: engine ready in %.1fs", time.perf_counter() - t0)
         self._failed_steps = 0  # consecutive
         self.num_failed_steps = 0

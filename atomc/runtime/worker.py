@@ -86,6 +86,10 @@ def run_worker(args: WorkerArgs, ready) -> None:
     runner = cls(args.config, args.model_dir, args.arch, device, args.dtype, args.max_model_len, info)
     if device.startswith("cuda") and not args.config.compile.enforce_eager:
         runner.capture_graphs(args.max_model_len)  # the driver captures the same sizes, in the same order
+    if device.startswith("cuda"):
+        from atomc.kernels.triton import compile_watch  # only where Triton kernels run
+
+        compile_watch.start()  # from here a Triton compile is a stall: logged
     if ready is not None:
         ready.send(("ready", runner.group_num_blocks))
     if info.stages > 1:

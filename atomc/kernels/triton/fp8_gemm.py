@@ -47,9 +47,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from atomc.kernels.triton import fp8_config, tuned_files
+from atomc.kernels.triton.specialize import token_counts
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=token_counts("M"))
 def _fp8_gemm_kernel(
     a_ptr, as_ptr, b_ptr, bs_ptr, bias_ptr, c_ptr,
     M, N, K, stride_am, stride_bn, stride_cm, stride_asm, stride_bsn, SCALE_ROWS,

@@ -39,6 +39,7 @@ from atomc.kernels.triton.moe_tiles import (
     weight_tile,
 )
 from atomc.kernels.triton.pdl import after_producer
+from atomc.kernels.triton.specialize import token_counts
 
 
 @triton.jit
@@ -130,7 +131,7 @@ def _a8_row_scales(acc, a_scale, s_base, rows, n_ok, stride_sn, BLOCKS: tl.const
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=token_counts("P"))
 def moe_gate_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, act_ptr,
     local_ids, sorted_ids, block_expert, num_padded,
@@ -193,7 +194,7 @@ def moe_gate_up_kernel(
     tl.store(out, h.to(dtype), mask=ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=token_counts("P"))
 def moe_down_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, y_ptr,
     local_ids, sorted_ids, block_expert, num_padded,

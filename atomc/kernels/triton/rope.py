@@ -22,6 +22,7 @@ from atomc.kernels.triton import pdl
 from atomc.kernels.triton.fp8_quant import ROUND_IN_FP32
 from atomc.kernels.triton.kv_cache_write import kv_scale_args, quantize_kv_value
 from atomc.kernels.triton.pdl import after_producer
+from atomc.kernels.triton.specialize import token_counts
 
 # q and k in two programs a token (the kernel's SPLIT_QK): Qwen3-30B-A3B's RoPE (q/k norms folded
 # in) 2.69 against 3.59 us a layer on an H100, batch-1 decode (docs/performance.md section 20)
@@ -54,7 +55,7 @@ def _rotate(ptr, row, stride_h, out_ptr, out_row, stride_oh, cos, sin, w_ptr, ep
     return y1, y2, h, d, mask  # rounded to the tensor's dtype, as the unfused cache write reads k
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=token_counts("num_slots"))
 def _rope_kernel(
     pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, qw_ptr, kw_ptr, k_scale_ptr, v_scale_ptr,
     q_out_ptr, k_out_ptr,
