@@ -224,6 +224,9 @@ def test_segment_choice_fills_one_wave(monkeypatch):
     assert pick(1, 4096) == 16 and pick(8, 4096) == pick(8, 16384) == 8
     assert pick(16, 4096) == 4 and pick(32, 4096) == 2 and pick(64, 4096) == pick(48, 4096) == 1
     assert pick(8, 100) == 2  # 2-tile segments: a 100-key context fills only 2
+    # programs of 16 heads (V2-Lite, V3's TP-8 shard): two a streaming multiprocessor
+    small = lambda seqs: module._mla_segments(gpu, seqs, 1, 16384, 64, block_h=16)
+    assert small(64) == 4 and small(32) == 8 and small(8) == small(1) == 16 and small(132) == 2 and small(264) == 1
 
 
 def test_default_tiles():
