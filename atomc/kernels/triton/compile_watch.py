@@ -3,7 +3,9 @@
 A kernel variant first used in the middle of serving compiles there (seconds when Triton's disk
 cache lacks it) while every request in flight waits. The start-up forwards exist to reach every
 variant a step can pick (runtime/capture_sizes.warm_up_sizes, kernels/triton/specialize.py); a line
-from here names one they missed, and benchmarks/serving.py counts them per cell.
+from here names one they missed, and benchmarks/serving.py counts them per cell. The hooks see
+`@triton.jit` kernels launched through the JIT (atomc's); Inductor's generated kernels compile through
+its own runtime and are not watched.
 """
 
 from __future__ import annotations
