@@ -229,6 +229,16 @@ def test_segment_choice_fills_one_wave(monkeypatch):
     assert small(64) == 4 and small(32) == 8 and small(8) == small(1) == 16 and small(132) == 2 and small(264) == 1
 
 
+def test_one_c_kv_piece_where_16_head_programs_leave_sms_one_each(monkeypatch):
+    module = importlib.import_module("atomc.kernels.triton.mla_attention")
+    monkeypatch.setattr(module, "_num_sms", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    assert module._dv_split(gpu, 8 * 16, 16, 2) == 1  # bs 8, 16 segments: one program an SM
+    assert module._dv_split(gpu, 64 * 4, 16, 2) == 2  # bs 64, 4 segments: two an SM
+    assert module._dv_split(gpu, 8 * 2 * 8, 64, 2) == 2  # 64-head programs keep the tiling's
+    assert module._dv_split(torch.device("cpu"), 8, 16, 2) == 2  # the interpreter: as asked
+
+
 def test_default_tiles():
     tiles = importlib.import_module("atomc.kernels.triton.mla_attention").mla_tiles
     v3 = tiles(128, 512, True, 2)  # bf16 decode at V3's widths: 64 heads on two warpgroups

@@ -296,6 +296,16 @@ def _mla_segments(
     return max(1, min(want, most, MAX_SEGMENTS))
 
 
+def _dv_split(device: torch.device, programs: int, block_h: int, default: int) -> int:
+    """c_kv pieces for a 16-bit decode launch: one piece where programs of 16 heads or fewer leave
+    the SMs one each, else the tiling's (two). On an H100 at 16 heads (performance.md section 28),
+    one piece: bs 8 (128 programs) 29.7 / 82.3 us against 32.1 / 92.0 at ctx 4k / 16k, bs 1 equal;
+    at bs 64 (256 programs, two an SM) 152.8 / 570.6 against 122.3 / 414.4."""
+    if device.type != "cuda":
+        return default  # the interpreter's tests keep the tiling they ask for
+    return 1 if block_h <= 16 and programs <= _num_sms(device.index or 0) else default
+
+
 def mla_tiles(
     num_heads: int, kv_lora: int, decode: bool, element_size: int,
     block_h: int | None = None, tile_n: int | None = None, num_warps: int | None = None,
@@ -392,6 +402,11 @@ def mla_attention(
             _mla_segments(q_absorbed.device, num_seqs, head_blocks, max_seq_len, tile_n, block_h) if decode else 1
         )
     num_segments = triton.next_power_of_2(num_segments)
+    dv = (
+        t["dv_split"]
+        if dv_split is not None or fp8 or not decode or q_absorbed.element_size() > 2
+        else _dv_split(q_absorbed.device, num_seqs * head_blocks * num_segments, block_h, t["dv_split"])
+    )
     split = num_segments > 1
     if split:
         # only the segments a sequence's context reaches are written, and only those are read
@@ -413,7 +428,7 @@ def mla_attention(
         block_tables.stride(0),
         KV_LORA=kv_lora, ROPE=rope, BLOCK_C=block_c, BLOCK_R=block_r, NUM_HEADS=num_heads, BLOCK_H=block_h,
         HEAD_BLOCKS=head_blocks, BLOCK_M=t["block_m"], BLOCK_Q=block_q, TILE_N=tile_n, PAGE=page,
-        NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=min_seg_tiles, DV_SPLIT=t["dv_split"],
+        NUM_SEGMENTS=num_segments, SPLIT=split, MIN_SEG_TILES=min_seg_tiles, DV_SPLIT=dv,
         DECODE=decode, PRECISION="ieee" if q_absorbed.dtype == torch.float32 else "tf32", FP8=fp8,
         F16_DOTS=fp8 and q_absorbed.dtype == torch.bfloat16, num_warps=t["num_warps"], num_stages=t["num_stages"],
         **pdl.launch(q_absorbed),
