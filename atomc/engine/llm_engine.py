@@ -141,10 +141,12 @@ class LLMEngine(EngineClient):
         self._launched: deque[_Launched] = deque()  # oldest first; read back in launch order
         self._seq_ids = itertools.count()
         self._step_ids = itertools.count()
+        self._late_compiles = lambda: 0
         if self.device.startswith("cuda"):
             from atomc.kernels.triton import compile_watch  # only where Triton kernels run
 
             compile_watch.start()  # from here a Triton compile is a stall: logged
+            self._late_compiles = compile_watch.late_compiles
         log.info("start-up: engine ready in %.1fs", time.perf_counter() - t0)
         self._failed_steps = 0  # consecutive
         self.num_failed_steps = 0
@@ -470,4 +472,5 @@ class LLMEngine(EngineClient):
             "num_preemptions": self.scheduler.num_preemptions,
             "num_sampler_fallbacks": self.num_sampler_fallbacks,
             "num_failed_steps": self.num_failed_steps,
+            "num_triton_compiles_while_serving": self._late_compiles(),
         }

@@ -70,6 +70,11 @@ _ENGINE_COUNTERS = (
         "num_sampler_fallbacks",
     ),
     ("atomc:engine_failed_steps", "Engine steps that raised; their requests got errors.", "num_failed_steps"),
+    (
+        "atomc:triton_compiles_while_serving",
+        "Triton kernel variants compiled after start-up (each stalled the requests in flight; the log names it).",
+        "num_triton_compiles_while_serving",
+    ),
 )
 
 

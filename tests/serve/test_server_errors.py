@@ -345,11 +345,13 @@ def test_models_lists_the_folder_name_not_a_path(http, server):
 def test_engine_counters_are_exported():
     from atomc.serve.metrics import ServerMetrics
 
-    stats = {"num_preemptions": 3, "num_sampler_fallbacks": 2, "num_failed_steps": 1}
+    stats = {"num_preemptions": 3, "num_sampler_fallbacks": 2, "num_failed_steps": 1,
+             "num_triton_compiles_while_serving": 4}  # fmt: skip
     text = ServerMetrics(lambda: stats, lambda: True).render()[0].decode()
     assert "atomc:num_preemptions_total 3.0" in text
     assert "atomc:sampler_fallbacks_total 2.0" in text
     assert "atomc:engine_failed_steps_total 1.0" in text
+    assert "atomc:triton_compiles_while_serving_total 4.0" in text
 
 
 def test_still_healthy_and_nothing_leaked(server, http, model):
