@@ -169,7 +169,7 @@ def _align_kernel(
 # count gets 128-pair chunks (fewer programs, each counting every pair: half the counting work at
 # Qwen3-30B-A3B's 128 experts, a quarter at DeepSeek-V3's 257), and a program skips the "before"
 # histogram of the counting steps past its chunk (about a quarter of the rest). On: on an H100
-# (benchmarks/moe_align.py, both in one run, f3faeb2's parent) it took 6.9 / 19.5 / 32.6 us against
+# (benchmarks/moe_align.py, both in one run at 8f5e024) it took 6.9 / 19.5 / 32.6 us against
 # 9.1 / 21.9 / 42.8 at Qwen3's 128 / 8,192 / 16,384 pairs and 30.6 against 69.3 at V3's 9,216; at
 # V3's 144 and 576 pairs 0.3-0.6 us slower (docs/performance.md section 28).
 GATHER_PICK = True
