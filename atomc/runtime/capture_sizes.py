@@ -35,7 +35,8 @@ def warm_up_sizes(largest_graph: int, max_num_batched_tokens: int) -> list[int]:
     above the decode graphs' largest batch (whose capture compiles their sizes' kernels; from 1
     without graphs) and below the sizing forward's `max_num_batched_tokens` (which compiles its own).
     The tile files are keyed by powers of two, so every batch between them picks a variant compiled
-    there (decode attention, a kernel of its own, still compiles at the first decode step without graphs)."""
+    there, token counts being out of Triton's alignment classes (kernels/triton/specialize.py; decode
+    attention, a kernel of its own, still compiles at the first decode step without graphs)."""
     sizes, t = [], 1 << max(0, largest_graph).bit_length()  # the first power of two above the graphs
     while t < max_num_batched_tokens:
         sizes.append(t)
