@@ -5,7 +5,8 @@ that takes the sorted route to a prefill chunk.
     python benchmarks/moe_align.py --out results/moe_align.json
     python benchmarks/moe_align.py --tiny   # CPU smoke run through the Triton interpreter
 
-Each way (the torch ops, the kernel as the tree has it, the kernel with `GATHER_PICK` on) is timed
+Each way (the torch ops, the kernel as the tree has it, the kernel with `GATHER_PICK` off: the
+one-hot pick) is timed
 as the replay of a CUDA graph of `--layers` calls (each its own routing, as a model's MoE layers),
 after checking the kernel's outputs equal the torch ops' entry for entry; past the kernel's
 ONE_KERNEL_MAX_PAIRS (`--max-pairs` raises it for the run) only the torch ops run.
@@ -48,10 +49,10 @@ def routings(tokens, experts, k, layers, dev, g) -> list[tuple]:
     return out
 
 
-def align_by_expert_gather(local, experts: int, block_m: int):
-    """The kernel with GATHER_PICK on (128-pair chunks at every expert count), for this call."""
+def align_by_expert_one_hot(local, experts: int, block_m: int):
+    """The kernel with GATHER_PICK off (the [chunk, bins] one-hot pick), for this call."""
     before = align.GATHER_PICK
-    align.GATHER_PICK = True
+    align.GATHER_PICK = False
     try:
         return align.align_by_expert_kernel(local, experts, block_m)
     finally:
@@ -74,7 +75,7 @@ def main() -> None:
     for name, (experts, k, block_m) in (TINY_SHAPES if TINY else SHAPES).items():
         for tokens in TINY_TOKENS if TINY else TOKENS:
             calls = routings(tokens, experts, k, layers, dev, g)
-            ways = ("torch", "kernel", "gather") if tokens * k <= align.ONE_KERNEL_MAX_PAIRS else ("torch",)
+            ways = ("torch", "kernel", "one_hot") if tokens * k <= align.ONE_KERNEL_MAX_PAIRS else ("torch",)
             want = align.align_by_expert_torch(calls[0][0], experts, block_m)
             for way in ways[1:]:
                 got = WAYS[way](calls[0][0], experts, block_m)
@@ -90,8 +91,12 @@ def main() -> None:
     save_results(args.out, results, TINY)
 
 
-# the torch ops, the kernel as the tree has it, and the kernel with GATHER_PICK on
-WAYS = {"torch": align.align_by_expert_torch, "kernel": align.align_by_expert_kernel, "gather": align_by_expert_gather}
+# the torch ops, the kernel as the tree has it, and the kernel with GATHER_PICK off
+WAYS = {
+    "torch": align.align_by_expert_torch,
+    "kernel": align.align_by_expert_kernel,
+    "one_hot": align_by_expert_one_hot,
+}
 
 if __name__ == "__main__":
     main()

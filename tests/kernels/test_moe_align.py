@@ -41,12 +41,16 @@ def test_kernel_matches_the_torch_ops(pairs, experts, block_m):
     assert_same(ids(pairs, experts, seed=pairs + experts), experts, block_m)
 
 
+@pytest.mark.parametrize("gather", [True, False], ids=["gather", "one_hot"])
 @pytest.mark.parametrize("experts,block_m", [(8, 64), (128, 16), (257, 64)])
 @pytest.mark.parametrize("pairs", [7, 129, 1000, 3000])
-def test_gathered_places_match_the_torch_ops(pairs, experts, block_m, monkeypatch):
-    # GATHER_PICK: 128-pair chunks at every expert count (DeepSeek-V3's 257 took 32 with the pick)
-    monkeypatch.setattr(moe_align, "GATHER_PICK", True)
-    assert moe_align._chunk(triton.next_power_of_2(experts + 2)) == 128
+def test_gathered_and_one_hot_places_match_the_torch_ops(pairs, experts, block_m, gather, monkeypatch):
+    # GATHER_PICK (on): 128-pair chunks at every expert count; off, the one-hot pick keeps its
+    # [chunk, bins] tile at 16K values (DeepSeek-V3's 257 experts: 32-pair chunks)
+    monkeypatch.setattr(moe_align, "GATHER_PICK", gather)
+    bins = triton.next_power_of_2(experts + 2)
+    assert moe_align._chunk(bins) == (128 if gather else max(16, min(128, 16384 // bins)))
+    assert moe_align._chunk(triton.next_power_of_2(257 + 2)) == (128 if gather else 32)
     assert_same(ids(pairs, experts, seed=pairs + experts, off_rank=0.05), experts, block_m)
 
 
