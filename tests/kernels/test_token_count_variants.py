@@ -23,8 +23,9 @@ from triton_interpreter import use_interpreter
 use_interpreter()  # before the first triton import
 
 triton = pytest.importorskip("triton")
+from mla_latent_cases import layer_inputs  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
-from triton_kernel_cases import DEEPSEEK_ROUTINGS, cos_sin_cache, make_batch  # noqa: E402
+from triton_kernel_cases import DEEPSEEK_ROUTINGS, cos_sin_cache, make_batch, make_moe  # noqa: E402
 
 from atomc.kernels.triton import (  # noqa: E402
     fp8_quant,
@@ -164,34 +165,25 @@ def fp8_gemms(t):
     fp8_gemm(xq, torch.ones(t, 2), w, torch.ones(1, 2), None, torch.float32, block=(128, 128))
 
 
-def _experts(e, h=64, inter=32):
-    g = _gen()
-    return torch.randn(e, 2 * inter, h, generator=g) / 8, torch.randn(e, h, inter, generator=g) / 8
-
-
 def moe_softmax(t):
-    g = _gen()
-    x, logits = torch.randn(t, 64, generator=g), torch.randn(t, 8, generator=g)
-    w13, w2 = _experts(8)
+    x, logits, w13, w2, _, _ = make_moe(t, 8, 64, 32, 2, torch.float32, "cpu")
     fused_moe(x, logits, w13, w2, None, None, None, None, 2)  # sorted route: 2t pairs
 
 
 def moe_deepseek(t):
-    experts, k, scoring, bias, groups, keep, renorm, scale = DEEPSEEK_ROUTINGS[0]
+    _, k, scoring, _, _, _, renorm, scale = DEEPSEEK_ROUTINGS[0]
     experts, groups, keep = 16, 4, 2  # V3's routing on fewer experts
-    g = _gen()
-    x, logits = torch.randn(t, 64, generator=g), torch.randn(t, experts, generator=g)
-    w13, w2 = _experts(experts + 1)  # one shared expert after the routed ones
+    # one shared expert after the routed ones: its weights, not its logit
+    x, logits, w13, w2, _, _ = make_moe(t, experts + 1, 64, 32, k, torch.float32, "cpu")
+    bias = torch.randn(experts, generator=_gen())
     fused_moe(
-        x, logits, w13, w2, None, None, None, torch.randn(experts, generator=g), k, scoring, renorm,
-        groups, keep, scale, num_shared_experts=1,
+        x, logits[:, :experts].contiguous(), w13, w2, None, None, None, bias, k, scoring, renorm, groups, keep,
+        scale, num_shared_experts=1,
     )  # fmt: skip
 
 
 def moe_quantised(t):
-    g = _gen()
-    x, logits = torch.randn(t, 64, generator=g), torch.randn(t, 8, generator=g)
-    w13, w2 = _experts(8)
+    x, logits, w13, w2, _, _ = make_moe(t, 8, 64, 32, 2, torch.float32, "cpu")
     fp8 = [(w.to(torch.float8_e4m3fn), torch.ones(w.shape[:2])) for w in (w13, w2)]  # per-row scales
     fused_moe_quant(x, logits, fp8[0][0], fp8[0][1], fp8[1][0], fp8[1][1], None, None, None, None, 2, "fp8_channel")
     (q13, s13), (q2, s2) = quantize_mxfp4(w13), quantize_mxfp4(w2)
@@ -208,20 +200,14 @@ def sampling(t):
 
 
 def mla(t):
-    g = _gen()
     lora, rope = 40, 8
-    q = torch.randn(t, 4, 16 + rope, generator=g)
-    kv = torch.randn(t, lora + rope, generator=g)
-    c_kv, k_pe = kv.split([lora, rope], dim=-1)
-    positions = torch.arange(t) % 64
-    mla_latent_norm_rope(
-        positions, q[..., 16:], k_pe.reshape(t, 1, rope), c_kv, torch.ones(lora), 1e-6,
-        cos_sin_cache(64, rope, "cpu"), True,
-    )  # fmt: skip
+    args = layer_inputs(t, 4, lora, rope, torch.float32, "cpu", True)  # DeepSeek's layer, laid out
+    mla_latent_norm_rope(*args)
+    k_pe, c_kv = args[2], args[3]
     q_lens = _q_lens(t)
     qb, cache, _, meta = make_batch(q_lens, [ql + 5 for ql in q_lens], 4, 1, lora + rope, torch.float32, "cpu",
                                     page=8, pad_tokens=0)  # fmt: skip
-    write_latent_cache(c_kv, k_pe.reshape(t, 1, rope), cache, torch.arange(t))
+    write_latent_cache(c_kv, k_pe, cache, torch.arange(t))
     out = torch.empty(t, 4, lora)
     mla_attention(
         qb[..., :lora], qb[..., lora:], cache, out, meta.query_start_loc, meta.seq_lens, meta.block_tables,
